@@ -1,0 +1,75 @@
+"""Build the Cython kernels in pyx/ with OpenMP and SIMD tuned for this machine.
+
+Environment:
+  LLMCORE_PORTABLE=1     no -march=native (portable wheels)
+  LLMCORE_NO_OPENMP=1    build without OpenMP (serial kernels)
+  LLMCORE_DEBUG_CYTHON=1 bounds checks on, -O0 -g
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def _compiles(flags, source="int main(void){return 0;}\n", link_flags=()):
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "t.c")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [cc, *flags, src, "-o", os.path.join(tmp, "t"), *link_flags]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+OPENMP_TEST = "#include <omp.h>\nint main(void){\n#pragma omp parallel\n{ (void)omp_get_thread_num(); }\nreturn 0;}\n"
+
+debug = os.environ.get("LLMCORE_DEBUG_CYTHON") == "1"
+compile_args = ["-O0", "-g"] if debug else ["-O3"]
+compile_args += ["-fno-strict-aliasing", "-Wno-unused-function", "-Wno-unreachable-code"]
+link_args = []
+
+if os.environ.get("LLMCORE_PORTABLE") != "1" and _compiles(["-march=native"]):
+    compile_args.append("-march=native")
+elif os.environ.get("LLMCORE_PORTABLE") != "1":
+    warnings.warn("llmcore: -march=native not supported by the compiler; building portable kernels")
+
+if os.environ.get("LLMCORE_NO_OPENMP") != "1" and _compiles(["-fopenmp"], OPENMP_TEST, ["-fopenmp"]):
+    compile_args.append("-fopenmp")
+    link_args.append("-fopenmp")
+else:
+    warnings.warn("llmcore: OpenMP not available; kernels will run on one thread")
+
+extensions = [
+    Extension(
+        "llmcore._kernels." + os.path.splitext(os.path.basename(path))[0],
+        [path],
+        include_dirs=[np.get_include(), "pyx"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for path in sorted(glob.glob("pyx/*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": debug,
+            "wraparound": False,
+            "initializedcheck": debug,
+            "cdivision": True,
+        },
+        quiet=True,
+    ),
+)
