@@ -4,6 +4,7 @@ Environment:
   LLMCORE_PORTABLE=1     no -march=native (portable wheels)
   LLMCORE_NO_OPENMP=1    build without OpenMP (serial kernels)
   LLMCORE_DEBUG_CYTHON=1 bounds checks on, -O0 -g
+  LLMCORE_ONLY=mod1,mod2 build only these pyx modules
 """
 import glob
 import os
@@ -58,6 +59,9 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for path in sorted(glob.glob("pyx/*.pyx"))
+    # LLMCORE_ONLY=a,b builds just those modules (parallel development, faster rebuilds)
+    if not os.environ.get("LLMCORE_ONLY")
+    or os.path.splitext(os.path.basename(path))[0] in os.environ["LLMCORE_ONLY"].split(",")
 ]
 
 setup(
