@@ -1,0 +1,131 @@
+"""llama.cpp through llama-cpp-python (PyPI), low-level API: the peer in every benchmark.
+
+Weights are loaded with `use_extra_bufts = False`: the AMX buffer type (and with it the
+CPU repacking) crashes on this machine (see shared/conformance/README.md).
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+
+import numpy as np
+
+
+def available() -> str | None:
+    """None if llama_cpp imports, else the reason it does not."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"llama-cpp-python not importable ({e}); pip install llama-cpp-python==0.3.36"
+    return None
+
+
+class LlamaCpp:
+    def __init__(self, path: str, n_threads: int, n_ctx: int = 4096, n_batch: int = 512, n_seq: int = 1):
+        import llama_cpp as L
+
+        self.L = L
+
+        @L.llama_log_callback
+        def _quiet(level, text, user_data):  # errors only
+            if level == 3:
+                sys.stderr.write(text.decode("utf-8", "replace"))
+
+        self._cb = _quiet
+        L.llama_log_set(self._cb, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.use_extra_bufts = False
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp failed to load {path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_batch
+        cp.n_seq_max = n_seq
+        cp.n_threads = n_threads
+        cp.n_threads_batch = n_threads
+        cp.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp failed to create a context")
+        self.n_batch = n_batch
+
+    def clear(self):
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def decode(self, toks) -> None:
+        L = self.L
+        arr = (L.llama_token * len(toks))(*[int(t) for t in toks])
+        rc = L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(toks)))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def logits(self) -> np.ndarray:
+        p = self.L.llama_get_logits_ith(self.ctx, -1)
+        return np.ctypeslib.as_array(p, shape=(self.n_vocab,))
+
+    def prefill(self, toks) -> float:
+        """Seconds to process `toks` from an empty cache."""
+        self.clear()
+        t0 = time.perf_counter()
+        for i in range(0, len(toks), self.n_batch):
+            self.decode(toks[i:i + self.n_batch])
+        return time.perf_counter() - t0
+
+    def generate(self, toks, n: int) -> float:
+        """Seconds to generate n tokens greedily after prefilling `toks` (not timed)."""
+        self.prefill(toks)
+        t = int(np.argmax(self.logits()))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.decode([t])
+            t = int(np.argmax(self.logits()))
+        return time.perf_counter() - t0
+
+    def decode_parallel(self, prompts, n_gen: int) -> float:
+        """Aggregate decode: one sequence per prompt, all advanced in one batch per step.
+
+        Returns seconds for the n_gen batched decode steps (prefill not timed).
+        """
+        L = self.L
+        self.clear()
+        n_seq = len(prompts)
+        for s, toks in enumerate(prompts):
+            self._batch_decode([(t, p, s) for p, t in enumerate(toks)], last_only=True)
+        pos = [len(t) for t in prompts]
+        nxt = [1] * n_seq
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            self._batch_decode([(nxt[s], pos[s], s) for s in range(n_seq)], last_only=False)
+            for s in range(n_seq):
+                p = L.llama_get_logits_ith(self.ctx, s)
+                nxt[s] = int(np.argmax(np.ctypeslib.as_array(p, shape=(self.n_vocab,))))
+                pos[s] += 1
+        return time.perf_counter() - t0
+
+    def _batch_decode(self, items, last_only: bool):
+        L = self.L
+        b = L.llama_batch_init(len(items), 0, 1)
+        try:
+            for i, (tok, pos, seq) in enumerate(items):
+                b.token[i] = tok
+                b.pos[i] = pos
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = (i == len(items) - 1) if last_only else True
+            b.n_tokens = len(items)
+            rc = L.llama_decode(self.ctx, b)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+        finally:
+            L.llama_batch_free(b)
+
+    def close(self):
+        self.L.llama_free(self.ctx)
+        self.L.llama_model_free(self.model)
