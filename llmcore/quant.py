@@ -8,13 +8,41 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
 - ``Linear(tensor, bias=None)``: y = x @ W.T (+ bias) for W with shape (out, in).
   ``__call__(x: float32 (n, in), out=None) -> float32 (n, out)``; ``in_features``,
   ``out_features``, ``nbytes`` (bytes of weights read per call).
+  ``Linear.concat([a, b, c])`` -> one Linear whose output is the concatenation of the
+  outputs of a, b, c (fused q/k/v or gate/up); returns None when they cannot be fused
+  (different ggml types or in_features), so callers fall back to separate calls.
+  ``split(y)`` on a fused Linear returns views of the parts.
 - ``ExpertLinear(tensor)`` for 3-D expert weights (n_expert, out, in):
-  ``__call__(x (n, in), expert: int, out=None) -> (n, out)``.
+  ``__call__(x (n, in), expert: int, out=None) -> (n, out)``;
+  ``grouped(x_sorted (n, in), expert_ids, offsets, out=None) -> (n, out)``: rows
+  ``offsets[i]:offsets[i+1]`` of x go through expert ``expert_ids[i]`` (one batched
+  matmul per active expert; ``len(offsets) == len(expert_ids) + 1``).
 
-This file holds the plain NumPy implementation; the Cython kernels in pyx/ replace
-the hot paths while keeping the API.
+KERNEL MODULE INTERFACE (how pyx/ kernels plug in)
+--------------------------------------------------
+``KERNELS`` maps a ggml type to the name of a module in ``llmcore._kernels``
+(``pyx/<name>.pyx``). A kernel module provides:
+
+- ``pack(raw, ggml_type) -> packed``: ``raw`` is the C-contiguous uint8 array
+  (rows, bytes_per_row) of GGUF blocks (zero-copy mmap view; do not keep it if you
+  repack). ``packed`` is any object with int attributes ``rows`` (= out_features),
+  ``cols`` (= in_features) and ``nbytes`` (bytes read by one matmul).
+- ``matmul(packed, x, y, n_threads) -> None``: ``x`` float32 (n, cols) C-contiguous,
+  ``y`` float32 (n, rows) C-contiguous, overwritten with x @ W.T. Releases the GIL;
+  one OpenMP parallel region with ``n_threads`` threads.
+- optional ``dequantize(raw, ggml_type, out) -> None``: out float32 (rows, cols)
+  C-contiguous, must equal gguf.quants.dequantize exactly.
+- optional ``get_rows(raw, ggml_type, ids, out) -> None``: ids int64 (k,), out float32
+  (k, cols): out[i] = dequantized row ids[i].
+
+A type missing from ``KERNELS``, or whose module is not built, falls back to NumPy
+(dequantize at load, float32 matmul): correct but slow. ``LLMCORE_NO_KERNELS=1`` forces
+that fallback (tests, debugging).
 """
 from __future__ import annotations
+
+import importlib
+import os
 
 import numpy as np
 
@@ -24,11 +52,52 @@ try:
 except ImportError:  # pragma: no cover - gguf is a hard dependency
     raise
 
+from .threads import get_num_threads
+
 FLOAT_TYPES = {QT.F32, QT.F16, QT.BF16}
 
+# ggml type -> kernel module name in llmcore._kernels (see KERNEL MODULE INTERFACE).
+KERNELS: dict[int, str] = {
+    QT.F32: "quants",
+    QT.F16: "quants",
+    QT.BF16: "quants",
+    QT.Q4_0: "quants",
+    QT.Q4_1: "quants",
+    QT.Q5_0: "quants",
+    QT.Q5_1: "quants",
+    QT.Q8_0: "quants",
+    # K-quants, pyx/kquants.pyx:
+    QT.Q2_K: "kquants",
+    QT.Q3_K: "kquants",
+    QT.Q4_K: "kquants",
+    QT.Q5_K: "kquants",
+    QT.Q6_K: "kquants",
+    QT.MXFP4: "kquants",
+}
 
-def dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
-    """Dequantize raw GGUF storage to float32 with the given logical shape."""
+_modules: dict[str, object | None] = {}
+
+
+def kernel_for(ggml_type: int):
+    """The kernel module for a ggml type, or None (NumPy fallback)."""
+    if os.environ.get("LLMCORE_NO_KERNELS") == "1":
+        return None
+    name = KERNELS.get(int(ggml_type))
+    if name is None:
+        return None
+    if name not in _modules:
+        try:
+            _modules[name] = importlib.import_module(f"llmcore._kernels.{name}")
+        except ImportError:
+            _modules[name] = None
+    return _modules[name]
+
+
+def _c_uint8(raw) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(raw).view(np.uint8))
+
+
+def _np_dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
     qt = QT(ggml_type)
     if qt == QT.F32:
         return np.asarray(raw).view(np.float32).reshape(shape).astype(np.float32, copy=True)
@@ -38,11 +107,34 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
     return np.asarray(out, dtype=np.float32).reshape(shape)
 
 
+def dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
+    """Dequantize raw GGUF storage to float32 with the given logical shape."""
+    shape = tuple(int(s) for s in shape)
+    k = kernel_for(ggml_type)
+    if k is not None and hasattr(k, "dequantize") and len(shape) >= 1:
+        cols = shape[-1]
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        r = _c_uint8(raw).reshape(rows, -1)
+        out = np.empty((rows, cols), dtype=np.float32)
+        k.dequantize(r, int(ggml_type), out)
+        return out.reshape(shape)
+    return _np_dequantize(raw, ggml_type, shape)
+
+
 def get_rows(tensor, ids) -> np.ndarray:
     """Rows `ids` of a 2-D tensor (n_rows, dim) as float32 (len(ids), dim)."""
-    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
     raw = tensor.raw()
-    return dequantize(raw[ids], tensor.ggml_type, (len(ids), tensor.shape[-1]))
+    n_rows = raw.shape[0]
+    if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+        raise IndexError(f"{tensor.name}: row id out of range [0, {n_rows})")
+    dim = tensor.shape[-1]
+    k = kernel_for(tensor.ggml_type)
+    if k is not None and hasattr(k, "get_rows") and raw.flags.c_contiguous:
+        out = np.empty((len(ids), dim), dtype=np.float32)
+        k.get_rows(raw, int(tensor.ggml_type), ids, out)
+        return out
+    return _np_dequantize(raw[ids], tensor.ggml_type, (len(ids), dim))
 
 
 class Linear:
@@ -51,19 +143,82 @@ class Linear:
     def __init__(self, tensor, bias: np.ndarray | None = None):
         if len(tensor.shape) != 2:
             raise ValueError(f"{tensor.name}: Linear needs a 2-D tensor, got {tensor.shape}")
-        self.name = tensor.name
-        self.out_features, self.in_features = tensor.shape
-        self.ggml_type = tensor.ggml_type
-        self.nbytes = tensor.nbytes
-        self._w = tensor.dequantize()
-        self.bias = None if bias is None else np.asarray(bias, dtype=np.float32)
+        self._setup(tensor.name, tensor.raw(), tensor.ggml_type, tensor.shape, bias)
+
+    def _setup(self, name, raw, ggml_type, shape, bias, parts=None):
+        self.name = name
+        self.out_features, self.in_features = (int(s) for s in shape)
+        self.ggml_type = int(ggml_type)
+        self.parts = parts or [self.out_features]
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        if self.bias is not None and self.bias.shape[0] != self.out_features:
+            raise ValueError(f"{name}: bias has {self.bias.shape[0]} entries, expected {self.out_features}")
+        self._kernel = kernel_for(ggml_type)
+        self._packed = None
+        self._w = None
+        if self._kernel is not None:
+            self._packed = self._kernel.pack(_c_uint8(raw).reshape(self.out_features, -1), self.ggml_type)
+            self.nbytes = int(self._packed.nbytes)
+        else:
+            self._w = _np_dequantize(raw, ggml_type, shape)
+            self.nbytes = int(np.asarray(raw).nbytes)
+
+    @classmethod
+    def concat(cls, tensors, biases=None, name: str | None = None):
+        """One Linear computing [W_a; W_b; ...] @ x, or None if the tensors can't be fused.
+
+        `tensors` are GGUF tensors (or Linears built from them is not supported: pass tensors).
+        """
+        tensors = list(tensors)
+        if not tensors or any(len(t.shape) != 2 for t in tensors):
+            return None
+        if len({int(t.ggml_type) for t in tensors}) != 1 or len({t.shape[1] for t in tensors}) != 1:
+            return None
+        raws = [t.raw() for t in tensors]
+        if len({r.shape[1] for r in raws}) != 1:
+            return None
+        raw = np.concatenate(raws, axis=0)
+        parts = [int(t.shape[0]) for t in tensors]
+        bias = None
+        if biases is not None and any(b is not None for b in biases):
+            bias = np.concatenate(
+                [np.zeros(p, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1) for b, p in zip(biases, parts)]
+            )
+        self = cls.__new__(cls)
+        self._setup(name or "+".join(t.name for t in tensors), raw, tensors[0].ggml_type,
+                    (sum(parts), tensors[0].shape[1]), bias, parts)
+        return self
+
+    def split(self, y: np.ndarray) -> list[np.ndarray]:
+        """Views of the fused output per part (along the last axis)."""
+        out, start = [], 0
+        for p in self.parts:
+            out.append(y[..., start:start + p])
+            start += p
+        return out
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        y = np.asarray(x, dtype=np.float32) @ self._w.T
+        x = np.asarray(x, dtype=np.float32)
+        squeeze = x.ndim == 1
+        x2 = np.ascontiguousarray(x.reshape(-1, self.in_features))
+        if x2.shape[1] != self.in_features:
+            raise ValueError(f"{self.name}: expected in_features {self.in_features}, got {x.shape}")
+        n = x2.shape[0]
+        if self._packed is not None:
+            direct = (out is not None and out.dtype == np.float32 and out.flags.c_contiguous
+                      and out.size == n * self.out_features)
+            y = out.reshape(n, self.out_features) if direct else np.empty((n, self.out_features), np.float32)
+            self._kernel.matmul(self._packed, x2, y, get_num_threads())
+        else:
+            direct = False
+            y = x2 @ self._w.T
         if self.bias is not None:
             y += self.bias
+        if squeeze:
+            y = y.reshape(self.out_features)
         if out is not None:
-            out[...] = y
+            if not direct:
+                out[...] = y.reshape(out.shape)
             return out
         return y
 
@@ -76,13 +231,37 @@ class ExpertLinear:
             raise ValueError(f"{tensor.name}: ExpertLinear needs a 3-D tensor, got {tensor.shape}")
         self.name = tensor.name
         self.n_expert, self.out_features, self.in_features = tensor.shape
-        self.ggml_type = tensor.ggml_type
+        self.ggml_type = int(tensor.ggml_type)
         self.nbytes_per_expert = tensor.nbytes // self.n_expert
-        self._w = tensor.dequantize()
+        self._kernel = kernel_for(tensor.ggml_type)
+        raw = tensor.raw()
+        self._packed = None
+        self._w = None
+        if self._kernel is not None:
+            self._packed = [self._kernel.pack(_c_uint8(raw[e]), self.ggml_type) for e in range(self.n_expert)]
+            self.nbytes_per_expert = int(self._packed[0].nbytes)
+        else:
+            self._w = _np_dequantize(raw, tensor.ggml_type, tensor.shape)
 
     def __call__(self, x: np.ndarray, expert: int, out: np.ndarray | None = None) -> np.ndarray:
-        y = np.asarray(x, dtype=np.float32) @ self._w[expert].T
+        x2 = np.ascontiguousarray(np.asarray(x, dtype=np.float32).reshape(-1, self.in_features))
+        if self._packed is not None:
+            y = np.empty((x2.shape[0], self.out_features), np.float32)
+            self._kernel.matmul(self._packed[int(expert)], x2, y, get_num_threads())
+        else:
+            y = x2 @ self._w[int(expert)].T
         if out is not None:
-            out[...] = y
+            out[...] = y.reshape(out.shape)
             return out
+        return y
+
+    def grouped(self, x_sorted: np.ndarray, expert_ids, offsets, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows offsets[i]:offsets[i+1] of x_sorted go through expert expert_ids[i]."""
+        x2 = np.ascontiguousarray(np.asarray(x_sorted, dtype=np.float32).reshape(-1, self.in_features))
+        y = out if out is not None else np.empty((x2.shape[0], self.out_features), np.float32)
+        offsets = [int(o) for o in offsets]
+        for i, e in enumerate(expert_ids):
+            a, b = offsets[i], offsets[i + 1]
+            if b > a:
+                self(x2[a:b], int(e), out=y[a:b])
         return y
