@@ -1,0 +1,181 @@
+"""KV block pool: fixed-size token blocks shared by all layers of one attention-layer group.
+
+One block id covers the same token range (``block_size`` positions) in every layer of the
+group, so a sequence needs a single block table per group. Blocks are reference counted:
+sequences, snapshots and prompt-cache entries that share a prefix share its blocks.
+
+Storage grows on demand (in chunks, never the whole context up front) up to ``max_blocks``
+(or ``max_bytes``); running out raises :class:`KVCacheFullError` and never corrupts state.
+Growth reallocates the per-layer arrays, so callers must read ``pool.k[i]`` / ``pool.v[i]``
+at each forward step rather than keeping references across steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import nn
+from ..errors import ContextFullError
+
+
+class KVCacheFullError(ContextFullError):
+    """The KV block pool has no room left for the requested tokens."""
+
+
+def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
+    """Last-axis length and dtype of one (token, kv head) row for a KV storage type."""
+    if kv_type == nn.KV_F16:
+        return head_dim, np.dtype(np.float16)
+    if kv_type == nn.KV_F32:
+        return head_dim, np.dtype(np.float32)
+    if kv_type in (nn.KV_Q8_0, nn.KV_Q4_0):
+        if head_dim % 32:
+            raise ValueError(f"kv type {kv_type} needs head_dim % 32 == 0, got {head_dim}")
+        per_block = 34 if kv_type == nn.KV_Q8_0 else 18
+        return head_dim // 32 * per_block, np.dtype(np.uint8)
+    raise ValueError(f"unknown kv type {kv_type!r} (expected f16, f32, q8_0 or q4_0)")
+
+
+def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str) -> np.ndarray:
+    maker = getattr(nn, "make_kv_pool", None)
+    if maker is not None:
+        return maker(n_blocks, block_size, n_kv_heads, head_dim, kv_type)
+    row, dtype = kv_row_shape(kv_type, head_dim)
+    return np.zeros((n_blocks, block_size, n_kv_heads, row), dtype=dtype)
+
+
+class BlockPool:
+    """K and V block storage for ``n_layers`` layers with a shared block allocator.
+
+    ``k[i]``, ``v[i]``: arrays (capacity, block_size, n_kv_heads, row) for layer i of the group.
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int | None = None,
+                 *, block_size: int = 32, kv_type: str = nn.KV_F16, max_blocks: int | None = None,
+                 max_bytes: int | None = None, grow_blocks: int = 64, name: str = "kv"):
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.name = name
+        self.n_layers = n_layers
+        self.n_kv_heads = n_kv_heads
+        self.head_dim_k = head_dim_k
+        self.head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
+        self.block_size = block_size
+        self.kv_type = kv_type
+        rk, dk = kv_row_shape(kv_type, self.head_dim_k)
+        rv, dv = kv_row_shape(kv_type, self.head_dim_v)
+        self.bytes_per_block = n_layers * block_size * n_kv_heads * (rk * dk.itemsize + rv * dv.itemsize)
+        limit = max_blocks
+        if max_bytes is not None and max_bytes >= 0:
+            by_bytes = max_bytes // max(1, self.bytes_per_block)
+            limit = by_bytes if limit is None else min(limit, by_bytes)
+        self.max_blocks: int | None = limit  # None: unlimited
+        self.grow_blocks = max(1, grow_blocks)
+        self.capacity = 0
+        self.k: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_k, kv_type) for _ in range(n_layers)]
+        self.v: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_v, kv_type) for _ in range(n_layers)]
+        self.refcount = np.zeros(0, dtype=np.int32)
+        self._free: list[int] = []  # stack of free ids (low ids popped first)
+        self.n_grows = 0
+
+    # ---- accounting ---------------------------------------------------------------------
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_block // self.block_size
+
+    @property
+    def n_used(self) -> int:
+        return self.capacity - len(self._free)
+
+    @property
+    def n_free(self) -> int:
+        """Blocks that can still be allocated (free now + room to grow)."""
+        room = (self.max_blocks - self.capacity) if self.max_blocks is not None else 1 << 40
+        return len(self._free) + max(0, room)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for storage (capacity, not just used blocks)."""
+        return self.capacity * self.bytes_per_block
+
+    @property
+    def used_bytes(self) -> int:
+        return self.n_used * self.bytes_per_block
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def can_alloc(self, n_blocks: int) -> bool:
+        return n_blocks <= self.n_free
+
+    # ---- growth -------------------------------------------------------------------------
+    def _grow(self, need: int) -> None:
+        """Make at least `need` more free blocks exist (reallocates the arrays)."""
+        if len(self._free) >= need:
+            return
+        want = self.capacity + need - len(self._free)
+        new_cap = max(want, self.capacity + self.grow_blocks, self.capacity + self.capacity // 2)
+        if self.max_blocks is not None:
+            if want > self.max_blocks:
+                raise KVCacheFullError(
+                    f"KV cache full: need {need} more blocks of {self.block_size} tokens, "
+                    f"{self.n_free} available (limit {self.max_blocks} blocks, "
+                    f"{self.max_blocks * self.bytes_per_block // (1 << 20)} MiB)")
+            new_cap = min(new_cap, self.max_blocks)
+        old = self.capacity
+        for arrs, hd in ((self.k, self.head_dim_k), (self.v, self.head_dim_v)):
+            for i, a in enumerate(arrs):
+                b = _make_pool(new_cap, self.block_size, self.n_kv_heads, hd, self.kv_type)
+                if old:
+                    b[:old] = a
+                arrs[i] = b
+        rc = np.zeros(new_cap, dtype=np.int32)
+        rc[:old] = self.refcount
+        self.refcount = rc
+        # keep low ids first: push the new ids in reverse so pop() returns the lowest
+        self._free = list(range(new_cap - 1, old - 1, -1)) + self._free
+        self.capacity = new_cap
+        self.n_grows += 1
+
+    # ---- allocation ---------------------------------------------------------------------
+    def alloc(self, n: int = 1) -> np.ndarray:
+        """n new blocks with refcount 1 (int32 ids). Raises KVCacheFullError, allocating nothing."""
+        if n <= 0:
+            return np.zeros(0, dtype=np.int32)
+        self._grow(n)
+        ids = np.array([self._free.pop() for _ in range(n)], dtype=np.int32)
+        self.refcount[ids] = 1
+        return ids
+
+    def incref(self, ids) -> None:
+        ids = np.asarray(ids, dtype=np.int32)
+        if ids.size:
+            if np.any(self.refcount[ids] <= 0):
+                raise RuntimeError(f"{self.name}: incref of a free block")
+            np.add.at(self.refcount, ids, 1)
+
+    def decref(self, ids) -> None:
+        """Drop one reference to each id; blocks reaching 0 return to the free list."""
+        ids = np.asarray(ids, dtype=np.int32)
+        if not ids.size:
+            return
+        if np.any(self.refcount[ids] <= 0):
+            raise RuntimeError(f"{self.name}: decref of a free block")
+        np.subtract.at(self.refcount, ids, 1)
+        for b in ids[::-1].tolist():
+            if self.refcount[b] == 0:
+                self._free.append(b)
+
+    free = decref
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's K and V in every layer (copy-on-write)."""
+        for a in self.k:
+            a[dst] = a[src]
+        for a in self.v:
+            a[dst] = a[src]
+
+    def stats(self) -> dict:
+        return {"name": self.name, "block_size": self.block_size, "kv_type": self.kv_type,
+                "capacity_blocks": self.capacity, "used_blocks": self.n_used,
+                "max_blocks": self.max_blocks, "bytes": self.nbytes, "used_bytes": self.used_bytes,
+                "bytes_per_token": self.bytes_per_token, "grows": self.n_grows}

@@ -1,0 +1,268 @@
+"""Per-sequence cache state.
+
+A :class:`SeqState` is what a slot (or a prompt-cache entry) holds for one sequence: the
+tokens it has state for and one :class:`CacheState` per cache group of the model (e.g.
+``"kv"`` for full attention; later ``"swa"`` for sliding-window layers, ``"rec"`` for
+recurrent layers). Models create it with ``model.new_state()``.
+
+CacheState interface (implemented by every cache kind; full KV here, windowed KV and
+recurrent state by their architectures):
+
+- ``n_tokens``: positions this state covers (the next token goes to position n_tokens).
+- ``append(n) -> int``: reserve room for n more tokens (allocate blocks / buffers) and
+  advance ``n_tokens``; returns the first new position. All-or-nothing: on failure
+  (e.g. :class:`~llmcore.cache.pool.KVCacheFullError`) nothing changes.
+- ``can_trim(n) -> bool``: whether the state can be cut back to its first n tokens.
+  Full KV: always. Windowed KV: only while no token before n has left the window
+  (``n >= n_tokens - window`` or nothing evicted yet). Recurrent: only n == n_tokens
+  (or a checkpoint at n).
+- ``trim(n) -> int``: keep the first n tokens, release what is beyond; returns the new
+  length (which may be larger than n when the kind cannot go back that far).
+- ``nbytes``: bytes this state holds (shared blocks counted in full; pools report sharing).
+- ``snapshot() -> object``: an immutable handle that can later be ``restore``d. Full KV:
+  the block table + n_tokens with increfs (sharing, no copy). Recurrent: a copy of the
+  running state (that copy is a "checkpoint").
+- ``restore(snap)``: make this state equal the snapshot (releases what it held before).
+  The snapshot stays valid; it may be restored again.
+- ``release_snapshot(snap)``: drop the references a snapshot holds.
+- ``fork() -> CacheState``: an independent state with the same content; full KV shares
+  the blocks copy-on-write (appending into a shared, partially filled last block first
+  copies that block).
+- ``release()``: free everything (the state becomes empty, n_tokens 0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .pool import BlockPool
+
+
+class CacheState:
+    """Interface (see module docstring). Subclasses implement every method."""
+
+    n_tokens: int = 0
+
+    def append(self, n: int) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def can_trim(self, n: int) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def trim(self, n: int) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def snapshot(self):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def restore(self, snap) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def release_snapshot(self, snap) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def fork(self) -> "CacheState":  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def release(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class KVSnapshot:
+    pool: BlockPool
+    blocks: np.ndarray  # int32, increfed while the snapshot lives
+    n_tokens: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blocks) * self.pool.bytes_per_block
+
+
+class KVCacheState(CacheState):
+    """Full-attention KV of one sequence: a block table into a :class:`BlockPool`."""
+
+    def __init__(self, pool: BlockPool):
+        self.pool = pool
+        self.n_tokens = 0
+        self._table = np.zeros(8, dtype=np.int32)
+        self._n_blocks = 0
+
+    # ---- views --------------------------------------------------------------------------
+    @property
+    def block_table(self) -> np.ndarray:
+        """int32 block ids covering positions [0, n_tokens) (a view; do not modify)."""
+        return self._table[: self._n_blocks]
+
+    @property
+    def n_blocks(self) -> int:
+        return self._n_blocks
+
+    @property
+    def nbytes(self) -> int:
+        return self._n_blocks * self.pool.bytes_per_block
+
+    def _set_blocks(self, blocks: np.ndarray) -> None:
+        n = len(blocks)
+        if n > len(self._table):
+            self._table = np.zeros(max(n, 2 * len(self._table)), dtype=np.int32)
+        self._table[:n] = blocks
+        self._n_blocks = n
+
+    # ---- growth ---------------------------------------------------------------------------
+    def blocks_needed(self, n: int) -> int:
+        """New blocks that append(n) would allocate (incl. a copy-on-write copy)."""
+        pool = self.pool
+        need = pool.blocks_for(self.n_tokens + n) - self._n_blocks
+        if n > 0 and self.n_tokens % pool.block_size and self._n_blocks:
+            if pool.refcount[self._table[self._n_blocks - 1]] > 1:
+                need += 1
+        return need
+
+    def append(self, n: int) -> int:
+        if n < 0:
+            raise ValueError("append: n must be >= 0")
+        start = self.n_tokens
+        if n == 0:
+            return start
+        pool = self.pool
+        bs = pool.block_size
+        new_total = pool.blocks_for(start + n) - self._n_blocks
+        cow = bool(start % bs and self._n_blocks and pool.refcount[self._table[self._n_blocks - 1]] > 1)
+        ids = pool.alloc(new_total + (1 if cow else 0))  # all-or-nothing
+        if cow:
+            last = int(self._table[self._n_blocks - 1])
+            dst = int(ids[-1])
+            pool.copy_block(last, dst)
+            pool.decref([last])
+            self._table[self._n_blocks - 1] = dst
+            ids = ids[:-1]
+        if len(ids):
+            self._set_blocks(np.concatenate([self.block_table, ids]))
+        self.n_tokens = start + n
+        return start
+
+    # ---- trimming -------------------------------------------------------------------------
+    def can_trim(self, n: int) -> bool:
+        return 0 <= n
+
+    def trim(self, n: int) -> int:
+        n = max(0, min(n, self.n_tokens))
+        keep = self.pool.blocks_for(n)
+        if keep < self._n_blocks:
+            self.pool.decref(self._table[keep: self._n_blocks].copy())
+            self._n_blocks = keep
+        self.n_tokens = n
+        return n
+
+    # ---- sharing --------------------------------------------------------------------------
+    def snapshot(self) -> KVSnapshot:
+        blocks = self.block_table.copy()
+        self.pool.incref(blocks)
+        return KVSnapshot(self.pool, blocks, self.n_tokens)
+
+    def restore(self, snap: KVSnapshot) -> None:
+        if snap.pool is not self.pool:
+            raise ValueError("snapshot belongs to another pool")
+        self.pool.incref(snap.blocks)
+        old = self.block_table.copy()
+        self._set_blocks(snap.blocks)
+        self.n_tokens = snap.n_tokens
+        self.pool.decref(old)
+
+    def release_snapshot(self, snap: KVSnapshot) -> None:
+        self.pool.decref(snap.blocks)
+
+    def fork(self) -> "KVCacheState":
+        other = KVCacheState(self.pool)
+        blocks = self.block_table.copy()
+        self.pool.incref(blocks)
+        other._set_blocks(blocks)
+        other.n_tokens = self.n_tokens
+        return other
+
+    def release(self) -> None:
+        self.trim(0)
+
+
+@dataclass(frozen=True)
+class SeqSnapshot:
+    tokens: tuple[int, ...]
+    caches: dict  # group name -> cache snapshot
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(s, "nbytes", 0) for s in self.caches.values())
+
+
+@dataclass
+class SeqState:
+    """State of one sequence: its tokens and one CacheState per cache group.
+
+    ``tokens`` holds exactly the tokens whose state is in the caches (the model's forward
+    extends it); all caches have ``n_tokens == len(tokens)`` between forward calls.
+    """
+
+    caches: dict[str, CacheState]
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches.values())
+
+    def can_trim(self, n: int) -> bool:
+        return all(c.can_trim(n) for c in self.caches.values())
+
+    def trim(self, n: int) -> int:
+        """Keep the first n tokens (as far as every cache can); returns the new length."""
+        n = max(0, min(n, len(self.tokens)))
+        got = [c.trim(n) for c in self.caches.values()]
+        new = max(got) if got else n
+        if new != n:  # some cache could not go back that far: bring all to the same length
+            got = [c.trim(new) for c in self.caches.values()]
+            if any(g != new for g in got):
+                raise RuntimeError("caches disagree after trim")
+        del self.tokens[new:]
+        return new
+
+    def snapshot(self) -> SeqSnapshot:
+        return SeqSnapshot(tuple(self.tokens), {k: c.snapshot() for k, c in self.caches.items()})
+
+    def restore(self, snap: SeqSnapshot) -> None:
+        for k, c in self.caches.items():
+            c.restore(snap.caches[k])
+        self.tokens = list(snap.tokens)
+
+    def release_snapshot(self, snap: SeqSnapshot) -> None:
+        for k, c in self.caches.items():
+            c.release_snapshot(snap.caches[k])
+
+    def fork(self) -> "SeqState":
+        return SeqState({k: c.fork() for k, c in self.caches.items()}, list(self.tokens))
+
+    def release(self) -> None:
+        for c in self.caches.values():
+            c.release()
+        self.tokens.clear()
+
+    def common_prefix(self, tokens) -> int:
+        """Length of the common prefix of this state's tokens and `tokens`."""
+        a = self.tokens
+        n = min(len(a), len(tokens))
+        i = 0
+        while i < n and a[i] == tokens[i]:
+            i += 1
+        return i
