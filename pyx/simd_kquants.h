@@ -1,0 +1,488 @@
+/* K-quants (Q2_K..Q6_K) and MXFP4: exact dequantization and integer dot products.
+ *
+ * Weights stay in their GGUF block layout. A K-quant super-block (256 values) is
+ * unpacked into one canonical form,
+ *     value[e] = d * sc[g] * q[e] - dmin * mn[g],   g = e / 16,   q[e] unsigned (0..63)
+ * so one integer kernel serves all five types:
+ *     dot(w, a) = d*da * sum_g sc[g] * (q . a)_g  -  dmin*da * sum_g mn[g] * bsum_a[g]
+ * with the activations quantized like llama.cpp's q8_K (int8, 256 per block, f32
+ * scale, per-16 sums). MXFP4 (32 fp4 e2m1 values + e8m0 scale) is unpacked to
+ * unsigned q = kvalue + 12 and dotted with q8_0 activations (32 per block, f16 scale):
+ *     dot = dw*da * (sum q*a - 12 * sum a).
+ * Integer sums are exact, so every SIMD path (AVX-512 VNNI, AVX2, plain C) gives the
+ * same integers; float accumulation order is fixed per output (blocks in order).
+ */
+#ifndef LLMCORE_SIMD_KQUANTS_H
+#define LLMCORE_SIMD_KQUANTS_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KQ_AVX512 1
+#elif defined(__AVX2__)
+#define KQ_AVX2 1
+#endif
+
+#define KQ_QK 256
+enum { KQ_Q2_K = 10, KQ_Q3_K = 11, KQ_Q4_K = 12, KQ_Q5_K = 13, KQ_Q6_K = 14, KQ_MXFP4 = 39 };
+
+static inline const char *kq_simd_name(void) {
+#if defined(KQ_AVX512)
+    return "avx512vnni";
+#elif defined(KQ_AVX2)
+    return "avx2";
+#else
+    return "c";
+#endif
+}
+
+/* bytes per block and values per block */
+static inline int kq_type_size(int t) {
+    switch (t) {
+    case KQ_Q2_K: return 84;
+    case KQ_Q3_K: return 110;
+    case KQ_Q4_K: return 144;
+    case KQ_Q5_K: return 176;
+    case KQ_Q6_K: return 210;
+    case KQ_MXFP4: return 17;
+    default: return 0;
+    }
+}
+static inline int kq_block_size(int t) { return t == KQ_MXFP4 ? 32 : (kq_type_size(t) ? KQ_QK : 0); }
+
+static inline float kq_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, ex = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    float f;
+    if (ex == 0) { /* zero / subnormal: man * 2^-24, exact */
+        f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (ex == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((ex + 112) << 23) | (man << 13);
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline float kq_f32_to_f16_to_f32(float x) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    /* round-to-nearest-even f32 -> f16 -> f32 (finite inputs) */
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    uint32_t sign = b & 0x80000000u, a = b & 0x7fffffffu;
+    float r;
+    if (a >= 0x477ff000u) { /* rounds to >= 65536: inf (or nan kept) */
+        uint32_t o = sign | (a > 0x7f800000u ? 0x7fc00000u : 0x7f800000u);
+        memcpy(&r, &o, 4);
+        return r;
+    }
+    if (a < 0x38800000u) { /* f16 subnormal range: quantum 2^-24 */
+        float ax;
+        memcpy(&ax, &a, 4);
+        float q = ax * 16777216.0f;            /* exact scaling */
+        float rq = (q + 12582912.0f) - 12582912.0f; /* round half even */
+        r = rq * 5.9604644775390625e-8f;
+    } else {
+        uint32_t lsb = (a >> 13) & 1;
+        a = (a + 0xfffu + lsb) & ~0x1fffu;
+        memcpy(&r, &a, 4);
+    }
+    return sign ? -r : r;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* canonical unpacked K-quant super-block                                              */
+/* ---------------------------------------------------------------------------------- */
+typedef struct {
+    int32_t sc[16];     /* per-16 scale (signed for Q3_K/Q6_K) */
+    int16_t mn[16];     /* per-16 "min", multiplies the activation block sums */
+    uint8_t q[KQ_QK];   /* unsigned quant values */
+    float d, dmin;
+    int off;            /* signed offset used by exact dequantization (Q3_K 4, Q6_K 32) */
+} kq_sb;
+
+static inline void kq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static inline void kq_unpack_q4_k(const uint8_t *b, kq_sb *o) {
+    o->d = kq_f16(b);
+    o->dmin = kq_f16(b + 2);
+    o->off = 0;
+    const uint8_t *s = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        kq_scale_min_k4(j, s, &sc, &m);
+        o->sc[2 * j] = o->sc[2 * j + 1] = sc;
+        o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)m;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t v = qs[c * 32 + l];
+            o->q[c * 64 + l] = v & 0xF;
+            o->q[c * 64 + 32 + l] = v >> 4;
+        }
+}
+
+static inline void kq_unpack_q5_k(const uint8_t *b, kq_sb *o) {
+    o->d = kq_f16(b);
+    o->dmin = kq_f16(b + 2);
+    o->off = 0;
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        kq_scale_min_k4(j, s, &sc, &m);
+        o->sc[2 * j] = o->sc[2 * j + 1] = sc;
+        o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)m;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t v = qs[c * 32 + l], h = qh[l];
+            o->q[c * 64 + l] = (v & 0xF) | (((h >> (2 * c)) & 1) << 4);
+            o->q[c * 64 + 32 + l] = (v >> 4) | (((h >> (2 * c + 1)) & 1) << 4);
+        }
+}
+
+static inline void kq_unpack_q6_k(const uint8_t *b, kq_sb *o) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *s = (const int8_t *)(b + 192);
+    o->d = kq_f16(b + 208);
+    o->dmin = o->d;
+    o->off = 32;
+    for (int g = 0; g < 16; g++) {
+        o->sc[g] = s[g];
+        o->mn[g] = (int16_t)(32 * s[g]);
+    }
+    for (int c = 0; c < 2; c++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t h = qh[c * 32 + l];
+            uint8_t a = ql[c * 64 + l], bb = ql[c * 64 + 32 + l];
+            o->q[c * 128 + l] = (a & 0xF) | ((h & 3) << 4);
+            o->q[c * 128 + 32 + l] = (bb & 0xF) | (((h >> 2) & 3) << 4);
+            o->q[c * 128 + 64 + l] = (a >> 4) | (((h >> 4) & 3) << 4);
+            o->q[c * 128 + 96 + l] = (bb >> 4) | (((h >> 6) & 3) << 4);
+        }
+}
+
+static inline void kq_unpack_q3_k(const uint8_t *b, kq_sb *o) {
+    const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
+    o->d = kq_f16(b + 108);
+    o->dmin = o->d;
+    o->off = 4;
+    for (int j = 0; j < 16; j++) {
+        int lo = (s[j % 8] >> (4 * (j / 8))) & 0xF;
+        int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        int sc = (lo | (hi << 4)) - 32;
+        o->sc[j] = sc;
+        o->mn[j] = (int16_t)(4 * sc);
+    }
+    for (int c = 0; c < 2; c++)
+        for (int sh = 0; sh < 4; sh++)
+            for (int l = 0; l < 32; l++) {
+                int e = c * 128 + sh * 32 + l;
+                int ql = (qs[c * 32 + l] >> (2 * sh)) & 3;
+                int h = (hm[l] >> (c * 4 + sh)) & 1;
+                o->q[e] = (uint8_t)(ql + 4 * h);
+            }
+}
+
+static inline void kq_unpack_q2_k(const uint8_t *b, kq_sb *o) {
+    const uint8_t *s = b, *qs = b + 16;
+    o->d = kq_f16(b + 80);
+    o->dmin = kq_f16(b + 82);
+    o->off = 0;
+    for (int g = 0; g < 16; g++) {
+        o->sc[g] = s[g] & 0xF;
+        o->mn[g] = s[g] >> 4;
+    }
+    for (int c = 0; c < 2; c++)
+        for (int sh = 0; sh < 4; sh++)
+            for (int l = 0; l < 32; l++)
+                o->q[c * 128 + sh * 32 + l] = (qs[c * 32 + l] >> (2 * sh)) & 3;
+}
+
+static inline void kq_unpack(int t, const uint8_t *b, kq_sb *o) {
+    switch (t) {
+    case KQ_Q4_K: kq_unpack_q4_k(b, o); break;
+    case KQ_Q6_K: kq_unpack_q6_k(b, o); break;
+    case KQ_Q5_K: kq_unpack_q5_k(b, o); break;
+    case KQ_Q3_K: kq_unpack_q3_k(b, o); break;
+    case KQ_Q2_K: kq_unpack_q2_k(b, o); break;
+    default: memset(o, 0, sizeof(*o));
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* exact dequantization (same float ops, same order as gguf.quants; no FMA contraction) */
+/* ---------------------------------------------------------------------------------- */
+__attribute__((optimize("fp-contract=off")))
+static void kq_dequant_sb(const kq_sb *w, float *out) {
+    if (w->off) { /* Q3_K, Q6_K: (d*sc) * (q - off) */
+        for (int g = 0; g < 16; g++) {
+            float dl = w->d * (float)w->sc[g];
+            for (int i = 0; i < 16; i++) out[g * 16 + i] = dl * (float)((int)w->q[g * 16 + i] - w->off);
+        }
+    } else { /* Q2_K, Q4_K, Q5_K: (d*sc) * q - (dmin*m) */
+        for (int g = 0; g < 16; g++) {
+            float dl = w->d * (float)w->sc[g];
+            float ml = w->dmin * (float)w->mn[g];
+            for (int i = 0; i < 16; i++) {
+                out[g * 16 + i] = dl * (float)w->q[g * 16 + i] - ml;
+            }
+        }
+    }
+}
+
+static const int8_t kq_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float kq_e8m0_half(uint8_t x) {
+    uint32_t bits = x < 2 ? (0x00200000u << x) : ((uint32_t)(x - 1) << 23);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+__attribute__((optimize("fp-contract=off")))
+static void kq_dequant_mxfp4_block(const uint8_t *b, float *out) {
+    float d = kq_e8m0_half(b[0]);
+    for (int l = 0; l < 16; l++) {
+        out[l] = d * (float)kq_mxfp4_values[b[1 + l] & 0xF];
+        out[16 + l] = d * (float)kq_mxfp4_values[b[1 + l] >> 4];
+    }
+}
+
+/* dequantize nblocks consecutive blocks of type t */
+static void kq_dequant_blocks(int t, const uint8_t *src, int64_t nblocks, float *dst) {
+    int ts = kq_type_size(t);
+    if (t == KQ_MXFP4) {
+        for (int64_t i = 0; i < nblocks; i++) kq_dequant_mxfp4_block(src + i * ts, dst + i * 32);
+        return;
+    }
+    kq_sb sb;
+    for (int64_t i = 0; i < nblocks; i++) {
+        kq_unpack(t, src + i * ts, &sb);
+        kq_dequant_sb(&sb, dst + i * KQ_QK);
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* activation quantization                                                             */
+/* ---------------------------------------------------------------------------------- */
+typedef struct {
+    float d;
+    int8_t qs[KQ_QK];
+    int16_t bsums[16];
+} kq_q8k;   /* llama.cpp block_q8_K, 292 bytes */
+
+static inline int kq_nearest_int(float f) {
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* quantize_row_q8_K_ref: iscale = -127/max (signed value of largest magnitude) */
+static void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y) {
+    for (int64_t i = 0; i < k / KQ_QK; i++, x += KQ_QK) {
+        float mx = 0, amax = 0;
+        for (int j = 0; j < KQ_QK; j++) {
+            float ax = x[j] < 0 ? -x[j] : x[j];
+            if (ax > amax) { amax = ax; mx = x[j]; }
+        }
+        if (amax == 0) {
+            y[i].d = 0;
+            memset(y[i].qs, 0, KQ_QK);
+            memset(y[i].bsums, 0, sizeof(y[i].bsums));
+            continue;
+        }
+        const float iscale = -127.f / mx;
+        for (int j = 0; j < KQ_QK; j++) {
+            int v = kq_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += y[i].qs[g * 16 + l];
+            y[i].bsums[g] = (int16_t)s;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* q8_0 as llama.cpp's x86 path: d = amax/127, q = round_half_even(x * 127/amax)... the
+ * x86 kernel multiplies by id = 1/d; the value used in dots is fp16(d). */
+static void kq_quantize_q8_0(const float *x, int64_t k, int8_t *qs, float *d) {
+    for (int64_t i = 0; i < k / 32; i++, x += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) {
+            float ax = x[j] < 0 ? -x[j] : x[j];
+            amax = ax > amax ? ax : amax;
+        }
+        const float dd = amax / 127.f;
+        const float id = amax != 0 ? 127.f / amax : 0.f;
+        for (int j = 0; j < 32; j++) qs[i * 32 + j] = (int8_t)kq_nearest_int(x[j] * id);
+        d[i] = kq_f32_to_f16_to_f32(dd);
+    }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* dot products                                                                        */
+/* ---------------------------------------------------------------------------------- */
+#if defined(KQ_AVX512)
+static inline int32_t kq_hsum512(__m512i v) { return _mm512_reduce_add_epi32(v); }
+#endif
+#if defined(KQ_AVX2) || defined(KQ_AVX512)
+static inline int32_t kq_hsum256(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
+/* integer parts of one super-block dot: isum = sum_g sc[g]*(q.a)_g, msum = sum_g mn[g]*bsum[g] */
+static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum, int32_t *msum) {
+#if defined(KQ_AVX512)
+    const __m512i scv = _mm512_loadu_si512((const void *)w->sc);
+    __m512i acc = _mm512_setzero_si512();
+    for (int i = 0; i < 4; i++) {
+        const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * i),
+            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                        _mm512_loadu_si512((const void *)(w->q + 64 * i)),
+                                        _mm512_loadu_si512((const void *)(a->qs + 64 * i)));
+        acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, scv)));
+    }
+    *isum = kq_hsum512(acc);
+    *msum = kq_hsum256(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
+                                         _mm256_loadu_si256((const __m256i *)a->bsums)));
+#elif defined(KQ_AVX2)
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < 8; i++) {
+        __m256i p = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(w->q + 32 * i)),
+                                 _mm256_loadu_si256((const __m256i *)(a->qs + 32 * i))), ones);
+        __m256i s = _mm256_setr_epi32(w->sc[2 * i], w->sc[2 * i], w->sc[2 * i], w->sc[2 * i],
+                                      w->sc[2 * i + 1], w->sc[2 * i + 1], w->sc[2 * i + 1], w->sc[2 * i + 1]);
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, s));
+    }
+    *isum = kq_hsum256(acc);
+    *msum = kq_hsum256(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
+                                         _mm256_loadu_si256((const __m256i *)a->bsums)));
+#else
+    int32_t is = 0, ms = 0;
+    for (int g = 0; g < 16; g++) {
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++) s += (int32_t)w->q[g * 16 + l] * a->qs[g * 16 + l];
+        is += s * w->sc[g];
+        ms += (int32_t)w->mn[g] * a->bsums[g];
+    }
+    *isum = is;
+    *msum = ms;
+#endif
+}
+
+static inline float kq_dot_sb(const kq_sb *w, const kq_q8k *a) {
+    int32_t is, ms;
+    kq_dot_sb_int(w, a, &is, &ms);
+    return (a->d * w->d) * (float)is - (a->d * w->dmin) * (float)ms;
+}
+
+/* MXFP4 row unpacked: q[k] = kvalue + 12 (0..24), dw[k/32] */
+static inline void kq_unpack_mxfp4_row(const uint8_t *b, int64_t nblk, uint8_t *q, float *dw) {
+    for (int64_t i = 0; i < nblk; i++, b += 17) {
+        dw[i] = kq_e8m0_half(b[0]);
+        for (int l = 0; l < 16; l++) {
+            q[i * 32 + l] = (uint8_t)(kq_mxfp4_values[b[1 + l] & 0xF] + 12);
+            q[i * 32 + 16 + l] = (uint8_t)(kq_mxfp4_values[b[1 + l] >> 4] + 12);
+        }
+    }
+}
+
+/* dot of an unpacked MXFP4 row with a q8_0 row (nblk blocks of 32) */
+static inline float kq_dot_mxfp4(const uint8_t *q, const float *dw, const int8_t *a, const float *da, int64_t nblk) {
+    int64_t i = 0;
+    float tail = 0.f;
+#if defined(KQ_AVX512)
+    const __m512i twelve = _mm512_set1_epi8(12);
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 2 <= nblk; i += 2) {
+        __m512i av = _mm512_loadu_si512((const void *)(a + i * 32));
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(q + i * 32)), av);
+        __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, av);
+        __m512 s = _mm512_insertf32x8(_mm512_set1_ps(dw[i] * da[i]), _mm256_set1_ps(dw[i + 1] * da[i + 1]), 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(p, c)), s, acc);
+    }
+    float vsum = _mm512_reduce_add_ps(acc);
+#else
+    float vsum = 0.f;
+#endif
+    for (; i < nblk; i++) {
+        int32_t s = 0;
+        for (int l = 0; l < 32; l++) s += ((int32_t)q[i * 32 + l] - 12) * a[i * 32 + l];
+        tail += (dw[i] * da[i]) * (float)s;
+    }
+    return vsum + tail;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* row-range matmul drivers: Y[t, r] = sum_k W[r, k] * X[t, k] for r in [r0, r1)        */
+/* ---------------------------------------------------------------------------------- */
+#define KQ_TOK_TILE 64
+
+/* W: row r at W + r*row_stride; A: n tokens x nb blocks of q8_K; Y row-major ldy */
+static void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
+                           int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy) {
+    const int ts = kq_type_size(t);
+    kq_sb sb;
+    float acc[KQ_TOK_TILE];
+    for (int64_t t0 = 0; t0 < n; t0 += KQ_TOK_TILE) {
+        const int64_t nt = n - t0 < KQ_TOK_TILE ? n - t0 : KQ_TOK_TILE;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * row_stride;
+            for (int64_t j = 0; j < nt; j++) acc[j] = 0.f;
+            for (int64_t b = 0; b < nb; b++) {
+                kq_unpack(t, wr + b * ts, &sb);
+                const kq_q8k *ab = A + t0 * nb + b;
+                for (int64_t j = 0; j < nt; j++) acc[j] += kq_dot_sb(&sb, ab + j * nb);
+            }
+            for (int64_t j = 0; j < nt; j++) Y[(t0 + j) * ldy + r] = acc[j];
+        }
+    }
+}
+
+/* MXFP4: A is n x k int8, DA is n x (k/32) float; scratch holds k bytes + k/32 floats */
+static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
+                                 int64_t k, const int8_t *A, const float *DA, int64_t n,
+                                 float *Y, int64_t ldy, uint8_t *qbuf, float *dwbuf) {
+    const int64_t nblk = k / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        kq_unpack_mxfp4_row(W + r * row_stride, nblk, qbuf, dwbuf);
+        for (int64_t j = 0; j < n; j++)
+            Y[j * ldy + r] = kq_dot_mxfp4(qbuf, dwbuf, A + j * k, DA + j * nblk, nblk);
+    }
+}
+
+#endif /* LLMCORE_SIMD_KQUANTS_H */
