@@ -45,20 +45,18 @@ class FusedLinear:
                                    for n, b in zip(self.sizes, biases)])
         self.fused = None
         self.parts = None
-        concat = getattr(quant.Linear, "concat", None)
         if len(tensors) == 1:
             self.fused = quant.Linear(tensors[0], bias=bias)
-        elif concat is not None:
-            try:
-                self.fused = concat([quant.Linear(t, bias=b) for t, b in zip(tensors, biases)])
-            except Exception:
-                self.fused = None
-        if self.fused is None:
-            t = concat_tensors(tensors, "+".join(t.name for t in tensors))
-            if t is not None:
-                self.fused = quant.Linear(t, bias=bias)
-            else:
-                self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
+        else:
+            concat = getattr(quant.Linear, "concat", None)
+            if concat is not None:
+                self.fused = concat(list(tensors), biases=biases)
+            if self.fused is None:
+                t = concat_tensors(tensors, "+".join(t.name for t in tensors))
+                if t is not None:
+                    self.fused = quant.Linear(t, bias=bias)
+                else:
+                    self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
         self.out_features = sum(self.sizes)
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:

@@ -1,0 +1,140 @@
+"""KV block pool and per-sequence state: allocation, refcounts, growth, limit, COW."""
+import numpy as np
+import pytest
+
+from llmcore import nn
+from llmcore.cache import BlockPool, KVCacheFullError, KVCacheState, SeqState
+from llmcore.errors import ContextFullError
+
+
+def make_pool(**kw):
+    kw.setdefault("block_size", 4)
+    kw.setdefault("grow_blocks", 2)
+    return BlockPool(2, 2, 8, **kw)
+
+
+def test_alloc_free_refcount():
+    p = make_pool()
+    assert p.capacity == 0 and p.n_used == 0  # nothing allocated up front
+    a = p.alloc(3)
+    assert len(set(a.tolist())) == 3 and all(p.refcount[a] == 1) and p.n_used == 3
+    p.incref(a[:1])
+    p.decref(a)
+    assert p.refcount[a[0]] == 1 and p.n_used == 1
+    p.decref(a[:1])
+    assert p.n_used == 0
+    with pytest.raises(RuntimeError):
+        p.decref(a[:1])  # double free is detected
+    b = p.alloc(2)
+    assert set(b.tolist()) <= set(range(p.capacity))  # ids are reused
+
+
+def test_bytes_accounting():
+    p = make_pool(kv_type=nn.KV_F16)
+    assert p.bytes_per_token == 2 * 2 * 2 * 8 * 2  # layers * (K+V) * kv_heads * dim * f16
+    assert p.bytes_per_block == 4 * p.bytes_per_token
+    p.alloc(3)
+    assert p.used_bytes == 3 * p.bytes_per_block and p.nbytes >= p.used_bytes
+    assert p.k[0].shape[1:] == (4, 2, 8) and p.k[0].dtype == np.float16
+
+
+def test_growth_keeps_contents():
+    p = make_pool()
+    a = p.alloc(2)
+    p.k[1][a[1]] = 3.0
+    p.v[0][a[0]] = -1.5
+    cap = p.capacity
+    b = p.alloc(5)  # forces a reallocation
+    assert p.capacity > cap and p.n_grows >= 2
+    assert np.all(p.k[1][a[1]] == 3.0) and np.all(p.v[0][a[0]] == -1.5)
+    assert not set(a.tolist()) & set(b.tolist())
+
+
+def test_limit_by_blocks_and_bytes():
+    p = make_pool(max_blocks=5)
+    p.alloc(4)
+    with pytest.raises(KVCacheFullError) as ei:
+        p.alloc(2)
+    assert isinstance(ei.value, ContextFullError) and "KV cache full" in str(ei.value)
+    assert p.n_used == 4 and p.capacity <= 5  # nothing half-allocated
+    p.alloc(1)
+    q = make_pool(max_bytes=3 * make_pool().bytes_per_block + 1)
+    assert q.max_blocks == 3 and q.can_alloc(3) and not q.can_alloc(4)
+
+
+def test_kv_state_append_trim():
+    p = make_pool()
+    s = KVCacheState(p)
+    assert s.append(5) == 0 and s.n_tokens == 5 and s.n_blocks == 2
+    assert s.append(3) == 5 and s.n_blocks == 2  # fits in the second block
+    assert s.append(1) == 8 and s.n_blocks == 3
+    assert s.can_trim(0)
+    assert s.trim(4) == 4 and s.n_blocks == 1 and p.n_used == 1
+    assert s.trim(100) == 4  # cannot grow by trimming
+    s.release()
+    assert p.n_used == 0 and s.n_tokens == 0
+
+
+def test_append_all_or_nothing():
+    p = make_pool(max_blocks=3)
+    s = KVCacheState(p)
+    s.append(6)
+    with pytest.raises(KVCacheFullError):
+        s.append(10)
+    assert s.n_tokens == 6 and s.n_blocks == 2 and p.n_used == 2
+
+
+def test_fork_copy_on_write():
+    p = make_pool()
+    s = KVCacheState(p)
+    s.append(6)  # blocks: full + half
+    t = s.block_table.copy()
+    for layer in range(2):
+        p.k[layer][t[1]] = 7.0
+    c = s.fork()
+    assert np.array_equal(c.block_table, t) and all(p.refcount[t] == 2)
+    assert c.blocks_needed(1) == 1  # the shared half block must be copied
+    c.append(1)
+    assert c.block_table[0] == t[0] and c.block_table[1] != t[1]
+    assert p.refcount[t[0]] == 2 and p.refcount[t[1]] == 1
+    for layer in range(2):  # the copy carries every layer's data
+        assert np.all(p.k[layer][c.block_table[1]] == 7.0)
+    s.append(2)  # sole owner now: writes in place
+    assert s.block_table[1] == t[1]
+    # a fork at a block boundary shares without copying
+    s.trim(4)
+    d = s.fork()
+    d.append(3)
+    assert d.block_table[0] == t[0] and p.refcount[t[0]] == 3
+    for x in (s, c, d):
+        x.release()
+    assert p.n_used == 0
+
+
+def test_snapshot_restore():
+    p = make_pool()
+    seq = SeqState({"kv": KVCacheState(p)})
+    seq.caches["kv"].append(7)
+    seq.tokens.extend(range(7))
+    snap = seq.snapshot()
+    assert snap.n_tokens == 7 and snap.nbytes == 2 * p.bytes_per_block and p.n_used == 2
+    seq.trim(2)
+    seq.caches["kv"].append(9)
+    seq.tokens.extend(range(9))
+    seq.restore(snap)
+    assert seq.tokens == list(range(7)) and seq.n_tokens == 7
+    assert np.array_equal(seq.caches["kv"].block_table, snap.caches["kv"].blocks)
+    seq.restore(snap)  # a snapshot can be restored again
+    seq.release_snapshot(snap)
+    seq.release()
+    assert p.n_used == 0
+    assert seq.common_prefix([1, 2]) == 0
+
+
+def test_quantized_kv_row_shapes():
+    p = BlockPool(1, 2, 64, kv_type=nn.KV_Q8_0, block_size=8)
+    p.alloc(1)
+    assert p.k[0].shape == (p.capacity, 8, 2, 68) and p.k[0].dtype == np.uint8
+    assert p.bytes_per_token == 2 * 2 * 68
+    with pytest.raises(ValueError):
+        BlockPool(1, 2, 16, kv_type=nn.KV_Q4_0)
