@@ -1,0 +1,835 @@
+"""The engine: one thread owns the model and the slots; requests queue for a free slot.
+
+Each step runs ONE `model.forward` over every active slot: a generating slot contributes
+its last sampled token, a prefilling slot a chunk of its prompt (at most `n_ubatch`
+tokens, all chunks together at most `n_batch`), so a long prompt never stalls the others'
+decoding. Sampled tokens go back to the asyncio loop with `loop.call_soon_threadsafe` on
+a per-request `asyncio.Queue` (or to a plain `queue.Queue` for synchronous callers).
+
+Slot prefix reuse (`cache_prompt`): a slot keeps the state of the tokens it evaluated; a
+new request on it trims that state back to the longest common prefix and evaluates only
+the rest (always at least one token, for logits). Slot choice: `id_slot` if given, else
+the idle slot with the longest common prefix, else the least recently used idle slot.
+
+Model contract: `model.new_state()`, `model.forward([(state, int32 tokens), ...]) ->
+float32 (n_segments, vocab)` (logits of each segment's last token), `model.n_vocab`,
+`model.n_ctx_train`; a state has `tokens`, `n_tokens`, `can_trim(n)`, `trim(n) -> new
+length` (keeps the first n) and `release()` (or `free()`).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import itertools
+import logging
+import queue as queue_mod
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import metrics
+from .errors import ContextFullError, LLMCoreError, RequestError
+from .sampling import Sample, Sampler, SamplingParams
+
+log = logging.getLogger("llmcore.engine")
+
+
+# ---------------------------------------------------------------------------------------
+# configuration and request parameters
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 0  # total context; 0 = the model's training context
+    n_parallel: int = 1  # slots
+    n_batch: int = 2048  # most tokens in one forward (all slots)
+    n_ubatch: int = 512  # most prompt tokens one slot adds per forward
+    kv_unified: bool = True  # every slot may use the whole n_ctx (memory on demand)
+    n_threads: int = 0  # 0 = default (llmcore.threads)
+    n_threads_batch: int = 0
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    cache_ram_mib: int = 8192  # prompt cache in RAM; -1 no limit, 0 off
+    ctx_checkpoints: int = 8
+    checkpoint_every_n_tokens: int = 8192
+    slot_prompt_similarity: float = 0.1  # reuse a slot's prefix only above this share of the prompt
+    model_alias: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
+    n_predict: int = -1  # default generation limit (-1: until EOS / context end)
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments offered to `load_model` (only those it accepts are passed)."""
+        return dict(
+            n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch, n_threads=self.n_threads,
+            n_threads_batch=self.n_threads_batch, cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v, cache_ram_mib=self.cache_ram_mib,
+            ctx_checkpoints=self.ctx_checkpoints,
+            checkpoint_every_n_tokens=self.checkpoint_every_n_tokens,
+        )
+
+
+@dataclass
+class GenParams:
+    n_predict: int = -1  # -1: until EOS or the slot's context is full
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    id_slot: int = -1
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+# ---------------------------------------------------------------------------------------
+# events flowing back to the caller
+
+
+@dataclass
+class TokenEvent:
+    tokens: list[int]  # newly generated tokens (may be emitted with no text: held back)
+    text: str  # text safe to show (never a partial stop string)
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass
+class Timings:
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    def to_dict(self) -> dict:
+        pn, pm, gn, gm = self.prompt_n, self.prompt_ms, self.predicted_n, self.predicted_ms
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": pn,
+            "prompt_ms": pm,
+            "prompt_per_token_ms": pm / pn if pn else 0.0,
+            "prompt_per_second": 1e3 * pn / pm if pm > 0 else 0.0,
+            "predicted_n": gn,
+            "predicted_ms": gm,
+            "predicted_per_token_ms": gm / gn if gn else 0.0,
+            "predicted_per_second": 1e3 * gn / gm if gm > 0 else 0.0,
+        }
+
+
+@dataclass
+class FinalEvent:
+    stop_type: str  # eos | limit | word | cancel
+    stopping_word: str
+    n_prompt: int  # tokens in the prompt
+    n_predicted: int
+    timings: Timings
+    slot_id: int
+    truncated: bool = False
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.stop_type == "limit" else "stop"
+
+
+@dataclass
+class ErrorEvent:
+    error: BaseException
+
+
+# ---------------------------------------------------------------------------------------
+# a request, as seen by both sides
+
+
+_task_ids = itertools.count(1)
+
+
+class Task:
+    """A submitted request. Iterate it (async or sync) for TokenEvents then one
+    FinalEvent; an ErrorEvent's exception is raised instead. `cancel()` is thread-safe."""
+
+    def __init__(self, engine: "Engine", prompt: list[int], params: GenParams,
+                 loop: asyncio.AbstractEventLoop | None):
+        self.id = next(_task_ids)
+        self.engine = engine
+        self.prompt = prompt
+        self.params = params
+        self.loop = loop
+        self.cancelled = False
+        self.done = False
+        self.slot_id: int | None = None
+        self.t_submit = time.perf_counter()
+        if loop is not None:
+            self._aq: asyncio.Queue = asyncio.Queue()
+        else:
+            self._q: queue_mod.Queue = queue_mod.Queue()
+
+    # engine side
+    def _put(self, ev) -> None:
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._aq.put_nowait, ev)
+            except RuntimeError:  # loop closed: nobody listens any more
+                self.cancelled = True
+        else:
+            self._q.put(ev)
+
+    # caller side
+    def cancel(self) -> None:
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self.engine._wake()
+
+    async def next_event(self, timeout: float | None = None):
+        """Next event (raises asyncio.TimeoutError after `timeout` seconds)."""
+        if timeout is None:
+            ev = await self._aq.get()
+        else:
+            ev = await asyncio.wait_for(self._aq.get(), timeout)
+        return self._check(ev)
+
+    def _check(self, ev):
+        if isinstance(ev, ErrorEvent):
+            self.done = True
+            raise ev.error
+        if isinstance(ev, FinalEvent):
+            self.done = True
+        return ev
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        try:
+            while True:
+                ev = await self.next_event()
+                yield ev
+                if isinstance(ev, FinalEvent):
+                    return
+        finally:
+            if not self.done:
+                self.cancel()
+
+    def __iter__(self):
+        try:
+            while True:
+                ev = self._check(self._q.get())
+                yield ev
+                if isinstance(ev, FinalEvent):
+                    return
+        finally:
+            if not self.done:
+                self.cancel()
+
+    async def collect(self) -> "Completion":
+        c = Completion()
+        async for ev in self:
+            c.add(ev)
+        return c
+
+    def collect_sync(self) -> "Completion":
+        c = Completion()
+        for ev in self:
+            c.add(ev)
+        return c
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    final: FinalEvent | None = None
+
+    def add(self, ev) -> None:
+        if isinstance(ev, TokenEvent):
+            self.text += ev.text
+            self.tokens.extend(ev.tokens)
+            self.samples.extend(ev.samples)
+        elif isinstance(ev, FinalEvent):
+            self.final = ev
+
+
+# ---------------------------------------------------------------------------------------
+# slots
+
+
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
+
+
+def _release_state(state) -> None:
+    fn = getattr(state, "release", None) or getattr(state, "free", None)
+    if fn is not None:
+        fn()
+
+
+class Slot:
+    def __init__(self, id: int, n_ctx: int):
+        self.id = id
+        self.n_ctx = n_ctx
+        self.state = None  # model state (kept between requests for prefix reuse)
+        self.task: Task | None = None
+        self.phase = "idle"  # idle | prefill | decode
+        self.t_last_used = 0.0
+        self._reset_request()
+
+    def _reset_request(self) -> None:
+        self.pending = np.zeros(0, dtype=np.int32)  # prompt tokens still to evaluate
+        self.i_pending = 0
+        self.n_prompt = 0
+        self.n_cached = 0
+        self.generated: list[int] = []
+        self.last_token = -1
+        self.sampler: Sampler | None = None
+        self.decoder = None
+        self.text = ""
+        self.n_sent = 0  # characters of self.text already emitted
+        self.t_start = 0.0
+        self.t_prompt_done = 0.0
+        self.history: list[int] = []
+
+    @property
+    def n_tokens(self) -> int:
+        return 0 if self.state is None else int(self.state.n_tokens)
+
+    def cached_tokens(self) -> list[int]:
+        return [] if self.state is None else self.state.tokens
+
+    def stats(self) -> metrics.SlotStats:
+        now = time.perf_counter()
+        pps = gps = 0.0
+        n_prefilled = self.i_pending if self.phase == "prefill" else len(self.pending)
+        if self.task is not None:
+            if self.phase == "prefill" and now > self.t_start:
+                pps = n_prefilled / (now - self.t_start)
+            elif self.t_prompt_done and now > self.t_prompt_done:
+                pt = self.t_prompt_done - self.t_start
+                pps = len(self.pending) / pt if pt > 0 else 0.0
+                gps = len(self.generated) / (now - self.t_prompt_done)
+        st = self.state
+        return metrics.SlotStats(
+            id=self.id, state=self.phase, n_ctx=self.n_ctx, n_tokens=self.n_tokens,
+            task_id=self.task.id if self.task else None, n_prompt=self.n_prompt,
+            n_cached=self.n_cached, n_prefilled=n_prefilled, n_decoded=len(self.generated),
+            prompt_per_second=pps, predicted_per_second=gps, t_last_used=self.t_last_used,
+            nbytes=int(getattr(st, "nbytes", 0) or 0) if st is not None else 0,
+        )
+
+
+def make_stream_decoder(tokenizer):
+    """The tokenizer's incremental UTF-8-safe decoder (feed(id) -> str, flush() -> str)."""
+    if hasattr(tokenizer, "stream_decoder"):
+        return tokenizer.stream_decoder()
+    import sys
+
+    cls = getattr(tokenizer, "StreamDecoder", None) or getattr(
+        sys.modules[type(tokenizer).__module__], "StreamDecoder")
+    return cls(tokenizer)
+
+
+def stop_holdback(text: str, stops: list[str]) -> int:
+    """Characters at the end of `text` that could still become a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+# ---------------------------------------------------------------------------------------
+# the engine
+
+
+class Engine:
+    """Owns model, tokenizer and slots on one thread. Construct with a loaded model, or
+    with `loader` (called on the engine thread; returns (model, tokenizer, chat_template,
+    info dict)) so that the server can answer /health while the model loads."""
+
+    def __init__(self, cfg: EngineConfig | None = None, model=None, tokenizer=None,
+                 chat_template=None, loader: Callable[[], tuple] | None = None,
+                 info: dict | None = None):
+        self.cfg = cfg or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.info: dict = dict(info or {})
+        self._loader = loader
+        self.status = "loading"
+        self.load_error: str | None = None
+        self.slots: list[Slot] = []
+        self.n_ctx = 0
+        self.n_ctx_slot = 0
+        self.eog_ids: frozenset[int] = frozenset()
+        self._cv = threading.Condition()
+        self._inbox: collections.deque[Task] = collections.deque()
+        self._waiting: collections.deque[Task] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._ready = threading.Event()
+        self.t_start = time.time()
+        # counters (written by the engine thread only)
+        self.c = dict(requests_total=0, requests_errors=0, requests_cancelled=0,
+                      prompt_tokens_total=0, prompt_seconds_total=0.0,
+                      tokens_predicted_total=0, tokens_predicted_seconds_total=0.0,
+                      cache_tokens_total=0, n_decode_total=0, n_busy_slots_total=0,
+                      n_tokens_max=0)
+        if model is not None:
+            self._setup()
+
+    # ---- construction ----------------------------------------------------------------
+    @classmethod
+    def from_path(cls, path: str | Path, cfg: EngineConfig | None = None) -> "Engine":
+        """Engine that loads the GGUF at `path` on its own thread (see `start`)."""
+        cfg = cfg or EngineConfig()
+        path = Path(path)
+
+        def loader():
+            from .gguf_file import GGUFFile
+            from .models import load_model
+            from .tokenizer import Tokenizer
+
+            gf = GGUFFile(path)
+            kwargs = cfg.model_kwargs()
+            try:
+                sig = inspect.signature(load_model)
+                if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+                    kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
+            except (TypeError, ValueError):
+                pass
+            model = load_model(path, **kwargs)
+            tok = Tokenizer.from_gguf(gf)
+            try:
+                from .chat import ChatTemplate
+
+                tmpl = ChatTemplate.from_gguf(gf, tok)
+            except Exception as e:  # noqa: BLE001 - a model without a usable template still completes
+                log.warning("no chat template: %s", e)
+                tmpl = None
+            meta = gf.meta
+            info = {
+                "path": str(path),
+                "arch": getattr(gf, "arch", ""),
+                "name": meta.get("general.name", path.stem),
+                "size": path.stat().st_size,
+                "n_embd": meta.get(f"{getattr(gf, 'arch', '')}.embedding_length"),
+                "n_params": sum(int(np.prod(t.shape)) for t in gf.tensors.values())
+                if hasattr(gf, "tensors") else None,
+                "chat_template": meta.get("tokenizer.chat_template"),
+            }
+            return model, tok, tmpl, info
+
+        eng = cls(cfg, loader=loader, info={"path": str(path), "name": path.stem})
+        return eng
+
+    def _setup(self) -> None:
+        m = self.model
+        n_train = int(getattr(m, "n_ctx_train", 0) or 0)
+        self.n_ctx = self.cfg.n_ctx if self.cfg.n_ctx > 0 else (n_train or 4096)
+        npar = max(1, self.cfg.n_parallel)
+        self.n_ctx_slot = self.n_ctx if self.cfg.kv_unified else max(1, self.n_ctx // npar)
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(npar)]
+        tok = self.tokenizer
+        eog = set(getattr(tok, "eog_ids", ()) or ())
+        if getattr(tok, "eos_id", None) is not None and tok.eos_id >= 0:
+            eog.add(tok.eos_id)
+        self.eog_ids = frozenset(int(t) for t in eog)
+        self.info.setdefault("n_vocab", int(getattr(m, "n_vocab", 0) or 0))
+        self.info.setdefault("n_ctx_train", n_train)
+        self.status = "ok"
+        self._ready.set()
+
+    @property
+    def model_name(self) -> str:
+        return self.cfg.model_alias or self.info.get("path") or self.info.get("name") or "model"
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ok"
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="llmcore-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.ready
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # ---- submission (any thread) -----------------------------------------------------
+    def check_prompt(self, prompt: list[int]) -> None:
+        if not self.ready:
+            raise LLMCoreError("Loading model" if self.status == "loading" else f"model failed to load: {self.load_error}")
+        if len(prompt) == 0:
+            raise RequestError("the prompt is empty")
+        if len(prompt) >= self.n_ctx_slot:
+            raise ContextFullError(
+                f"the request exceeds the available context size ({len(prompt)} prompt tokens, "
+                f"n_ctx {self.n_ctx_slot}), try increasing it")
+        nv = int(self.info.get("n_vocab") or 0)
+        if nv and (min(prompt) < 0 or max(prompt) >= nv):
+            raise RequestError(f"prompt contains an invalid token id (vocabulary size {nv})")
+
+    def submit(self, prompt, params: GenParams | None = None,
+               loop: asyncio.AbstractEventLoop | None = None, sync: bool = False) -> Task:
+        """Queue a request. Validates first (raises RequestError/ContextFullError before any
+        work). From a coroutine the task delivers to the running loop; `sync=True` (or no
+        running loop) gives a task to iterate from a plain thread."""
+        prompt = [int(t) for t in prompt]
+        params = params or GenParams()
+        self.check_prompt(prompt)
+        if params.id_slot is not None and params.id_slot >= len(self.slots):
+            raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
+        params.sampling.validate()
+        for s in params.stop:
+            if not isinstance(s, str):
+                raise RequestError("stop must be a string or a list of strings")
+        if loop is None and not sync:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        task = Task(self, prompt, params, loop)
+        with self._cv:
+            self._inbox.append(task)
+            self._cv.notify_all()
+        return task
+
+    # ---- stats (any thread) ----------------------------------------------------------
+    def stats(self) -> metrics.EngineStats:
+        slots = tuple(s.stats() for s in list(self.slots))
+        c = dict(self.c)
+        busy = sum(1 for s in slots if s.state != "idle")
+        waiting = len(self._waiting) + len(self._inbox)
+        return metrics.EngineStats(
+            status=self.status, model=self.model_name, n_ctx=self.n_ctx,
+            n_ctx_slot=self.n_ctx_slot, n_slots=len(slots),
+            requests_processing=busy, requests_deferred=waiting,
+            uptime_s=time.time() - self.t_start, slots=slots,
+            cache=self._cache_stats(), **c,
+        )
+
+    def _cache_stats(self) -> dict:
+        fn = getattr(self.model, "cache_stats", None)
+        try:
+            return dict(fn()) if callable(fn) else {}
+        except Exception:  # noqa: BLE001 - stats must never break /metrics
+            return {}
+
+    # ---- engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        if self.model is None and self._loader is not None:
+            try:
+                model, tok, tmpl, info = self._loader()
+                self.model, self.tokenizer, self.chat_template = model, tok, tmpl
+                self.info.update({k: v for k, v in info.items() if v is not None})
+                self._setup()
+                log.info("model loaded: %s (n_ctx %d, %d slots)", self.model_name, self.n_ctx,
+                         len(self.slots))
+            except Exception as e:  # noqa: BLE001 - report, don't die silently
+                log.exception("model load failed")
+                self.status = "error"
+                self.load_error = str(e)
+                self._ready.set()
+                return
+        while True:
+            with self._cv:
+                if self._stop:
+                    break
+                while self._inbox:
+                    self._waiting.append(self._inbox.popleft())
+                if not self._waiting and not any(s.task for s in self.slots):
+                    self._cv.wait(0.5)
+                    continue
+            try:
+                self._schedule()
+                active = [s for s in self.slots if s.task is not None]
+                if active:
+                    self._step(active)
+            except Exception as e:  # noqa: BLE001 - never let the engine thread die
+                log.exception("engine step failed")
+                for s in self.slots:
+                    if s.task is not None:
+                        self._fail(s, e, reset_state=True)
+        # shutting down: tell everyone
+        err = LLMCoreError("server is shutting down")
+        for s in self.slots:
+            if s.task is not None:
+                self._fail(s, err, reset_state=False)
+        for t in list(self._waiting) + list(self._inbox):
+            t._put(ErrorEvent(err))
+        self._waiting.clear()
+        self._inbox.clear()
+
+    def _schedule(self) -> None:
+        # cancellations
+        for s in self.slots:
+            if s.task is not None and s.task.cancelled:
+                self._finish(s, "cancel")
+        if any(t.cancelled for t in self._waiting):
+            for t in [t for t in self._waiting if t.cancelled]:
+                t.done = True
+                self.c["requests_cancelled"] += 1
+            self._waiting = collections.deque(t for t in self._waiting if not t.cancelled)
+        # admissions, FIFO; a task pinned to a busy slot waits without blocking others
+        if not self._waiting:
+            return
+        still = collections.deque()
+        for task in self._waiting:
+            slot = self._pick_slot(task)
+            if slot is None:
+                still.append(task)
+                continue
+            try:
+                self._start(slot, task)
+            except Exception as e:  # noqa: BLE001
+                log.exception("starting a task failed")
+                self._fail(slot, e, reset_state=True)
+        self._waiting = still
+
+    def _pick_slot(self, task: Task) -> Slot | None:
+        idle = [s for s in self.slots if s.task is None]
+        if not idle:
+            return None
+        want = task.params.id_slot
+        if want is not None and want >= 0:
+            s = self.slots[want]
+            return s if s.task is None else None
+        if task.params.cache_prompt:
+            best, best_n = None, 0
+            for s in idle:
+                n = common_prefix(s.cached_tokens(), task.prompt)
+                if n > best_n:
+                    best, best_n = s, n
+            if best is not None and best_n > self.cfg.slot_prompt_similarity * len(task.prompt):
+                return best
+        return min(idle, key=lambda s: s.t_last_used)
+
+    def _start(self, slot: Slot, task: Task) -> None:
+        slot._reset_request()
+        slot.task = task
+        task.slot_id = slot.id
+        prompt = task.prompt
+        slot.t_start = time.perf_counter()
+        if slot.state is None:
+            slot.state = self.model.new_state()
+        n_keep = self._reuse_prefix(slot, prompt, task.params.cache_prompt)
+        slot.n_prompt = len(prompt)
+        slot.n_cached = n_keep
+        slot.pending = np.asarray(prompt[n_keep:], dtype=np.int32)
+        slot.i_pending = 0
+        slot.history = list(prompt)
+        slot.sampler = Sampler(task.params.sampling, int(self.info.get("n_vocab") or 0) or None)
+        slot.decoder = make_stream_decoder(self.tokenizer)
+        slot.phase = "prefill"
+
+    def _reuse_prefix(self, slot: Slot, prompt: list[int], cache_prompt: bool) -> int:
+        """Trim the slot's state to the longest reusable prefix; returns tokens kept.
+
+        Always leaves at least one prompt token to evaluate (its logits start generation).
+        A state that cannot go back that far is cleared (full re-prefill)."""
+        st = slot.state
+        n = common_prefix(st.tokens, prompt) if cache_prompt else 0
+        n = min(n, len(prompt) - 1)
+        if n == st.n_tokens:
+            return n
+        got = st.trim(n) if st.can_trim(n) else -1
+        if got != n:
+            _release_state(st)
+            if st.n_tokens:
+                slot.state = self.model.new_state()
+            return 0
+        return n
+
+    def _step(self, active: list[Slot]) -> None:
+        cfg = self.cfg
+        batch, owners = [], []
+        budget = max(1, cfg.n_batch)
+        for s in active:
+            if s.phase == "decode":
+                batch.append((s.state, np.array([s.last_token], dtype=np.int32)))
+                owners.append((s, 1))
+                budget -= 1
+        for s in sorted((s for s in active if s.phase == "prefill"), key=lambda s: s.task.t_submit):
+            if budget <= 0 and batch:
+                break
+            left = len(s.pending) - s.i_pending
+            n = max(1, min(left, cfg.n_ubatch, budget))
+            batch.append((s.state, s.pending[s.i_pending:s.i_pending + n]))
+            owners.append((s, n))
+            budget -= n
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        try:
+            logits = self.model.forward(batch)
+        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
+            log.exception("forward failed for %d segment(s)", len(batch))
+            for s, _ in owners:
+                self._fail(s, e, reset_state=True)
+            return
+        self.c["n_decode_total"] += 1
+        self.c["n_busy_slots_total"] += len(owners)
+        t1 = time.perf_counter()
+        for i, (s, n) in enumerate(owners):
+            if s.task is None:
+                continue
+            try:
+                self.c["n_tokens_max"] = max(self.c["n_tokens_max"], s.n_tokens)
+                if s.phase == "prefill":
+                    s.i_pending += n
+                    if s.i_pending < len(s.pending):
+                        continue
+                    s.t_prompt_done = t1
+                    s.phase = "decode"
+                    if s.task.params.n_predict == 0:
+                        self._finish(s, "limit")
+                        continue
+                self._sample(s, logits[i])
+            except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
+                log.exception("post-processing failed on slot %d", s.id)
+                self._fail(s, e, reset_state=False)
+
+    def _sample(self, s: Slot, row: np.ndarray) -> None:
+        task = s.task
+        p = task.params
+        sample = s.sampler.sample(row, s.history)
+        tok = sample.token
+        s.generated.append(tok)
+        s.history.append(tok)
+        if tok in self.eog_ids and not p.ignore_eos:
+            self._finish(s, "eos")
+            return
+        piece = s.decoder.feed(tok)
+        s.text += piece
+        if p.stop:
+            # search only where a new match can be: from max_stop-1 characters before new text
+            longest = max(len(x) for x in p.stop)
+            start = max(0, len(s.text) - len(piece) - longest + 1)
+            hit_pos, hit = None, ""
+            for word in p.stop:
+                if not word:
+                    continue
+                j = s.text.find(word, start)
+                if j >= 0 and (hit_pos is None or j < hit_pos):
+                    hit_pos, hit = j, word
+            if hit_pos is not None:
+                self._emit(s, [tok], s.text[s.n_sent:hit_pos], [sample])
+                s.text = s.text[:hit_pos]
+                s.n_sent = len(s.text)
+                self._finish(s, "word", hit)
+                return
+            hold = stop_holdback(s.text, p.stop)
+        else:
+            hold = 0
+        upto = len(s.text) - hold
+        self._emit(s, [tok], s.text[s.n_sent:upto], [sample])
+        s.n_sent = max(s.n_sent, upto)
+        n_gen = len(s.generated)
+        if (p.n_predict > 0 and n_gen >= p.n_predict) or \
+                s.n_prompt + n_gen >= s.n_ctx:
+            self._finish(s, "limit")
+            return
+        s.last_token = tok
+
+    def _emit(self, s: Slot, tokens, text: str, samples) -> None:
+        want_probs = s.task.params.sampling.n_probs > 0
+        s.task._put(TokenEvent(list(tokens), text, list(samples) if want_probs else []))
+
+    def _finish(self, s: Slot, stop_type: str, word: str = "") -> None:
+        task = s.task
+        now = time.perf_counter()
+        if stop_type != "cancel" and stop_type != "word":
+            # flush text held back for stop strings and incomplete UTF-8
+            rest = s.text[s.n_sent:] + (s.decoder.flush() if s.decoder else "")
+            if rest:
+                s.task._put(TokenEvent([], rest, []))
+        t_prompt_done = s.t_prompt_done or now
+        tm = Timings(
+            cache_n=s.n_cached,
+            prompt_n=min(s.i_pending, len(s.pending)),
+            prompt_ms=1e3 * (t_prompt_done - s.t_start),
+            predicted_n=len(s.generated),
+            predicted_ms=1e3 * (now - t_prompt_done) if s.t_prompt_done else 0.0,
+        )
+        c = self.c
+        c["requests_total"] += 1
+        c["prompt_tokens_total"] += tm.prompt_n
+        c["prompt_seconds_total"] += tm.prompt_ms / 1e3
+        c["tokens_predicted_total"] += tm.predicted_n
+        c["tokens_predicted_seconds_total"] += tm.predicted_ms / 1e3
+        c["cache_tokens_total"] += tm.cache_n
+        if stop_type == "cancel":
+            c["requests_cancelled"] += 1
+            task.done = True
+        else:
+            task._put(FinalEvent(stop_type, word, s.n_prompt, len(s.generated), tm, s.id,
+                                 truncated=False))
+        log.debug("slot %d task %d done: %s, prompt %d (cached %d), generated %d", s.id,
+                  task.id, stop_type, s.n_prompt, s.n_cached, len(s.generated))
+        self._release_slot(s)
+
+    def _fail(self, s: Slot, err: BaseException, reset_state: bool) -> None:
+        task = s.task
+        self.c["requests_errors"] += 1
+        if task is not None:
+            task._put(ErrorEvent(err))
+        if reset_state and s.state is not None:
+            # its content may be half-updated: start the next request from scratch
+            try:
+                _release_state(s.state)
+            except Exception:  # noqa: BLE001
+                log.exception("releasing slot %d state failed", s.id)
+            s.state = None
+        self._release_slot(s)
+
+    def _release_slot(self, s: Slot) -> None:
+        s.task = None
+        s.phase = "idle"
+        s.t_last_used = time.time()
+        s.sampler = None
+        s.decoder = None
+
+    # ---- synchronous helper ----------------------------------------------------------
+    def generate_sync(self, prompt, params: GenParams | None = None) -> Completion:
+        return self.submit(prompt, params, sync=True).collect_sync()
+
+
+def load_engine(path: str | Path, cfg: EngineConfig | None = None, wait: bool = True) -> Engine:
+    """Engine for the GGUF at `path`, started; waits for the load unless wait=False."""
+    eng = Engine.from_path(path, cfg)
+    eng.start()
+    if wait and not eng.wait_ready():
+        eng.stop()
+        raise LLMCoreError(f"cannot load {path}: {eng.load_error}")
+    return eng
+
+
+__all__ = [
+    "Engine", "EngineConfig", "GenParams", "Task", "TokenEvent", "FinalEvent", "ErrorEvent",
+    "Timings", "Completion", "common_prefix", "load_engine",
+]
