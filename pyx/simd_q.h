@@ -1,0 +1,478 @@
+/* Legacy-quant (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and float (F32, F16, BF16) kernels.
+ *
+ * Weights are repacked at load into groups of LQ_G = 16 output rows. For each group and each
+ * 32-weight block the packed stream holds
+ *     qs    : the 16 rows' quants interleaved 4 bytes per row, so one 64-byte vector holds
+ *             4 consecutive weights of each of the 16 rows (one int32 lane per row);
+ *     [H]   : (Q5 only) 64 bytes of high bits, one dword per row;
+ *     d[16] : f16 row scales;  [m[16] : f16 row mins for Q4_1/Q5_1].
+ * A dot product of a block is then sum_c dpbusd(w_c, broadcast(a[4c..4c+3])): no horizontal
+ * reductions, 16 rows per accumulator. Weights are stored unsigned (q or q+offset), the
+ * offset is folded in through the activation block sums:
+ *     y_r += d_r * d_a * sum(u * a) + m_r * (moff * d_a * sum(a))
+ * with m_r = d_r and moff = -8 / -16 / -128 for Q4_0 / Q5_0 / Q8_0, moff = 1 for Q4_1/Q5_1.
+ *
+ * Layout of qs per format:
+ *   FMT4 (Q4_0/Q4_1): 4 chunks of 64 B; chunk c, row i, byte t holds q[4c+t] (low nibble) and
+ *                     q[16+4c+t] (high nibble): the GGUF qs bytes 4c..4c+3 of the row.
+ *   FMT5 (Q5_0/Q5_1): FMT4 nibbles + H: row i byte t, bit c = bit 4 of q[4c+t],
+ *                     bit 4+c = bit 4 of q[16+4c+t].
+ *   FMT8 (Q8_0):      8 chunks of 64 B; chunk c, row i, byte t holds q[4c+t] + 128.
+ * Activations are quantized per row to 32-int8 blocks with f32 scale (llama.cpp q8_1-like).
+ *
+ * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else portable C (same layout).
+ */
+#ifndef LLMCORE_SIMD_Q_H
+#define LLMCORE_SIMD_Q_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LQ_VNNI 1
+#else
+#define LQ_VNNI 0
+#endif
+
+#define LQ_G 16
+#define LQ_QK 32
+#define LQ_TT 8 /* tokens per tile in the matmul kernels */
+
+enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_BF16 = 30 };
+enum { LQ_FMT_NONE = -1, LQ_FMT_F32 = 0, LQ_FMT_F16 = 1, LQ_FMT_BF16 = 2, LQ_FMT4 = 4, LQ_FMT5 = 5, LQ_FMT8 = 8 };
+
+typedef struct {
+    int type;          /* ggml type */
+    int fmt;           /* LQ_FMT_* */
+    int has_m;         /* per-row mins stored */
+    float moff;        /* multiplier of the activation sums (see above) */
+    int64_t rows, cols, nb, ngroups;
+    int64_t qbytes;    /* quant bytes per group-block */
+    int64_t blk_bytes; /* bytes per group-block (quants + scales) */
+    const uint8_t *data;
+} lq_packed;
+
+static inline int lq_have_vnni(void) { return LQ_VNNI; }
+
+/* ---------------------------------------------------------------- scalar conversions */
+static inline float lq_h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, r;
+    if (e == 0) {
+        if (m == 0) r = s;
+        else {
+            e = 113;
+            while (!(m & 0x400)) { m <<= 1; e--; }
+            r = s | (e << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (e == 31) r = s | 0x7f800000u | (m << 13);
+    else r = s | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &r, 4); return f;
+#endif
+}
+static inline float lq_bf2f(uint16_t h) { uint32_t r = (uint32_t)h << 16; float f; memcpy(&f, &r, 4); return f; }
+static inline uint16_t lq_rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t lq_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* ---------------------------------------------------------------- type table */
+static inline int lq_block_bytes(int type) {
+    switch (type) {
+    case GT_Q4_0: return 18; case GT_Q4_1: return 20; case GT_Q5_0: return 22;
+    case GT_Q5_1: return 24; case GT_Q8_0: return 34; default: return 0;
+    }
+}
+static inline int lq_fmt_for_type(int type) {
+    switch (type) {
+    case GT_F32: return LQ_FMT_F32; case GT_F16: return LQ_FMT_F16; case GT_BF16: return LQ_FMT_BF16;
+    case GT_Q4_0: case GT_Q4_1: return LQ_FMT4;
+    case GT_Q5_0: case GT_Q5_1: return LQ_FMT5;
+    case GT_Q8_0: return LQ_FMT8;
+    default: return LQ_FMT_NONE;
+    }
+}
+
+/* Fill the descriptor; data may be NULL (to compute sizes). Returns the packed byte size. */
+static inline int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data) {
+    p->type = type; p->fmt = lq_fmt_for_type(type); p->rows = rows; p->cols = cols; p->data = data;
+    p->has_m = (type == GT_Q4_1 || type == GT_Q5_1);
+    p->moff = type == GT_Q4_0 ? -8.f : type == GT_Q5_0 ? -16.f : type == GT_Q8_0 ? -128.f : 1.f;
+    p->nb = cols / LQ_QK;
+    p->ngroups = (rows + LQ_G - 1) / LQ_G;
+    switch (p->fmt) {
+    case LQ_FMT_F32: p->qbytes = p->blk_bytes = 0; return rows * cols * 4;
+    case LQ_FMT_F16: case LQ_FMT_BF16: p->qbytes = p->blk_bytes = 0; return rows * cols * 2;
+    case LQ_FMT4: p->qbytes = 256; break;
+    case LQ_FMT5: p->qbytes = 320; break;
+    case LQ_FMT8: p->qbytes = 512; break;
+    default: return -1;
+    }
+    p->blk_bytes = p->qbytes + 32 + (p->has_m ? 32 : 0);
+    return p->ngroups * p->nb * p->blk_bytes;
+}
+
+/* ---------------------------------------------------------------- repack */
+static void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int64_t cols, uint8_t *out, int nt) {
+    lq_packed P;
+    lq_init_packed(&P, type, rows, cols, out);
+    const int bs = lq_block_bytes(type);
+    const int64_t nb = P.nb, ng = P.ngroups, bb = P.blk_bytes, qb = P.qbytes;
+    int64_t g;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (g = 0; g < ng; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (g * nb + b) * bb;
+            memset(o, 0, bb);
+            uint16_t *od = (uint16_t *)(o + qb), *om = (uint16_t *)(o + qb + 32);
+            for (int i = 0; i < LQ_G; i++) {
+                int64_t r = g * LQ_G + i;
+                if (r >= rows) break;
+                const uint8_t *nat = raw + r * bpr + b * bs;
+                od[i] = lq_rd16(nat);
+                const uint8_t *qs; uint32_t qh = 0;
+                switch (type) {
+                case GT_Q4_0: qs = nat + 2; break;
+                case GT_Q4_1: om[i] = lq_rd16(nat + 2); qs = nat + 4; break;
+                case GT_Q5_0: qh = lq_rd32(nat + 2); qs = nat + 6; break;
+                case GT_Q5_1: om[i] = lq_rd16(nat + 2); qh = lq_rd32(nat + 4); qs = nat + 8; break;
+                default: qs = nat + 2; break; /* Q8_0 */
+                }
+                if (P.fmt == LQ_FMT8) {
+                    for (int c = 0; c < 8; c++)
+                        for (int t = 0; t < 4; t++) o[64 * c + 4 * i + t] = (uint8_t)((int)(int8_t)qs[4 * c + t] + 128);
+                } else {
+                    for (int c = 0; c < 4; c++)
+                        for (int t = 0; t < 4; t++) o[64 * c + 4 * i + t] = qs[4 * c + t];
+                    if (P.fmt == LQ_FMT5) {
+                        for (int t = 0; t < 4; t++) {
+                            uint8_t h = 0;
+                            for (int c = 0; c < 4; c++) {
+                                h |= ((qh >> (4 * c + t)) & 1u) << c;
+                                h |= ((qh >> (16 + 4 * c + t)) & 1u) << (4 + c);
+                            }
+                            o[256 + 4 * i + t] = h;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- dequantize (exact) */
+/* Same arithmetic as gguf.quants (no FMA contraction: d*q + m rounds twice). */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *out) {
+    int64_t j;
+    switch (type) {
+    case GT_F32: memcpy(out, row, cols * 4); return;
+    case GT_F16: for (j = 0; j < cols; j++) out[j] = lq_h2f(lq_rd16(row + 2 * j)); return;
+    case GT_BF16: for (j = 0; j < cols; j++) out[j] = lq_bf2f(lq_rd16(row + 2 * j)); return;
+    default: break;
+    }
+    const int bs = lq_block_bytes(type);
+    for (int64_t b = 0; b < cols / LQ_QK; b++) {
+        const uint8_t *nat = row + b * bs;
+        float *o = out + b * LQ_QK;
+        const float d = lq_h2f(lq_rd16(nat));
+        switch (type) {
+        case GT_Q4_0:
+            for (int k = 0; k < 16; k++) {
+                o[k] = d * (float)((int)(nat[2 + k] & 15) - 8);
+                o[k + 16] = d * (float)((int)(nat[2 + k] >> 4) - 8);
+            }
+            break;
+        case GT_Q4_1: {
+            const float m = lq_h2f(lq_rd16(nat + 2));
+            for (int k = 0; k < 16; k++) {
+                float a = d * (float)(nat[4 + k] & 15), c = d * (float)(nat[4 + k] >> 4);
+                o[k] = a + m; o[k + 16] = c + m;
+            }
+        } break;
+        case GT_Q5_0: {
+            const uint32_t qh = lq_rd32(nat + 2);
+            for (int k = 0; k < 16; k++) {
+                int lo = (nat[6 + k] & 15) | (((qh >> k) & 1) << 4);
+                int hi = (nat[6 + k] >> 4) | (((qh >> (k + 16)) & 1) << 4);
+                o[k] = d * (float)(lo - 16); o[k + 16] = d * (float)(hi - 16);
+            }
+        } break;
+        case GT_Q5_1: {
+            const float m = lq_h2f(lq_rd16(nat + 2));
+            const uint32_t qh = lq_rd32(nat + 4);
+            for (int k = 0; k < 16; k++) {
+                int lo = (nat[8 + k] & 15) | (((qh >> k) & 1) << 4);
+                int hi = (nat[8 + k] >> 4) | (((qh >> (k + 16)) & 1) << 4);
+                float a = d * (float)lo, c = d * (float)hi;
+                o[k] = a + m; o[k + 16] = c + m;
+            }
+        } break;
+        case GT_Q8_0:
+            for (int k = 0; k < 32; k++) o[k] = (float)(int8_t)nat[2 + k] * d;
+            break;
+        }
+    }
+}
+#pragma GCC pop_options
+
+/* ids == NULL: rows 0..nrows-1. Returns 0, or -1 for an unsupported type. */
+static int lq_dequant_rows(const uint8_t *raw, int64_t bpr, const int64_t *ids, int64_t nrows, int type,
+                           int64_t cols, float *out, int nt) {
+    if (lq_fmt_for_type(type) == LQ_FMT_NONE) return -1;
+    int64_t i;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nrows * cols > (1 << 16))
+    for (i = 0; i < nrows; i++) {
+        int64_t r = ids ? ids[i] : i;
+        lq_dequant_row(raw + r * bpr, type, cols, out + i * cols);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- activation quantization */
+/* One row of K floats (K % 32 == 0) -> q int8[K], d[K/32], s[K/32] = moff * d * sum(q). */
+static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff) {
+    for (int64_t b = 0; b < K / LQ_QK; b++) {
+        const float *xb = x + b * LQ_QK;
+#if defined(__AVX512F__)
+        __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        __m512 a = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+        float amax = _mm512_reduce_max_ps(a);
+        float db = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        _mm_storeu_si128((__m128i *)(q + b * LQ_QK), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(q + b * LQ_QK + 16), _mm512_cvtepi32_epi8(i1));
+        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+#else
+        float amax = 0.f;
+        for (int k = 0; k < LQ_QK; k++) { float v = fabsf(xb[k]); amax = v > amax ? v : amax; }
+        float db = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+        for (int k = 0; k < LQ_QK; k++) {
+            int v = (int)nearbyintf(xb[k] * id);
+            q[b * LQ_QK + k] = (int8_t)v; sum += v;
+        }
+#endif
+        d[b] = db;
+        s[b] = moff * db * (float)sum;
+    }
+}
+
+/* ---------------------------------------------------------------- block kernels */
+/* Group g of P, tokens t0..t0+T-1: y[t*ystride + i] for rows i < nvalid of the group. */
+static inline void lq_kernel_scalar(const lq_packed *P, int64_t g, const int8_t *qa, const float *da,
+                                    const float *sa, int T, float *y, int64_t ystride, int nvalid) {
+    const int64_t nb = P->nb, K = P->cols;
+    for (int t = 0; t < T; t++) {
+        float acc[LQ_G] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = P->data + (g * nb + b) * P->blk_bytes;
+            const uint16_t *dd = (const uint16_t *)(blk + P->qbytes);
+            const uint16_t *mm = P->has_m ? dd + 16 : dd;
+            const int8_t *a = qa + t * K + b * LQ_QK;
+            const float dat = da[t * nb + b], sat = sa[t * nb + b];
+            for (int i = 0; i < LQ_G; i++) {
+                int isum = 0;
+                if (P->fmt == LQ_FMT8) {
+                    for (int c = 0; c < 8; c++)
+                        for (int u = 0; u < 4; u++) isum += (int)blk[64 * c + 4 * i + u] * a[4 * c + u];
+                } else {
+                    for (int c = 0; c < 4; c++)
+                        for (int u = 0; u < 4; u++) {
+                            int byte = blk[64 * c + 4 * i + u];
+                            int lo = byte & 15, hi = byte >> 4;
+                            if (P->fmt == LQ_FMT5) {
+                                int h = blk[256 + 4 * i + u];
+                                lo |= ((h >> c) & 1) << 4;
+                                hi |= ((h >> (4 + c)) & 1) << 4;
+                            }
+                            isum += lo * a[4 * c + u] + hi * a[16 + 4 * c + u];
+                        }
+                }
+                acc[i] += lq_h2f(dd[i]) * dat * (float)isum + lq_h2f(mm[i]) * sat;
+            }
+        }
+        for (int i = 0; i < nvalid; i++) y[t * ystride + i] = acc[i];
+    }
+}
+
+#if LQ_VNNI
+/* FMT in {4,5,8}, HAS_M, T are compile-time constants at every call site (always_inline). */
+static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed *P, int64_t g, const int8_t *qa,
+                                                                  const float *da, const float *sa, const int FMT,
+                                                                  const int HAS_M, const int T, float *y,
+                                                                  int64_t ystride, int nvalid) {
+    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes;
+    const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    __m512 f[LQ_TT];
+    for (int t = 0; t < T; t++) f[t] = _mm512_setzero_ps();
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        __m512i w[8];
+        if (FMT == 8) {
+            for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        } else {
+            for (int c = 0; c < 4; c++) {
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
+                w[c] = _mm512_and_si512(v, m4);
+                w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if (FMT == 5) {
+                __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+                for (int c = 0; c < 4; c++) {
+                    __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
+                    __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
+                    w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
+                    w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
+                }
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
+        const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32))) : dv;
+        for (int t = 0; t < T; t++) {
+            const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
+            __m512i acc = _mm512_setzero_si512();
+            for (int c = 0; c < 8; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32(aw[c]));
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b])), f[t]);
+            f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[t * nb + b]), f[t]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
+    for (int t = 0; t < T; t++) {
+        if (nvalid == LQ_G) _mm512_storeu_ps(y + t * ystride, f[t]);
+        else _mm512_mask_storeu_ps(y + t * ystride, mask, f[t]);
+    }
+}
+
+#define LQ_T_SWITCH(FMT, HM)                                                                          \
+    switch (T) {                                                                                      \
+    case 1: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 1, y, ys, nv); break;                           \
+    case 2: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 2, y, ys, nv); break;                           \
+    case 3: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 3, y, ys, nv); break;                           \
+    case 4: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 4, y, ys, nv); break;                           \
+    case 5: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 5, y, ys, nv); break;                           \
+    case 6: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 6, y, ys, nv); break;                           \
+    case 7: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 7, y, ys, nv); break;                           \
+    default: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 8, y, ys, nv); break;                          \
+    }
+
+static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
+                          float *y, int64_t ys, int nv) {
+    if (P->fmt == LQ_FMT4) { if (P->has_m) { LQ_T_SWITCH(4, 1) } else { LQ_T_SWITCH(4, 0) } }
+    else if (P->fmt == LQ_FMT5) { if (P->has_m) { LQ_T_SWITCH(5, 1) } else { LQ_T_SWITCH(5, 0) } }
+    else { LQ_T_SWITCH(8, 0) }
+}
+#endif
+
+/* ---------------------------------------------------------------- float kernels */
+static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n) {
+    const int64_t K = P->cols, R = P->rows;
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t t0 = 0; t0 < n; t0 += 4) {
+            int T = (int)(n - t0 < 4 ? n - t0 : 4);
+#if defined(__AVX512F__)
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int64_t k = 0; k < K; k += 16) {
+                __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+                __m512 w;
+                if (P->fmt == LQ_FMT_F32) w = _mm512_maskz_loadu_ps(mk, (const float *)P->data + r * K + k);
+                else {
+                    __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)P->data + r * K + k);
+                    if (P->fmt == LQ_FMT_F16) w = _mm512_cvtph_ps(h);
+                    else w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                }
+                for (int t = 0; t < T; t++)
+                    acc[t] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mk, x + (t0 + t) * K + k), acc[t]);
+            }
+            for (int t = 0; t < T; t++) y[(t0 + t) * R + r] = _mm512_reduce_add_ps(acc[t]);
+#else
+            for (int t = 0; t < T; t++) {
+                float acc = 0.f;
+                const float *xt = x + (t0 + t) * K;
+                for (int64_t k = 0; k < K; k++) {
+                    float w;
+                    if (P->fmt == LQ_FMT_F32) w = ((const float *)P->data)[r * K + k];
+                    else if (P->fmt == LQ_FMT_F16) w = lq_h2f(((const uint16_t *)P->data)[r * K + k]);
+                    else w = lq_bf2f(((const uint16_t *)P->data)[r * K + k]);
+                    acc += w * xt[k];
+                }
+                y[(t0 + t) * R + r] = acc;
+            }
+#endif
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- matmul driver */
+static __thread void *lq_scratch = NULL;
+static __thread size_t lq_scratch_cap = 0;
+
+static void *lq_get_scratch(size_t bytes) {
+    if (bytes > lq_scratch_cap) {
+        free(lq_scratch);
+        lq_scratch = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        lq_scratch_cap = lq_scratch ? bytes : 0;
+    }
+    return lq_scratch;
+}
+
+/* y[n, rows] = x[n, cols] @ W.T. Returns 0, or -1 on allocation failure. */
+static int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, int nt, int force_scalar) {
+    const int64_t K = P->cols, R = P->rows, nb = P->nb, ng = P->ngroups;
+    if (n <= 0 || R <= 0) return 0;
+    if (P->fmt <= LQ_FMT_BF16) {
+        int64_t chunk = 16, nch = (R + chunk - 1) / chunk, c;
+        if (nt > nch) nt = (int)nch;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (c = 0; c < nch; c++) {
+            int64_t r1 = (c + 1) * chunk < R ? (c + 1) * chunk : R;
+            lq_float_rows(P, c * chunk, r1, x, y, n);
+        }
+        return 0;
+    }
+    size_t qbytes = (size_t)(n * K), fbytes = (size_t)(n * nb) * sizeof(float);
+    uint8_t *scr = (uint8_t *)lq_get_scratch(((qbytes + 63) & ~(size_t)63) + 2 * fbytes + 64);
+    if (!scr) return -1;
+    int8_t *qa = (int8_t *)scr;
+    float *da = (float *)(scr + ((qbytes + 63) & ~(size_t)63));
+    float *sa = da + n * nb;
+    const int use_vnni = LQ_VNNI && !force_scalar;
+    (void)use_vnni;
+    if (nt > ng && n == 1) nt = (int)ng;
+    if (nt < 1) nt = 1;
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t i, g;
+#pragma omp for schedule(static)
+        for (i = 0; i < n; i++) lq_quant_row_q8(x + i * K, K, qa + i * K, da + i * nb, sa + i * nb, P->moff);
+#pragma omp for schedule(static)
+        for (g = 0; g < ng; g++) {
+            const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
+            for (int64_t t0 = 0; t0 < n; t0 += LQ_TT) {
+                const int T = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
+                const int8_t *q = qa + t0 * K;
+                const float *dd = da + t0 * nb, *ss = sa + t0 * nb;
+                float *yo = y + t0 * R + g * LQ_G;
+#if LQ_VNNI
+                if (use_vnni) { lq_group_vnni(P, g, q, dd, ss, T, yo, R, nv); continue; }
+#endif
+                lq_kernel_scalar(P, g, q, dd, ss, T, yo, R, nv);
+            }
+        }
+    }
+    return 0;
+}
+
+#endif /* LLMCORE_SIMD_Q_H */

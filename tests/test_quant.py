@@ -1,0 +1,186 @@
+"""Float and legacy-quant kernels (pyx/quants.pyx) against gguf.quants and NumPy float32."""
+import numpy as np
+import pytest
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+from llmcore import quant
+from llmcore.gguf_file import Tensor
+
+kq = pytest.importorskip("llmcore._kernels.quants")
+
+TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
+QUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
+BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q5_0: 22, QT.Q5_1: 24, QT.Q8_0: 34}
+
+
+def make_raw(qt, rows, cols, seed=0):
+    """Raw GGUF bytes (rows, bytes_per_row) for random weights quantized by gguf.quants."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((rows, cols)) * 0.5 + rng.standard_normal((rows, 1)) * 0.1).astype(np.float32)
+    if qt == QT.F32:
+        return w.view(np.uint8).reshape(rows, -1).copy()
+    return np.ascontiguousarray(gguf.quants.quantize(w, qt)).view(np.uint8).reshape(rows, -1)
+
+
+def random_blocks(qt, rows, cols, seed=0):
+    """Random valid blocks: arbitrary quant bits, finite f16 scales/mins."""
+    rng = np.random.default_rng(seed)
+    if qt in (QT.F16, QT.BF16):
+        bits = rng.integers(0, 2**16, size=(rows, cols), dtype=np.uint16)
+        if qt == QT.F16:
+            bits[(bits & 0x7C00) == 0x7C00] &= 0xBFFF  # no inf/nan
+        else:
+            bits[(bits & 0x7F80) == 0x7F80] &= 0xBFFF
+        return bits.view(np.uint8).reshape(rows, -1)
+    if qt == QT.F32:
+        return rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint8).reshape(rows, -1)
+    bs = BLOCK_BYTES[qt]
+    nb = cols // 32
+    raw = rng.integers(0, 256, size=(rows, nb, bs), dtype=np.uint8)
+    n_scales = 2 if qt in (QT.Q4_1, QT.Q5_1) else 1
+    sc = (rng.standard_normal((rows, nb, n_scales)) * 0.05).astype(np.float16)
+    sc[..., 0].flat[::7] = np.float16(6e-8)  # subnormal scales too
+    raw[..., : 2 * n_scales] = sc.view(np.uint8).reshape(rows, nb, 2 * n_scales)
+    return raw.reshape(rows, -1)
+
+
+def ref_dequant(raw, qt, rows, cols):
+    if qt == QT.F32:
+        return raw.view(np.float32).reshape(rows, cols)
+    if qt == QT.F16:
+        return raw.view(np.float16).reshape(rows, cols).astype(np.float32)
+    return np.asarray(gguf.quants.dequantize(raw, qt), dtype=np.float32).reshape(rows, cols)
+
+
+def nmse(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.sum((a - b) ** 2) / max(np.sum(b**2), 1e-30))
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("maker", [make_raw, random_blocks], ids=["quantized", "random"])
+def test_dequantize_exact(qt, maker):
+    rows, cols = 23, 160
+    raw = maker(qt, rows, cols)
+    ref = ref_dequant(raw, qt, rows, cols)
+    got = quant.dequantize(raw, qt, (rows, cols))
+    assert got.dtype == np.float32 and got.shape == (rows, cols)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
+def test_get_rows(qt):
+    rows, cols = 40, 96
+    raw = random_blocks(qt, rows, cols, seed=3)
+    t = Tensor("emb", int(qt), (rows, cols), raw)
+    ids = [5, 0, 39, 5, 17]
+    got = quant.get_rows(t, ids)
+    ref = ref_dequant(raw, qt, rows, cols)[ids]
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    with pytest.raises(IndexError):
+        quant.get_rows(t, [rows])
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [37, 16, 5])
+@pytest.mark.parametrize("n", [1, 3, 17])
+def test_matmul_vs_float(qt, rows, n):
+    cols = 256
+    raw = make_raw(qt, rows, cols, seed=rows + n)
+    w = ref_dequant(raw, qt, rows, cols)
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    pk = kq.pack(raw, int(qt))
+    assert (pk.rows, pk.cols) == (rows, cols)
+    y1 = np.full((n, rows), np.nan, np.float32)
+    y2 = np.full((n, rows), np.nan, np.float32)
+    kq.matmul(pk, x, y1, 1)
+    kq.matmul(pk, x, y2, 2)
+    np.testing.assert_array_equal(y1, y2)  # thread count does not change results
+    assert nmse(y1, ref) < 5e-4
+    if qt in FLOAT_EXACT:
+        assert nmse(y1, ref) < 1e-10
+    ys = np.empty_like(y1)
+    kq.matmul(pk, x, ys, 2, True)  # portable C path, same packed layout
+    assert nmse(ys, ref) < 5e-4
+    assert nmse(ys, y1) < 1e-9
+
+
+FLOAT_EXACT = {QT.F32, QT.F16, QT.BF16}
+
+
+@pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
+def test_matmul_random_blocks(qt):
+    """Arbitrary quant bit patterns (all 5th bits, extreme Q8 values) through the int8 path."""
+    rows, cols, n = 21, 128, 4
+    raw = random_blocks(qt, rows, cols, seed=11)
+    w = ref_dequant(raw, qt, rows, cols)
+    x = np.random.default_rng(2).standard_normal((n, cols)).astype(np.float32)
+    y = np.empty((n, rows), np.float32)
+    kq.matmul(kq.pack(raw, int(qt)), x, y, 2)
+    assert nmse(y, x.astype(np.float64) @ w.T.astype(np.float64)) < 5e-4
+
+
+def test_linear_api_bias_concat():
+    cols = 128
+    ts = [Tensor(f"w{i}", int(QT.Q4_1), (r, cols), make_raw(QT.Q4_1, r, cols, seed=i)) for i, r in enumerate([48, 16, 21])]
+    x = np.random.default_rng(0).standard_normal((3, cols)).astype(np.float32)
+    bias = np.arange(48, dtype=np.float32)
+    lin = quant.Linear(ts[0], bias=bias)
+    assert (lin.out_features, lin.in_features) == (48, cols)
+    assert lin.nbytes > 0
+    ref0 = x @ ts[0].dequantize().T + bias
+    assert nmse(lin(x), ref0) < 5e-4
+    out = np.empty((3, 48), np.float32)
+    assert lin(x, out=out) is out
+    np.testing.assert_array_equal(out, lin(x))
+    assert lin(x[0]).shape == (48,)
+
+    fused = quant.Linear.concat(ts)
+    parts = fused.split(fused(x))
+    for t, p in zip(ts, parts):
+        np.testing.assert_allclose(p, quant.Linear(t)(x), rtol=1e-5, atol=1e-5)
+    other = Tensor("f", int(QT.Q8_0), (16, cols), make_raw(QT.Q8_0, 16, cols))
+    assert quant.Linear.concat([ts[0], other]) is None
+
+
+def test_expert_linear_grouped():
+    ne, rows, cols = 4, 24, 96
+    raws = np.stack([make_raw(QT.Q8_0, rows, cols, seed=e) for e in range(ne)])
+    t = Tensor("exps", int(QT.Q8_0), (ne, rows, cols), raws)
+    el = quant.ExpertLinear(t)
+    w = t.dequantize()
+    x = np.random.default_rng(1).standard_normal((7, cols)).astype(np.float32)
+    assert nmse(el(x, 2), x @ w[2].T) < 5e-4
+    ids, offs = [3, 0, 2], [0, 2, 2, 7]
+    y = el.grouped(x, ids, offs)
+    ref = np.concatenate([x[0:2] @ w[3].T, x[2:7] @ w[2].T])
+    assert nmse(y, ref) < 5e-4
+
+
+def test_numpy_fallback_matches(monkeypatch):
+    cols = 64
+    t = Tensor("w", int(QT.Q5_0), (19, cols), make_raw(QT.Q5_0, 19, cols))
+    x = np.random.default_rng(0).standard_normal((2, cols)).astype(np.float32)
+    fast = quant.Linear(t)(x)
+    monkeypatch.setenv("LLMCORE_NO_KERNELS", "1")
+    slow = quant.Linear(t)
+    assert slow._packed is None
+    assert nmse(fast, slow(x)) < 5e-4
+
+
+def test_real_model_embedding_and_linear(smollm2_path):
+    from llmcore.gguf_file import GGUFFile
+
+    f = GGUFFile(smollm2_path)
+    emb = f.tensor("token_embd.weight")  # Q8_0 49152 x 576
+    ids = [0, 1, 49151, 1234]
+    ref = ref_dequant(emb.raw()[ids], emb.ggml_type, len(ids), emb.shape[1])
+    np.testing.assert_array_equal(quant.get_rows(emb, ids), ref)
+    w = f.tensor("blk.0.ffn_down.weight")  # Q4_1 576 x 1536
+    lin = quant.Linear(w)
+    x = np.random.default_rng(0).standard_normal((5, w.shape[1])).astype(np.float32)
+    assert nmse(lin(x), x.astype(np.float64) @ w.dequantize().T.astype(np.float64)) < 5e-4
