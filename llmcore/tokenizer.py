@@ -730,8 +730,14 @@ class Tokenizer:
         """token_to_piece decoded as UTF-8 (invalid bytes become U+FFFD)."""
         return self.token_to_piece(tid, special).decode("utf-8", errors="replace")
 
-    def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = True) -> bytes:
-        """llama.cpp llama_detokenize, as bytes."""
+    def detokenize(
+        self,
+        ids: Sequence[int],
+        remove_special: bool = False,
+        unparse_special: bool = True,
+        clean_spaces: bool | None = None,
+    ) -> bytes:
+        """llama.cpp llama_detokenize, as bytes. clean_spaces defaults to the vocab's."""
         ids = list(ids)
         remove_space = self.add_space_prefix
         if remove_special and self.add_bos and ids and ids[0] == self.bos_id:
@@ -747,7 +753,7 @@ class Tokenizer:
             remove_space = False
             parts.append(p)
         text = b"".join(parts)
-        if self.clean_spaces and text:
+        if (self.clean_spaces if clean_spaces is None else clean_spaces) and text:
             text = _clean_spaces(text)
         return text
 
