@@ -5,9 +5,12 @@ Public API (all arrays NumPy):
 
 - ``SUPPORTED``: set of ggml type ids handled here.
 - ``simd() -> str``: "avx512vnni", "avx2" or "c" (the path this build uses).
-- ``dequantize(raw, ggml_type) -> float32 1-D``: equals ``gguf.quants.dequantize`` bit
-  for bit; ``raw`` is any C-contiguous uint8 array of whole blocks.
-- ``matmul(w, ggml_type, x, out=None, n_threads=0) -> float32 (n, rows)``: y = x @ W.T.
+- Kernel module interface of llmcore.quant (see its docstring): ``pack(raw, ggml_type)
+  -> Packed`` (rows, cols, nbytes; zero-copy, GGUF layout kept), ``matmul(packed, x, y,
+  n_threads)``, ``dequantize(raw, ggml_type, out=None)`` (equals
+  ``gguf.quants.dequantize`` bit for bit; returns a flat array when out is None),
+  ``get_rows(raw, ggml_type, ids, out)``.
+- ``matmul_raw(w, ggml_type, x, out=None, n_threads=0) -> float32 (n, rows)``: y = x @ W.T.
   ``w`` is uint8 (rows, row_bytes) in GGUF block layout (rows may be strided, e.g. one
   expert's slice of a 3-D tensor); ``x`` float32 (n, in). Activations are quantized like
   llama.cpp (q8_K for K-quants, q8_0 for MXFP4), dots are integer (VNNI/AVX2/C).
@@ -67,15 +70,19 @@ cdef int _threads(int n_threads):
     return max(1, get_num_threads())
 
 
-def dequantize(raw, int ggml_type, int n_threads=0):
-    """Dequantize whole blocks of raw GGUF bytes to a flat float32 array."""
+def dequantize(raw, int ggml_type, out=None, int n_threads=0):
+    """Dequantize whole blocks of raw GGUF bytes into `out` (float32, any C-contiguous
+    shape with the right size) or a new flat float32 array; returns it."""
     bs, ts = block_info(ggml_type)
     cdef const uint8_t[::1] src = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
     if src.shape[0] % ts:
         raise ValueError(f"kquants.dequantize: {src.shape[0]} bytes is not a whole number of {ts}-byte blocks")
     cdef int64_t nblocks = src.shape[0] // ts
-    out = np.empty(nblocks * bs, dtype=np.float32)
-    cdef float[::1] dst = out
+    if out is None:
+        out = np.empty(nblocks * bs, dtype=np.float32)
+    elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size != nblocks * bs:
+        raise ValueError(f"kquants.dequantize: out must be C-contiguous float32 with {nblocks * bs} values")
+    cdef float[::1] dst = out.reshape(-1)
     if nblocks == 0:
         return out
     cdef int nt = _threads(n_threads)
@@ -89,6 +96,71 @@ def dequantize(raw, int ggml_type, int n_threads=0):
                 b1 = nblocks
             kq_dequant_blocks(t, &src[b0 * cts], b1 - b0, &dst[b0 * cbs])
     return out
+
+
+def get_rows(raw, int ggml_type, ids, out):
+    """out[i] = dequantized row ids[i] of raw (rows, bytes_per_row)."""
+    bs, ts = block_info(ggml_type)
+    r = np.asarray(raw).view(np.uint8)
+    r = r.reshape(r.shape[0], -1)
+    if r.strides[1] != 1:
+        r = np.ascontiguousarray(r)
+    cdef const uint8_t[:, :] rv = r
+    cdef const int64_t[::1] iv = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    cdef int64_t nrows = rv.shape[0], nb = rv.shape[1] // ts, n = iv.shape[0], i, row
+    if rv.shape[1] % ts:
+        raise ValueError("kquants.get_rows: rows are not whole blocks")
+    if out.dtype != np.float32 or not out.flags.c_contiguous or out.shape != (n, nb * bs):
+        raise ValueError(f"kquants.get_rows: out must be C-contiguous float32 {(n, nb * bs)}")
+    for i in range(n):
+        if iv[i] < 0 or iv[i] >= nrows:
+            raise IndexError(f"kquants.get_rows: row {iv[i]} out of range [0, {nrows})")
+    cdef float[:, ::1] ov = out
+    cdef int t = ggml_type
+    if n == 0 or nb == 0:
+        return out
+    cdef int nt = min(_threads(0), n) if n > 4 else 1
+    with nogil:
+        for i in prange(n, num_threads=nt, schedule="static"):
+            row = iv[i]
+            kq_dequant_blocks(t, &rv[row, 0], nb, &ov[i, 0])
+    return out
+
+
+cdef class Packed:
+    """A K-quant/MXFP4 weight (rows, cols) kept zero-copy in its GGUF block layout."""
+    cdef readonly int ggml_type
+    cdef readonly int64_t rows, cols, nbytes
+    cdef readonly object raw
+
+    def __init__(self, raw, int ggml_type):
+        bs, ts = block_info(ggml_type)
+        r = np.asarray(raw)
+        if r.ndim != 2:
+            raise ValueError(f"kquants.pack: expected (rows, bytes_per_row), got shape {r.shape}")
+        r = r.view(np.uint8)
+        if r.strides[1] != 1 or r.strides[0] < r.shape[1]:
+            r = np.ascontiguousarray(r)
+        if r.shape[1] % ts:
+            raise ValueError(f"kquants.pack: rows of {r.shape[1]} bytes are not whole {ts}-byte blocks")
+        self.raw = r
+        self.ggml_type = ggml_type
+        self.rows = r.shape[0]
+        self.cols = r.shape[1] // ts * bs
+        self.nbytes = r.shape[0] * r.shape[1]
+
+    def __repr__(self):
+        return f"kquants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols})"
+
+
+def pack(raw, int ggml_type):
+    """Prepare a 2-D weight (rows, bytes_per_row) for matmul (kernel module interface)."""
+    return Packed(raw, ggml_type)
+
+
+def matmul(Packed packed, x, y, int n_threads=0):
+    """y[...] = x @ W.T (kernel module interface): x (n, cols), y (n, rows) float32."""
+    matmul_raw(packed.raw, packed.ggml_type, x, y, n_threads)
 
 
 def quantize_q8_k(x, int n_threads=0):
@@ -108,7 +180,7 @@ def quantize_q8_k(x, int n_threads=0):
     return out["d"], out["qs"], out["bsums"]
 
 
-def matmul(w, int ggml_type, x, out=None, int n_threads=0):
+def matmul_raw(w, int ggml_type, x, out=None, int n_threads=0):
     """y = x @ W.T with W (rows, row_bytes) uint8 in GGUF layout of `ggml_type`."""
     bs, ts = block_info(ggml_type)
     w = np.asarray(w)

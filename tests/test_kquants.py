@@ -1,0 +1,228 @@
+"""K-quant (Q2_K..Q6_K) and MXFP4 kernels: exact dequantization vs gguf.quants, integer
+matmul vs float references (plain and with llama.cpp's activation quantization)."""
+import numpy as np
+import pytest
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+kq = pytest.importorskip("llmcore._kernels.kquants")
+
+from llmcore import quant  # noqa: E402
+from llmcore.gguf_file import Tensor  # noqa: E402
+
+TYPES = [QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.Q5_K, QT.Q3_K, QT.Q2_K]
+IDS = [t.name for t in TYPES]
+
+
+def rand_blocks(rng, qt, nblocks, scale=0.02):
+    """Random but valid blocks: random bytes, finite f16 / e8m0 scales."""
+    _, ts = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, size=(nblocks, ts), dtype=np.uint8)
+
+    def f16(lo, hi=None):
+        v = (np.abs(rng.standard_normal(nblocks)) * scale).astype(np.float16)
+        raw[:, lo:lo + 2] = v.view(np.uint8).reshape(nblocks, 2)
+
+    if qt == QT.Q2_K:
+        f16(80), f16(82)
+    elif qt == QT.Q3_K:
+        f16(108)
+    elif qt in (QT.Q4_K, QT.Q5_K):
+        f16(0), f16(2)
+    elif qt == QT.Q6_K:
+        f16(208)
+    elif qt == QT.MXFP4:
+        raw[:, 0] = rng.integers(118, 127, size=nblocks)
+    return raw
+
+
+def rand_weight(rng, qt, rows, cols):
+    bs, _ = gguf.GGML_QUANT_SIZES[qt]
+    return rand_blocks(rng, qt, rows * (cols // bs)).reshape(rows, -1)
+
+
+def ref_dequant(raw, qt, shape):
+    return gguf.quants.dequantize(np.ascontiguousarray(raw), qt).reshape(shape).astype(np.float32)
+
+
+def nmse(y, ref):
+    ref = np.asarray(ref, np.float64)
+    return float(((np.asarray(y, np.float64) - ref) ** 2).mean() / (ref ** 2).mean())
+
+
+# --- llama.cpp activation quantization, NumPy (same as conformance/tools/ref_numpy.py) ---
+def act_q8_k(x):
+    b = x.reshape(-1, 256).astype(np.float32)
+    mx = b[np.arange(len(b)), np.abs(b).argmax(1)][:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(mx != 0, np.float32(-127.0) / mx, np.float32(0)).astype(np.float32)
+        q = np.minimum(np.rint(iscale * b), 127)
+        d = np.where(mx != 0, np.float32(1.0) / iscale, np.float32(0)).astype(np.float32)
+    return q, d
+
+
+def act_q8_0(x):
+    b = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(b).max(1, keepdims=True)
+    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0)).astype(np.float32)
+    return np.rint(b * idv), d
+
+
+def emulated(x, W, qt):
+    """x quantized like llama.cpp, then exact float64 product with dequantized W."""
+    q, d = act_q8_0(x) if qt == QT.MXFP4 else act_q8_k(x)
+    xq = (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+    return xq @ W.T.astype(np.float64)
+
+
+# ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("qt", TYPES, ids=IDS)
+def test_dequantize_exact_random_blocks(qt):
+    rng = np.random.default_rng(int(qt))
+    raw = rand_blocks(rng, qt, 300, scale=3.0)
+    ref = gguf.quants.dequantize(raw, qt).reshape(-1)
+    got = kq.dequantize(raw, int(qt))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+    # through the llmcore.quant contract (dispatches to this module)
+    shape = (300 * gguf.GGML_QUANT_SIZES[qt][0] // 64, 64) if qt == QT.MXFP4 else (300, 256)
+    np.testing.assert_array_equal(quant.dequantize(raw, qt, shape), ref.reshape(shape))
+
+
+def test_dequantize_exact_gguf_quantized_mxfp4():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((16, 128)) * 0.3).astype(np.float32)
+    raw = gguf.quants.quantize(x, QT.MXFP4)
+    np.testing.assert_array_equal(kq.dequantize(raw, int(QT.MXFP4)).reshape(x.shape),
+                                  gguf.quants.dequantize(raw, QT.MXFP4).reshape(x.shape))
+
+
+def test_dequantize_exact_special_scales():
+    """e8m0 0/1/254/255 (subnormal, huge, inf), f16 zero/negative/subnormal scales."""
+    rng = np.random.default_rng(3)
+    raw = rand_blocks(rng, QT.MXFP4, 8)
+    raw[:4, 0] = [0, 1, 254, 255]
+    with np.errstate(all="ignore"):
+        ref = gguf.quants.dequantize(raw, QT.MXFP4).reshape(-1)
+    np.testing.assert_array_equal(kq.dequantize(raw, int(QT.MXFP4)).view(np.uint32), ref.view(np.uint32))
+    raw = rand_blocks(rng, QT.Q4_K, 4)
+    raw[0, 0:4] = 0
+    raw[1, 0:2] = np.array([-0.5], np.float16).view(np.uint8)
+    raw[2, 0:2] = np.array([1e-7], np.float16).view(np.uint8)
+    raw[3, 2:4] = np.array([6e-8], np.float16).view(np.uint8)
+    ref = gguf.quants.dequantize(raw, QT.Q4_K).reshape(-1)
+    np.testing.assert_array_equal(kq.dequantize(raw, int(QT.Q4_K)).view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K, QT.MXFP4], ids=["Q4_K", "Q6_K", "MXFP4"])
+def test_get_rows(qt):
+    rng = np.random.default_rng(11)
+    raw = rand_weight(rng, qt, 21, 512)
+    ids = np.array([20, 0, 5, 5, 13], np.int64)
+    out = np.empty((len(ids), 512), np.float32)
+    kq.get_rows(raw, int(qt), ids, out)
+    np.testing.assert_array_equal(out, ref_dequant(raw, qt, (21, 512))[ids])
+    with pytest.raises(IndexError):
+        kq.get_rows(raw, int(qt), np.array([21]), np.empty((1, 512), np.float32))
+
+
+def test_quantize_q8_k_matches_llama_cpp_reference():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 768)).astype(np.float32)
+    x[1, 256:512] = 0  # all-zero block
+    x[2, 3] = -50.0    # largest magnitude negative
+    d, qs, bsums = kq.quantize_q8_k(x)
+    q_ref, d_ref = act_q8_k(x)
+    np.testing.assert_array_equal(qs.reshape(-1, 256), q_ref.astype(np.int8))
+    np.testing.assert_array_equal(d.reshape(-1), d_ref.reshape(-1))
+    np.testing.assert_array_equal(bsums.reshape(-1, 16), q_ref.reshape(-1, 16, 16).sum(-1))
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=IDS)
+@pytest.mark.parametrize("n", [1, 3, 67])
+def test_matmul_vs_float(qt, n):
+    rng = np.random.default_rng(100 + n + int(qt))
+    rows, cols = 37, (768 if qt != QT.MXFP4 else 736)  # odd row count, odd number of blocks
+    w = rand_weight(rng, qt, rows, cols)
+    W = ref_dequant(w, qt, (rows, cols))
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    y = kq.matmul_raw(w, int(qt), x)
+    assert y.shape == (n, rows) and y.dtype == np.float32
+    assert nmse(y, x.astype(np.float64) @ W.T.astype(np.float64)) <= 5e-4
+    # the integer kernel equals llama.cpp-style quantized activations x float weights
+    ye = emulated(x, W, qt)
+    np.testing.assert_allclose(y, ye, rtol=2e-5, atol=2e-5 * np.abs(ye).max())
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=IDS)
+def test_matmul_threads_identical(qt):
+    rng = np.random.default_rng(9)
+    w = rand_weight(rng, qt, 53, 512)
+    x = rng.standard_normal((70, 512)).astype(np.float32)
+    y1 = kq.matmul_raw(w, int(qt), x, n_threads=1)
+    y2 = kq.matmul_raw(w, int(qt), x, n_threads=2)
+    np.testing.assert_array_equal(y1, y2)
+    # a token's result does not depend on the batch it came in
+    np.testing.assert_array_equal(kq.matmul_raw(w, int(qt), x[5:6], n_threads=2), y1[5:6])
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.MXFP4], ids=["Q4_K", "MXFP4"])
+def test_expert_slices_3d(qt):
+    rng = np.random.default_rng(21)
+    n_exp, rows, cols = 4, 24, 512
+    raw3 = rand_weight(rng, qt, n_exp * rows, cols).reshape(n_exp, rows, -1)
+    W3 = ref_dequant(raw3, qt, (n_exp, rows, cols))
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    t = Tensor("blk.0.ffn_up_exps.weight", int(qt), (n_exp, rows, cols), raw3)
+    el = quant.ExpertLinear(t)
+    for e in range(n_exp):
+        y = kq.matmul_raw(raw3[e], int(qt), x)
+        assert nmse(y, x.astype(np.float64) @ W3[e].T.astype(np.float64)) <= 5e-4
+        np.testing.assert_array_equal(el(x, e), y)
+    # a strided slice (every other row of an expert) works too
+    y = kq.matmul_raw(raw3[1, ::2], int(qt), x)
+    np.testing.assert_array_equal(y, kq.matmul_raw(raw3[1], int(qt), x)[:, ::2])
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=["Q4_K", "Q6_K"])
+def test_linear_through_quant_dispatch(qt):
+    rng = np.random.default_rng(31)
+    raw = rand_weight(rng, qt, 40, 256)
+    lin = quant.Linear(Tensor("w", int(qt), (40, 256), raw))
+    assert isinstance(lin._packed, kq.Packed)
+    assert lin.nbytes == raw.nbytes
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    np.testing.assert_array_equal(lin(x), kq.matmul_raw(raw, int(qt), x))
+
+
+def test_bad_inputs():
+    rng = np.random.default_rng(1)
+    w = rand_weight(rng, QT.Q4_K, 4, 256)
+    with pytest.raises(ValueError):
+        kq.matmul_raw(w, int(QT.Q4_K), np.zeros((1, 512), np.float32))
+    with pytest.raises(ValueError):
+        kq.matmul_raw(w, int(QT.Q8_0), np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError):
+        kq.dequantize(w[:, :100], int(QT.Q4_K))
+
+
+@pytest.mark.slow  # loading three GGUFs takes ~10 s
+def test_conformance_model_tensors_dequantize_exactly(conformance):
+    """Real K-quant / MXFP4 tensors from the conformance GGUFs."""
+    from llmcore.gguf_file import GGUFFile
+
+    seen = set()
+    for name in ("tiny-qwen3-q4_k_m.gguf", "tiny-gpt-oss.gguf", "tiny-qwen3moe-q4_k.gguf"):
+        f = GGUFFile(conformance / "models" / name)
+        picked = {}  # the two smallest tensors of each type (NumPy reference is slow)
+        for t in sorted(f.tensors.values(), key=lambda t: t.nbytes):
+            if int(t.ggml_type) in kq.SUPPORTED and len(picked.setdefault(int(t.ggml_type), [])) < 2:
+                picked[int(t.ggml_type)].append(t)
+        for t in (t for ts in picked.values() for t in ts):
+            seen.add(int(t.ggml_type))
+            ref = gguf.quants.dequantize(np.ascontiguousarray(t.raw()), QT(t.ggml_type)).reshape(-1)
+            np.testing.assert_array_equal(kq.dequantize(t.raw(), int(t.ggml_type)), ref, err_msg=t.name)
+    assert {int(QT.Q4_K), int(QT.Q6_K), int(QT.MXFP4)} <= seen
