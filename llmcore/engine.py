@@ -160,6 +160,7 @@ class Task:
         self.done = False
         self.slot_id: int | None = None
         self.t_submit = time.perf_counter()
+        self._getter: asyncio.Future | None = None
         if loop is not None:
             self._aq: asyncio.Queue = asyncio.Queue()
         else:
@@ -182,12 +183,25 @@ class Task:
             self.engine._wake()
 
     async def next_event(self, timeout: float | None = None):
-        """Next event (raises asyncio.TimeoutError after `timeout` seconds)."""
-        if timeout is None:
-            ev = await self._aq.get()
-        else:
-            ev = await asyncio.wait_for(self._aq.get(), timeout)
+        """Next event; raises asyncio.TimeoutError after `timeout` seconds without one.
+
+        One getter future survives timeouts, so no event is ever lost to a timeout."""
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self._aq.get())
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            raise asyncio.TimeoutError
+        ev = self._getter.result()
+        self._getter = None
         return self._check(ev)
+
+    def close(self) -> None:
+        """Caller is done with this task: cancel it if still running, drop the getter."""
+        if self._getter is not None:
+            self._getter.cancel()
+            self._getter = None
+        if not self.done:
+            self.cancel()
 
     def _check(self, ev):
         if isinstance(ev, ErrorEvent):
@@ -208,8 +222,7 @@ class Task:
                 if isinstance(ev, FinalEvent):
                     return
         finally:
-            if not self.done:
-                self.cancel()
+            self.close()
 
     def __iter__(self):
         try:
@@ -487,9 +500,13 @@ class Engine:
         if len(prompt) == 0:
             raise RequestError("the prompt is empty")
         if len(prompt) >= self.n_ctx_slot:
-            raise ContextFullError(
-                f"the request exceeds the available context size ({len(prompt)} prompt tokens, "
-                f"n_ctx {self.n_ctx_slot}), try increasing it")
+            err = ContextFullError(
+                f"the request exceeds the available context size, try increasing it "
+                f"({len(prompt)} prompt tokens, n_ctx {self.n_ctx_slot}). This model's maximum "
+                f"context length is {self.n_ctx_slot} tokens. However, your messages resulted "
+                f"in {len(prompt)} tokens.")
+            err.n_prompt_tokens, err.n_ctx = len(prompt), self.n_ctx_slot
+            raise err
         nv = int(self.info.get("n_vocab") or 0)
         if nv and (min(prompt) < 0 or max(prompt) >= nv):
             raise RequestError(f"prompt contains an invalid token id (vocabulary size {nv})")

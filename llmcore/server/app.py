@@ -1,0 +1,59 @@
+"""App factory: `create_app(engine, cfg)`; `run_server` for the CLI."""
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..engine import Engine
+from .errors import error_middleware
+from .keys import CONFIG, ENGINE, STREAMS
+from .routes import setup_routes
+
+log = logging.getLogger("llmcore.server")
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    client_max_size: int = 64 * 1024 * 1024  # long agent histories exceed aiohttp's 1 MiB
+    keepalive_s: float = 5.0  # SSE comment while waiting (queue, long prefill)
+    shutdown_timeout: float = 5.0
+
+
+async def _engine_ctx(app: web.Application):
+    eng = app[ENGINE]
+    eng.start()  # loads the model on the engine thread if it isn't loaded yet
+    yield
+    eng.stop()
+
+
+async def _close_streams(app: web.Application) -> None:
+    for resp in list(app[STREAMS]):
+        try:
+            await resp.write_eof()
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+
+
+def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Application:
+    cfg = cfg or ServerConfig()
+    app = web.Application(middlewares=[error_middleware], client_max_size=cfg.client_max_size)
+    app[ENGINE] = engine
+    app[CONFIG] = cfg
+    app[STREAMS] = weakref.WeakSet()
+    app.cleanup_ctx.append(_engine_ctx)
+    app.on_shutdown.append(_close_streams)
+    setup_routes(app)
+    return app
+
+
+def run_server(engine: Engine, cfg: ServerConfig | None = None) -> None:
+    cfg = cfg or ServerConfig()
+    app = create_app(engine, cfg)
+    log.info("listening on http://%s:%d", cfg.host, cfg.port)
+    web.run_app(app, host=cfg.host, port=cfg.port, shutdown_timeout=cfg.shutdown_timeout,
+                print=lambda *a: None)

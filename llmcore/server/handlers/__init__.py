@@ -1,0 +1,1 @@
+"""Route handlers: native llama-server routes (native.py) and OpenAI routes (openai.py)."""

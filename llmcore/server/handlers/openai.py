@@ -1,0 +1,160 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from ... import __version__
+from ...engine import FinalEvent, TokenEvent
+from ...errors import RequestError
+from ..errors import exception_body, read_json
+from ..keys import ENGINE
+from ..params import dedupe_bos, gen_params, get_bool, tokenize_prompt
+from ..sse import ClientGone, SSEWriter
+from .common import events, new_id, now, oai_chat_logprobs, ready_engine, usage
+
+FINGERPRINT = f"llmcore-{__version__}"
+
+
+async def models(request: web.Request) -> web.Response:
+    eng = request.app[ENGINE]
+    info = eng.info
+    meta = {k: info.get(k) for k in ("n_vocab", "n_ctx_train", "n_embd", "n_params", "size")}
+    return web.json_response({
+        "object": "list",
+        "data": [{"id": eng.model_name, "object": "model", "created": int(eng.t_start),
+                  "owned_by": "llmcore", "meta": meta}],
+    })
+
+
+def render_chat(eng, body: dict) -> list[int]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise RequestError("'messages' must be a non-empty list")
+    for m in msgs:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError("each message must be an object with a string 'role'")
+        c = m.get("content")
+        if c is not None and not isinstance(c, (str, list)):
+            raise RequestError("message 'content' must be a string, a list of parts, or null")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise RequestError("'tools' must be a list")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("'chat_template_kwargs' must be an object")
+    tmpl = eng.chat_template
+    if tmpl is None:
+        text = "".join(f"<|im_start|>{m['role']}\n{_text(m.get('content'))}<|im_end|>\n" for m in msgs)
+        text += "<|im_start|>assistant\n"
+    else:
+        try:
+            text = tmpl.render(msgs, add_generation_prompt=True, tools=tools, **kwargs)
+        except RequestError:
+            raise
+        except Exception as e:  # noqa: BLE001 - template errors are the request's fault here
+            raise RequestError(f"chat template error: {e}") from e
+    return dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
+
+
+def _text(content) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    eng = ready_engine(request)
+    body = await read_json(request)
+    if chat:
+        prompt = render_chat(eng, body)
+    else:
+        if "prompt" not in body:
+            raise RequestError("'prompt' is required")
+        if body.get("echo") or body.get("best_of") not in (None, 1) or body.get("suffix"):
+            raise RequestError("'echo', 'best_of' and 'suffix' are not supported")
+        prompt = tokenize_prompt(eng, body["prompt"])
+    params = gen_params(body, eng, oai=True)
+    stream = get_bool(body, "stream", False)
+    want_lp = params.sampling.n_probs > 0
+    task = eng.submit(prompt, params)
+    cid = new_id("chatcmpl" if chat else "cmpl")
+    created = now()
+    obj = "chat.completion" if chat else "text_completion"
+    base = {"id": cid, "created": created, "model": eng.model_name, "system_fingerprint": FINGERPRINT}
+
+    def lp_obj(samples):
+        if not want_lp:
+            return None
+        if chat:
+            return {"content": oai_chat_logprobs(eng.tokenizer, samples)}
+        items = oai_chat_logprobs(eng.tokenizer, samples)
+        return {"tokens": [x["token"] for x in items], "token_logprobs": [x["logprob"] for x in items],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in x["top_logprobs"]} for x in items],
+                "text_offset": []}
+
+    if not stream:
+        text, samples = "", []
+        async for ev in events(request, task, None):
+            if isinstance(ev, TokenEvent):
+                text += ev.text
+                samples += ev.samples
+                continue
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                          "logprobs": lp_obj(samples), "finish_reason": ev.finish_reason}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": lp_obj(samples),
+                          "finish_reason": ev.finish_reason}
+            return web.json_response({**base, "object": obj, "choices": [choice],
+                                      "usage": usage(ev), "timings": ev.timings.to_dict()})
+        raise RuntimeError("generation ended without a result")
+
+    sse = SSEWriter(request)
+    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+    first = True
+    try:
+        await sse.prepare()
+        try:
+            async for ev in events(request, task, sse):
+                if isinstance(ev, TokenEvent):
+                    if not ev.text and not (want_lp and ev.samples):
+                        continue
+                    if chat:
+                        delta = {"content": ev.text}
+                        if first:
+                            delta = {"role": "assistant", "content": ev.text}
+                            first = False
+                        choice = {"index": 0, "delta": delta, "logprobs": lp_obj(ev.samples),
+                                  "finish_reason": None}
+                    else:
+                        choice = {"index": 0, "text": ev.text, "logprobs": lp_obj(ev.samples),
+                                  "finish_reason": None}
+                    await sse.send({**base, "object": chunk_obj, "choices": [choice]})
+                    continue
+                assert isinstance(ev, FinalEvent)
+                if chat:
+                    delta = {"role": "assistant", "content": ""} if first else {}
+                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": ev.finish_reason}
+                else:
+                    choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}
+                await sse.send({**base, "object": chunk_obj, "choices": [choice]})
+                # usage always (clients' context meters and benchmarks rely on it)
+                await sse.send({**base, "object": chunk_obj, "choices": [], "usage": usage(ev),
+                                "timings": ev.timings.to_dict()})
+                await sse.done()
+        except ClientGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - headers are out: report in-band
+            await sse.send(exception_body(exc)[1])
+            await sse.done()
+    except ClientGone:
+        task.close()
+    return await sse.close()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)

@@ -1,0 +1,179 @@
+"""Typed reading of request fields (wrong types -> RequestError -> HTTP 400).
+
+Unknown fields are ignored, never rejected (clients send many extras)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..engine import Engine, GenParams
+from ..errors import RequestError
+from ..sampling import SamplingParams
+
+_MISSING = object()
+
+
+def _get(body: dict, key: str, default=_MISSING):
+    v = body.get(key, None)
+    return default if v is None else v
+
+
+def get_int(body: dict, key: str, default: int | None) -> int | None:
+    v = _get(body, key, default)
+    if v is default:
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise RequestError(f"'{key}' must be an integer")
+    return int(v)
+
+
+def get_float(body: dict, key: str, default: float) -> float:
+    v = _get(body, key, default)
+    if v is default:
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise RequestError(f"'{key}' must be a number")
+    return float(v)
+
+
+def get_bool(body: dict, key: str, default: bool) -> bool:
+    v = _get(body, key, default)
+    if not isinstance(v, bool):
+        raise RequestError(f"'{key}' must be a boolean")
+    return v
+
+
+def get_str(body: dict, key: str, default: str | None) -> str | None:
+    v = _get(body, key, default)
+    if v is not default and not isinstance(v, str):
+        raise RequestError(f"'{key}' must be a string")
+    return v
+
+
+def get_stop(body: dict) -> list[str]:
+    v = _get(body, "stop", [])
+    if isinstance(v, str):
+        return [v] if v else []
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise RequestError("'stop' must be a string or a list of strings")
+    return [s for s in v if s]
+
+
+def get_logit_bias(body: dict, tokenizer) -> dict[int, float]:
+    v = _get(body, "logit_bias", {})
+    out: dict[int, float] = {}
+    items: list[Any]
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, list):
+        items = [tuple(x) if isinstance(x, (list, tuple)) and len(x) == 2 else None for x in v]
+    else:
+        raise RequestError("'logit_bias' must be an object or a list of [token, bias] pairs")
+    for it in items:
+        if it is None:
+            raise RequestError("'logit_bias' list items must be [token, bias] pairs")
+        k, b = it
+        if b is False:
+            b = -math.inf
+        if isinstance(b, bool) or not isinstance(b, (int, float)):
+            raise RequestError("'logit_bias' values must be numbers (or false)")
+        if isinstance(k, str) and not k.lstrip("-").isdigit():
+            ids = tokenizer.encode(k, add_special=False, parse_special=False) if tokenizer else []
+        else:
+            try:
+                ids = [int(k)]
+            except (TypeError, ValueError):
+                raise RequestError("'logit_bias' keys must be token ids") from None
+        for t in ids:
+            out[t] = float(b)
+    return out
+
+
+def sampling_params(body: dict, engine: Engine, oai: bool = False) -> SamplingParams:
+    d = engine.cfg.sampling
+    n_probs = get_int(body, "n_probs", d.n_probs)
+    if oai:
+        lp = body.get("logprobs")
+        top = get_int(body, "top_logprobs", None)
+        if isinstance(lp, bool):
+            if top is not None and not lp:
+                raise RequestError("'top_logprobs' requires 'logprobs': true")
+            if lp:
+                n_probs = max(1, top or 0)
+        elif lp is not None:  # legacy completions: logprobs = int
+            lpi = get_int(body, "logprobs", 0)
+            if lpi and lpi > 0:
+                n_probs = lpi
+        elif top is not None:
+            raise RequestError("'top_logprobs' requires 'logprobs': true")
+    rp = body.get("repeat_penalty", body.get("repetition_penalty"))
+    sp = SamplingParams(
+        temperature=get_float(body, "temperature", d.temperature),
+        top_k=get_int(body, "top_k", d.top_k),
+        top_p=get_float(body, "top_p", d.top_p),
+        min_p=get_float(body, "min_p", d.min_p),
+        repeat_penalty=get_float({"r": rp}, "r", d.repeat_penalty),
+        repeat_last_n=get_int(body, "repeat_last_n", d.repeat_last_n),
+        presence_penalty=get_float(body, "presence_penalty", d.presence_penalty),
+        frequency_penalty=get_float(body, "frequency_penalty", d.frequency_penalty),
+        seed=get_int(body, "seed", d.seed),
+        n_probs=min(n_probs or 0, 100),
+        logit_bias=get_logit_bias(body, engine.tokenizer),
+    )
+    return sp.validate()
+
+
+def gen_params(body: dict, engine: Engine, oai: bool = False) -> GenParams:
+    if oai:
+        n = get_int(body, "n", 1)
+        if n != 1:
+            raise RequestError("only n = 1 is supported")
+        n_predict = get_int(body, "max_completion_tokens", None)
+        if n_predict is None:
+            n_predict = get_int(body, "max_tokens", None)
+        if n_predict is None:
+            n_predict = get_int(body, "n_predict", engine.cfg.n_predict)
+    else:
+        n_predict = get_int(body, "n_predict", None)
+        if n_predict is None:
+            n_predict = get_int(body, "max_tokens", engine.cfg.n_predict)
+    if n_predict < -1:
+        raise RequestError("'n_predict'/'max_tokens' must be >= -1")
+    return GenParams(
+        n_predict=n_predict,
+        stop=get_stop(body),
+        ignore_eos=get_bool(body, "ignore_eos", False),
+        cache_prompt=get_bool(body, "cache_prompt", True),
+        id_slot=get_int(body, "id_slot", -1),
+        sampling=sampling_params(body, engine, oai),
+    )
+
+
+def tokenize_prompt(engine: Engine, prompt, field: str = "prompt") -> list[int]:
+    """A prompt given as text, token ids, or a mix of both (llama-server rules)."""
+    tok = engine.tokenizer
+    if isinstance(prompt, str):
+        return dedupe_bos(engine, tok.encode(prompt, add_special=True, parse_special=True))
+    if isinstance(prompt, list):
+        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            return tokenize_prompt(engine, prompt[0], field)
+        out: list[int] = []
+        for i, p in enumerate(prompt):
+            if isinstance(p, bool):
+                raise RequestError(f"'{field}' items must be strings or token ids")
+            if isinstance(p, int):
+                out.append(p)
+            elif isinstance(p, str):
+                out.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
+            else:
+                raise RequestError(f"'{field}' must be a string, a list of token ids, or one of those in a list (batches are not supported)")
+        return out
+    raise RequestError(f"'{field}' must be a string or a list of token ids")
+
+
+def dedupe_bos(engine: Engine, ids: list[int]) -> list[int]:
+    """A template that writes BOS itself plus the tokenizer's BOS gives two: keep one."""
+    bos = getattr(engine.tokenizer, "bos_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        return ids[1:]
+    return ids

@@ -1,0 +1,24 @@
+"""All routes in one place."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from .handlers import native, openai
+
+
+def setup_routes(app: web.Application) -> None:
+    r = app.router
+    for path in ("/health", "/v1/health"):
+        r.add_get(path, native.health)
+    r.add_get("/props", native.props)
+    r.add_get("/slots", native.slots)
+    r.add_get("/metrics", native.metrics)
+    r.add_post("/tokenize", native.tokenize)
+    r.add_post("/detokenize", native.detokenize)
+    r.add_post("/completion", native.completion)
+    for path in ("/v1/models", "/models"):
+        r.add_get(path, openai.models)
+    for path in ("/v1/completions", "/completions"):
+        r.add_post(path, openai.completions)
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        r.add_post(path, openai.chat_completions)

@@ -1,0 +1,303 @@
+import asyncio
+import json
+import threading
+
+import pytest
+
+from fakes import FakeChatTemplate, FakeModel, FakeTokenizer, expected_text
+from llmcore.engine import Engine, EngineConfig
+from llmcore.metrics import parse_prometheus
+from llmcore.sampling import SamplingParams
+from llmcore.server import ServerConfig, create_app
+from llmcore.server.keys import ENGINE
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def make_app(np_=1, model=None, loader=None, **cfg):
+    ecfg = EngineConfig(n_parallel=np_, sampling=SamplingParams(temperature=0.0), **cfg)
+    if loader is not None:
+        eng = Engine(ecfg, loader=loader)
+    else:
+        eng = Engine(ecfg, model=model or FakeModel(), tokenizer=FakeTokenizer(),
+                     chat_template=FakeChatTemplate(), info={"name": "fake", "path": "/m/fake.gguf"})
+    return create_app(eng, ServerConfig(keepalive_s=0.05))
+
+
+@pytest.fixture
+async def client(aiohttp_client):
+    return await aiohttp_client(make_app())
+
+
+async def sse_frames(resp):
+    """Parsed `data:` frames of an SSE response; '[DONE]' kept as a string."""
+    frames = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line or line.startswith(":"):
+            continue
+        assert line.startswith("data: "), line
+        data = line[6:]
+        frames.append(data if data == "[DONE]" else json.loads(data))
+    return frames
+
+
+async def test_health_models_props(client):
+    r = await client.get("/health")
+    assert r.status == 200 and await r.json() == {"status": "ok"}
+    r = await client.get("/v1/models")
+    d = await r.json()
+    assert d["object"] == "list" and d["data"][0]["id"] == "/m/fake.gguf"
+    assert d["data"][0]["meta"]["n_vocab"] == FakeTokenizer.vocab_size
+    r = await client.get("/models")
+    assert r.status == 200
+    r = await client.get("/props")
+    p = await r.json()
+    assert p["total_slots"] == 1 and p["n_ctx"] == 256
+
+
+async def test_health_503_while_loading(aiohttp_client):
+    gate = threading.Event()
+
+    def loader():
+        gate.wait(5)
+        return FakeModel(), FakeTokenizer(), FakeChatTemplate(), {}
+
+    client = await aiohttp_client(make_app(loader=loader))
+    r = await client.get("/health")
+    assert r.status == 503
+    assert (await r.json())["error"]["message"] == "Loading model"
+    r = await client.post("/completion", json={"prompt": "a"})
+    assert r.status == 503
+    gate.set()
+    for _ in range(100):
+        r = await client.get("/health")
+        if r.status == 200:
+            break
+        await asyncio.sleep(0.02)
+    assert r.status == 200
+
+
+async def test_completion_native(client):
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 4, "return_tokens": True})
+    assert r.status == 200
+    d = await r.json()
+    assert d["content"] == expected_text("a", 4)
+    assert d["stop"] is True and d["stop_type"] == "limit"
+    assert d["tokens_predicted"] == 4 and d["tokens_evaluated"] == 2 and len(d["tokens"]) == 4
+    t = d["timings"]
+    assert t["prompt_n"] == 2 and t["predicted_n"] == 4 and t["cache_n"] == 0
+    # same prompt again: prefix reuse shows up as cache_n
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 1})
+    assert (await r.json())["timings"]["cache_n"] == 1
+    # token-id prompt
+    tok = FakeTokenizer()
+    r = await client.post("/completion", json={"prompt": tok.encode("x"), "n_predict": 5})
+    d = await r.json()
+    assert d["content"] == "yz" and d["stop_type"] == "eos"
+
+
+async def test_completion_stop_words_and_stream(client):
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 20, "stop": ["ef"]})
+    d = await r.json()
+    assert d["content"] == "bcd" and d["stop_type"] == "word" and d["stopping_word"] == "ef"
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 6, "stream": True})
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    frames = await sse_frames(r)
+    assert "".join(f["content"] for f in frames) == expected_text("a", 6)
+    assert [f["stop"] for f in frames] == [False] * 6 + [True]
+    assert frames[-1]["timings"]["predicted_n"] == 6
+
+
+async def test_completion_n_probs(client):
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 2, "n_probs": 3})
+    d = await r.json()
+    probs = d["completion_probabilities"]
+    assert len(probs) == 2 and probs[0]["token"] == "b" and len(probs[0]["top_logprobs"]) == 3
+    assert probs[0]["top_logprobs"][0]["logprob"] >= probs[0]["top_logprobs"][1]["logprob"]
+
+
+async def test_chat_non_stream(client):
+    msgs = [{"role": "user", "content": "hi"}]
+    r = await client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3})
+    assert r.status == 200
+    d = await r.json()
+    assert d["object"] == "chat.completion"
+    # the fake template ends the prompt with '>', after which the fake model writes 'abc'
+    assert d["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
+    assert d["choices"][0]["finish_reason"] == "length"
+    u = d["usage"]
+    prompt_len = len(FakeTokenizer().encode(FakeChatTemplate().render(msgs), parse_special=True)) - 1
+    assert u["prompt_tokens"] == prompt_len and u["completion_tokens"] == 3
+    assert u["total_tokens"] == prompt_len + 3
+    # max_completion_tokens wins over max_tokens; stop as a plain string
+    r = await client.post("/v1/chat/completions", json={
+        "messages": msgs, "max_tokens": 2, "max_completion_tokens": 30, "stop": "e"})
+    d = await r.json()
+    assert d["choices"][0]["message"]["content"] == "abcd" and d["choices"][0]["finish_reason"] == "stop"
+    assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_len - 1
+
+
+async def test_chat_stream_done_and_usage(client):
+    r = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True})
+    assert r.status == 200
+    frames = await sse_frames(r)
+    assert frames[-1] == "[DONE]"
+    chunks = frames[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "abcd"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+async def test_chat_logprobs(client):
+    r = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True,
+        "top_logprobs": 2})
+    d = await r.json()
+    lp = d["choices"][0]["logprobs"]["content"]
+    assert [x["token"] for x in lp] == ["a", "b"] and len(lp[0]["top_logprobs"]) == 2
+    r = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})
+    assert r.status == 400
+
+
+async def test_v1_completions_stream_and_plain(client):
+    r = await client.post("/v1/completions", json={"prompt": "k", "max_tokens": 3})
+    d = await r.json()
+    assert d["object"] == "text_completion" and d["choices"][0]["text"] == "lmn"
+    assert d["usage"]["completion_tokens"] == 3
+    r = await client.post("/v1/completions", json={"prompt": [FakeTokenizer().encode("k")], "max_tokens": 3, "stream": True})
+    frames = await sse_frames(r)
+    assert frames[-1] == "[DONE]" and "usage" in frames[-2]
+    assert "".join(f["choices"][0]["text"] for f in frames[:-2]) == "lmn"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", "{not json"),
+    ("/v1/chat/completions", json.dumps([1, 2])),
+    ("/v1/chat/completions", json.dumps({"messages": "hi"})),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "10"})),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": 5})),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2})),
+    ("/v1/completions", json.dumps({"max_tokens": 3})),
+    ("/completion", json.dumps({"prompt": {"a": 1}})),
+    ("/completion", json.dumps({"prompt": "a", "id_slot": 9})),
+    ("/tokenize", json.dumps({"content": 3})),
+    ("/detokenize", json.dumps({"tokens": ["a"]})),
+])
+async def test_bad_requests_are_400(client, path, body):
+    r = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == 400 and err["message"]
+    # and the server keeps serving
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 1})
+    assert r.status == 200
+
+
+async def test_prompt_too_long_is_400(client):
+    r = await client.post("/completion", json={"prompt": "x" * 300, "n_predict": 1})
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert "context" in err["message"] and err["n_ctx"] == 256
+    r = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "y" * 300}], "stream": True})
+    assert r.status == 400
+
+
+async def test_unknown_route_404_json(client):
+    r = await client.get("/nope")
+    assert r.status == 404
+    assert (await r.json())["error"]["code"] == 404
+
+
+async def test_tokenize_round_trip(client):
+    text = "héllo wörld"
+    r = await client.post("/tokenize", json={"content": text})
+    ids = (await r.json())["tokens"]
+    assert ids == FakeTokenizer().encode(text, add_special=False)
+    r = await client.post("/detokenize", json={"tokens": ids})
+    assert (await r.json())["content"] == text
+    r = await client.post("/tokenize", json={"content": "é", "with_pieces": True, "add_special": True})
+    toks = (await r.json())["tokens"]
+    assert toks[0] == {"id": 1, "piece": "<s>"}
+    assert toks[1]["piece"] == list("é".encode())[:1]  # a lone UTF-8 lead byte comes as bytes
+
+
+async def test_metrics_parse(client):
+    await client.post("/completion", json={"prompt": "a", "n_predict": 3})
+    r = await client.get("/metrics")
+    assert r.status == 200
+    m = parse_prometheus(await r.text())
+    assert m["llamacpp:tokens_predicted_total"] == 3
+    assert m["llamacpp:prompt_tokens_total"] == 2
+    assert m["llamacpp:requests_processing"] == 0 and m["llamacpp:requests_deferred"] == 0
+    assert "llamacpp:prompt_tokens_seconds" in m and "llamacpp:predicted_tokens_seconds" in m
+    r = await client.get("/slots")
+    slots = await r.json()
+    assert len(slots) == 1 and slots[0]["is_processing"] is False and slots[0]["n_tokens"] == 4
+
+
+async def test_queued_requests_all_complete(aiohttp_client):
+    client = await aiohttp_client(make_app(np_=2, model=FakeModel(delay=0.001)))
+    letters = "abcdefghij"
+
+    async def one(ch):
+        r = await client.post("/completion", json={"prompt": ch, "n_predict": 5})
+        return (await r.json())["content"]
+
+    outs = await asyncio.gather(*(one(ch) for ch in letters))
+    assert outs == [expected_text(ch, 5) for ch in letters]
+    st = client.server.app[ENGINE].stats()
+    assert st.requests_total == 10 and st.requests_deferred == 0
+
+
+async def test_disconnect_mid_stream_frees_slot(aiohttp_client):
+    model = FakeModel(n_ctx_train=100000, delay=0.01)
+    client = await aiohttp_client(make_app(np_=1, model=model))
+    eng = client.server.app[ENGINE]
+    r = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "go"}], "stream": True, "ignore_eos": True})
+    n = 0
+    async for raw in r.content:
+        if raw.startswith(b"data: "):
+            n += 1
+            if n == 3:
+                break
+    r.close()
+    for _ in range(200):
+        if eng.stats().requests_cancelled == 1 and eng.stats().requests_processing == 0:
+            break
+        await asyncio.sleep(0.02)
+    st = eng.stats()
+    assert st.requests_cancelled == 1 and st.requests_processing == 0
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 2})
+    assert (await r.json())["content"] == "bc"
+
+
+async def test_disconnect_while_queued_non_stream(aiohttp_client):
+    model = FakeModel(n_ctx_train=100000, delay=0.01)
+    client = await aiohttp_client(make_app(np_=1, model=model))
+    eng = client.server.app[ENGINE]
+    busy = asyncio.ensure_future(client.post("/completion", json={"prompt": "a", "n_predict": 30}))
+    await asyncio.sleep(0.05)
+    waiter = asyncio.ensure_future(client.post("/completion", json={"prompt": "b", "n_predict": 1000, "ignore_eos": True}))
+    for _ in range(200):  # until the engine holds it in its queue
+        if eng.stats().requests_deferred == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert eng.stats().requests_deferred == 1
+    waiter.cancel()  # client gives up while queued
+    r = await busy
+    assert (await r.json())["content"] == expected_text("a", 30)
+    for _ in range(300):
+        st = eng.stats()
+        if st.requests_processing == 0 and st.requests_deferred == 0 and st.requests_cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert eng.stats().requests_processing == 0 and eng.stats().requests_cancelled == 1
