@@ -2,32 +2,278 @@
 
 CONTRACT (other modules rely on exactly this API; implementations may change):
 
-- ``rms_norm(x (n, d), weight (d,) or None, eps) -> (n, d)``
-- ``rope(x (n, n_heads, head_dim), positions int32 (n,), n_rot, base, neox, freq_scale=1.0)``
-  rotates the first `n_rot` dims of each head in place and returns x.
+- ``rms_norm(x (n, d), weight (d,) or None, eps, out=None) -> (n, d)``; any leading shape
+  works (normalises over the last axis, e.g. q/k norms on (n, heads, head_dim)).
+- ``add_rms_norm(x (n, d), add (n, d), weight, eps, out=None) -> (n, d)``: fused residual:
+  ``x += add`` in place, then returns ``rms_norm(x)``.
+- ``rope(x (n, n_heads, head_dim), positions int32 (n,), n_rot, base, neox, freq_scale=1.0,
+  freq_factors=None)`` rotates the first `n_rot` dims of each head in place and returns x.
   neox=False: pairs (2i, 2i+1) (llama); neox=True: pairs (i, i + n_rot/2) (qwen, gemma...).
+  Angle of pair i: pos * freq_scale * base^(-2i/n_rot) / freq_factors[i] (ggml, llama3
+  ``rope_freqs``).
 - ``silu(x)``, ``gelu(x)`` (tanh approximation, as ggml), ``silu_mul(g, u) = silu(g)*u``,
   ``gelu_mul(g, u) = gelu(g)*u``, ``softmax(x, axis=-1)``.
 - KV storage: see llmcore/cache. ``kv_store`` and ``attention`` work on block pools:
   ``k_pool``/``v_pool`` are arrays (n_blocks, block_size, n_kv_heads, head_dim) of float16
-  (or uint8 quantized rows for q8_0/q4_0: (n_blocks, block_size, n_kv_heads, row_bytes)).
+  (float32 for "f32", or uint8 quantized rows for q8_0/q4_0: (n_blocks, block_size,
+  n_kv_heads, row_bytes) holding ggml Q8_0/Q4_0 blocks of 32, byte-identical to ggml).
+  ``kv_row_bytes(kv_type, head_dim)``: bytes of one (token, kv head) row.
+  ``make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim)``: a zeroed pool
+  (the older order ``(n_blocks, block_size, n_kv_heads, head_dim, kv_type)`` is accepted).
+  ``kv_load(pool, kv_type, block_table, n) -> (n, n_kv_heads, head_dim) float32``: the first
+  n tokens of a sequence, dequantized (blocks with id -1 read as zeros).
 - ``kv_store(pool, kv_type, block_table int32 (n_blocks_seq,), positions int32 (n,), values float32 (n, n_kv_heads, head_dim))``
   writes (quantizing on write) token i to block block_table[pos // bs], slot pos % bs.
 - ``attention(q (N, H, D), k_pool, v_pool, kv_type, block_tables int32 (S, max_blocks),
-  seg_start int32 (S+1,), q_pos int32 (N,), scale, window=0, softcap=0.0, sinks=None)
-  -> (N, H, D)``: rows seg_start[s]:seg_start[s+1] belong to sequence s; query i sees
-  key positions j with j <= q_pos[i] and (window == 0 or q_pos[i] - j < window).
+  seg_start int32 (S+1,), q_pos int32 (N,), scale, window=0, softcap=0.0, sinks=None,
+  out=None) -> (N, H, Dv)``: rows seg_start[s]:seg_start[s+1] belong to sequence s; query
+  i sees key positions j with j <= q_pos[i] and (window == 0 or q_pos[i] - j < window).
   GQA: head h uses kv head h // (H // n_kv_heads). sinks (H,): an extra logit per head
-  that takes part in the softmax with no value (gpt-oss).
+  that takes part in the softmax with no value (gpt-oss). softcap > 0: scores become
+  softcap * tanh(score / softcap) (after scaling). Block-table entries of -1 (freed
+  blocks) are never read; a query that sees no key gets zeros.
+
+Kernels live in llmcore/_kernels/nn (pyx/nn.pyx); when that module is not built the
+NumPy reference versions (``_ref_*``, also the test oracle) are used instead.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .threads import get_num_threads
+
+try:
+    from ._kernels import nn as _k
+except ImportError:  # kernels not built: NumPy fallback
+    _k = None
+
 KV_F16, KV_Q8_0, KV_Q4_0, KV_F32 = "f16", "q8_0", "q4_0", "f32"
+KV_TYPES = (KV_F16, KV_Q8_0, KV_Q4_0, KV_F32)
+_KV_CODE = {KV_F32: 0, KV_F16: 1, KV_Q8_0: 2, KV_Q4_0: 3}
+_QBLOCK = {KV_Q8_0: 34, KV_Q4_0: 18}  # bytes per 32 values
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+# ---- KV pool formats -----------------------------------------------------------------------
+
+def kv_row_bytes(kv_type: str, head_dim: int) -> int:
+    """Bytes of one (token, kv head) row of `head_dim` values stored as `kv_type`."""
+    if kv_type == KV_F16:
+        return 2 * head_dim
+    if kv_type == KV_F32:
+        return 4 * head_dim
+    if kv_type in _QBLOCK:
+        if head_dim % 32:
+            raise ValueError(f"kv type {kv_type} needs head_dim % 32 == 0, got {head_dim}")
+        return head_dim // 32 * _QBLOCK[kv_type]
+    raise ValueError(f"unknown kv type {kv_type!r} (expected one of {', '.join(KV_TYPES)})")
+
+
+def make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim) -> np.ndarray:
+    """A zeroed pool: (n_blocks, block_size, n_kv_heads, head_dim) float16/float32 for f16/f32,
+    or (n_blocks, block_size, n_kv_heads, row_bytes) uint8 for q8_0/q4_0. The older order
+    (n_blocks, block_size, n_kv_heads, head_dim, kv_type) is accepted too."""
+    if not isinstance(kv_type, str) and isinstance(head_dim, str):
+        kv_type, n_blocks, block_size, n_kv_heads, head_dim = head_dim, kv_type, n_blocks, block_size, n_kv_heads
+    row = kv_row_bytes(kv_type, head_dim)
+    if kv_type == KV_F16:
+        return np.zeros((n_blocks, block_size, n_kv_heads, head_dim), dtype=np.float16)
+    if kv_type == KV_F32:
+        return np.zeros((n_blocks, block_size, n_kv_heads, head_dim), dtype=np.float32)
+    return np.zeros((n_blocks, block_size, n_kv_heads, row), dtype=np.uint8)
+
+
+def _pool_head_dim(pool: np.ndarray, kv_type: str) -> int:
+    if kv_type in _QBLOCK:
+        return pool.shape[-1] // _QBLOCK[kv_type] * 32
+    return pool.shape[-1]
+
+
+def _check_pool(pool: np.ndarray, kv_type: str) -> None:
+    want = {KV_F16: np.float16, KV_F32: np.float32}.get(kv_type, np.uint8)
+    if kv_type not in _KV_CODE:
+        raise ValueError(f"unknown kv type {kv_type!r}")
+    if pool.dtype != want or pool.ndim != 4:
+        raise ValueError(f"{kv_type} pool must be a 4-d {np.dtype(want).name} array, got {pool.dtype} {pool.shape}")
+    if not pool.flags.c_contiguous:
+        raise ValueError("KV pool must be C-contiguous")
+
+
+def _pool_bytes(pool: np.ndarray) -> np.ndarray:
+    """(n_blocks, bytes per block) uint8 view, no copy."""
+    per_block = pool.shape[1] * pool.shape[2] * pool.shape[3] * pool.itemsize
+    return pool.reshape(-1).view(np.uint8).reshape(pool.shape[0], per_block)
+
+
+def _i32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+# ---- norms, rope, activations ----------------------------------------------------------------
+
+def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    if _k is None:
+        y = _ref_rms_norm(x, weight, eps)
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+    x = np.asarray(x, dtype=np.float32)
+    shape, d = x.shape, x.shape[-1]
+    x2 = x.reshape(-1, d)
+    if x2.strides[-1] != 4 or not x2.flags.writeable:
+        x2 = np.ascontiguousarray(x2) if x2.flags.writeable else np.array(x2, order="C")
+    o2 = np.empty(x2.shape, dtype=np.float32) if out is None else out.reshape(-1, d)
+    w = None if weight is None else _f32(weight)
+    _k.rms_norm(x2, w, float(eps), o2, None, get_num_threads())
+    return o2.reshape(shape) if out is None else out
+
+
+def add_rms_norm(x: np.ndarray, add: np.ndarray, weight: np.ndarray | None, eps: float,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """x += add (in place, x must be a writable float32 (n, d) array), return rms_norm(x)."""
+    if _k is None or x.dtype != np.float32 or x.ndim != 2 or x.strides[-1] != 4:
+        x += add
+        return rms_norm(x, weight, eps, out)
+    a = _f32(add).reshape(x.shape)
+    o = np.empty(x.shape, dtype=np.float32) if out is None else out
+    w = None if weight is None else _f32(weight)
+    _k.rms_norm(x, w, float(eps), o, a, get_num_threads())
+    return o
+
+
+def rope(x, positions, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
+    if _k is None:
+        return _ref_rope(x, positions, n_rot, base, neox, freq_scale, freq_factors)
+    pos = _i32(positions)
+    ff = None if freq_factors is None else _f32(freq_factors)
+    if n_rot > x.shape[-1] or n_rot % 2:
+        raise ValueError(f"n_rot={n_rot} must be even and <= head_dim={x.shape[-1]}")
+    if x.dtype == np.float32 and x.ndim == 3 and x.strides[-1] == 4 and x.flags.writeable:
+        _k.rope(x, pos, int(n_rot), float(base), bool(neox), float(freq_scale), ff, get_num_threads())
+        return x
+    tmp = np.ascontiguousarray(x, dtype=np.float32).reshape(x.shape[0], -1, x.shape[-1])
+    _k.rope(tmp, pos, int(n_rot), float(base), bool(neox), float(freq_scale), ff, get_num_threads())
+    x[...] = tmp.reshape(x.shape)
+    return x
+
+
+def _act(kind, g, u):
+    g = np.asarray(g, dtype=np.float32)
+    gf = np.ascontiguousarray(g).reshape(-1)
+    uf = None
+    if u is not None:
+        u = np.asarray(u, dtype=np.float32)
+        if u.shape != g.shape:
+            u = np.broadcast_to(u, g.shape)
+        uf = np.ascontiguousarray(u).reshape(-1)
+    out = np.empty(g.shape, dtype=np.float32)
+    _k.act(kind, gf, uf, out.reshape(-1), get_num_threads())
+    return out
+
+
+def silu(x):
+    return _ref_silu(x) if _k is None else _act(0, x, None)
+
+
+def gelu(x):
+    return _ref_gelu(x) if _k is None else _act(1, x, None)
+
+
+def silu_mul(g, u):
+    return _ref_silu_mul(g, u) if _k is None else _act(0, g, u)
+
+
+def gelu_mul(g, u):
+    return _ref_gelu_mul(g, u) if _k is None else _act(1, g, u)
+
+
+def softmax(x, axis=-1):
+    x = np.asarray(x)
+    if _k is None or x.ndim == 0 or axis not in (-1, x.ndim - 1) or x.dtype != np.float32:
+        return _ref_softmax(x, axis)
+    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = np.empty(x2.shape, dtype=np.float32)
+    _k.softmax_rows(x2, out, get_num_threads())
+    return out.reshape(x.shape)
+
+
+# ---- KV store / load / attention -------------------------------------------------------------
+
+def kv_store(pool, kv_type, block_table, positions, values):
+    _check_pool(pool, kv_type)
+    values = _f32(values)
+    if values.ndim != 3 or values.shape[1] != pool.shape[2] or values.shape[2] != _pool_head_dim(pool, kv_type):
+        raise ValueError(f"values {values.shape} do not fit pool {pool.shape} ({kv_type})")
+    if _k is None:
+        return _ref_kv_store(pool, kv_type, block_table, positions, values)
+    bad = _k.kv_store(_pool_bytes(pool), _KV_CODE[kv_type], pool.shape[1], pool.shape[2],
+                      kv_row_bytes(kv_type, values.shape[2]), _i32(block_table), _i32(positions),
+                      values, get_num_threads())
+    if bad:
+        raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
+
+
+def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
+    _check_pool(pool, kv_type)
+    table = _i32(block_table)
+    bs = pool.shape[1]
+    if n > len(table) * bs:
+        raise ValueError(f"kv_load: {n} tokens but the table covers {len(table) * bs}")
+    if _k is None:
+        return _ref_kv_load(pool, kv_type, table, n)
+    hd = _pool_head_dim(pool, kv_type)
+    out = np.empty((n, pool.shape[2], hd), dtype=np.float32)
+    if (table[: (n + bs - 1) // bs] >= pool.shape[0]).any():
+        raise ValueError("kv_load: block id out of range")
+    _k.kv_load(_pool_bytes(pool), _KV_CODE[kv_type], bs, pool.shape[2], kv_row_bytes(kv_type, hd), table, out)
+    return out
+
+
+def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
+              window=0, softcap=0.0, sinks=None, out=None):
+    if _k is None:
+        return _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
+                              window, softcap, sinks)
+    _check_pool(k_pool, kv_type)
+    _check_pool(v_pool, kv_type)
+    q = _f32(q)
+    N, H, D = q.shape
+    bs, kvh = k_pool.shape[1], k_pool.shape[2]
+    if v_pool.shape[1:3] != (bs, kvh) or v_pool.shape[0] != k_pool.shape[0]:
+        raise ValueError(f"k_pool {k_pool.shape} and v_pool {v_pool.shape} disagree")
+    if H % kvh:
+        raise ValueError(f"n_heads {H} is not a multiple of n_kv_heads {kvh}")
+    if _pool_head_dim(k_pool, kv_type) != D:
+        raise ValueError(f"q head_dim {D} != k pool head_dim {_pool_head_dim(k_pool, kv_type)}")
+    Dv = _pool_head_dim(v_pool, kv_type)
+    tables = _i32(block_tables)
+    if tables.ndim == 1:
+        tables = tables.reshape(1, -1)
+    seg = _i32(seg_start)
+    pos = _i32(q_pos)
+    if len(seg) != tables.shape[0] + 1 or seg[0] != 0 or seg[-1] != N or (np.diff(seg) < 0).any():
+        raise ValueError("seg_start must be non-decreasing from 0 to N with one entry per block table + 1")
+    if N and (pos.min() < 0 or pos.max() >= tables.shape[1] * bs):
+        raise ValueError("q_pos outside the range covered by the block tables")
+    if tables.size and tables.max() >= k_pool.shape[0]:
+        raise ValueError("block id out of range of the pool")
+    sk = None if sinks is None else _f32(sinks)
+    if sk is not None and sk.shape != (H,):
+        raise ValueError(f"sinks must have shape ({H},)")
+    o = np.empty((N, H, Dv), dtype=np.float32) if out is None else out
+    _k.attention(q, _pool_bytes(k_pool), _pool_bytes(v_pool), _KV_CODE[kv_type], bs, kvh,
+                 kv_row_bytes(kv_type, D), kv_row_bytes(kv_type, Dv), Dv, tables, seg, pos,
+                 float(scale), int(window or 0), float(softcap or 0.0), sk, o, get_num_threads())
+    return o
+
+
+# ---- NumPy reference implementations (fallback and test oracle) ------------------------------
+
+def _ref_rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     if weight is not None:
@@ -35,9 +281,11 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray
     return y.astype(np.float32, copy=False)
 
 
-def rope(x, positions, n_rot, base, neox, freq_scale=1.0):
+def _ref_rope(x, positions, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
     n, h, d = x.shape
     inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if freq_factors is not None:
+        inv = inv / np.asarray(freq_factors, dtype=np.float64)
     ang = (np.asarray(positions, dtype=np.float64)[:, None] * freq_scale) * inv[None, :]
     cos = np.cos(ang).astype(np.float32)[:, None, :]
     sin = np.sin(ang).astype(np.float32)[:, None, :]
@@ -55,47 +303,70 @@ def rope(x, positions, n_rot, base, neox, freq_scale=1.0):
     return x
 
 
-def silu(x):
+def _ref_silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def gelu(x):
+def _ref_gelu(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x * x * x)))
 
 
-def silu_mul(g, u):
-    return (silu(g) * u).astype(np.float32, copy=False)
+def _ref_silu_mul(g, u):
+    return (_ref_silu(g) * u).astype(np.float32, copy=False)
 
 
-def gelu_mul(g, u):
-    return (gelu(g) * u).astype(np.float32, copy=False)
+def _ref_gelu_mul(g, u):
+    return (_ref_gelu(g) * u).astype(np.float32, copy=False)
 
 
-def softmax(x, axis=-1):
+def _ref_softmax(x, axis=-1):
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def kv_store(pool, kv_type, block_table, positions, values):
-    if kv_type not in (KV_F16, KV_F32):
-        raise NotImplementedError(f"kv type {kv_type} in the NumPy path")
+def _ref_quantize_rows(values: np.ndarray, kv_type: str) -> np.ndarray:
+    """(..., head_dim) float32 -> (..., row_bytes) in the pool's dtype."""
+    if kv_type == KV_F16:
+        return values.astype(np.float16)
+    if kv_type == KV_F32:
+        return values.astype(np.float32)
+    from gguf import GGMLQuantizationType, quants
+
+    qt = GGMLQuantizationType.Q8_0 if kv_type == KV_Q8_0 else GGMLQuantizationType.Q4_0
+    return quants.quantize(np.ascontiguousarray(values, dtype=np.float32), qt)
+
+
+def _ref_dequantize_rows(rows: np.ndarray, kv_type: str) -> np.ndarray:
+    if kv_type in (KV_F16, KV_F32):
+        return rows.astype(np.float32)
+    from gguf import GGMLQuantizationType, quants
+
+    qt = GGMLQuantizationType.Q8_0 if kv_type == KV_Q8_0 else GGMLQuantizationType.Q4_0
+    return quants.dequantize(rows, qt).astype(np.float32)
+
+
+def _ref_kv_store(pool, kv_type, block_table, positions, values):
     bs = pool.shape[1]
+    rows = _ref_quantize_rows(np.asarray(values, dtype=np.float32), kv_type)
     for i, p in enumerate(np.asarray(positions)):
-        pool[block_table[p // bs], p % bs] = values[i]
+        pool[block_table[p // bs], p % bs] = rows[i]
 
 
-def _gather(pool, kv_type, table, n):
+def _ref_kv_load(pool, kv_type, table, n):
     bs = pool.shape[1]
     nb = (n + bs - 1) // bs
-    blocks = pool[np.maximum(table[:nb], 0)].astype(np.float32)
-    return blocks.reshape(nb * bs, *pool.shape[2:])[:n]
+    t = np.asarray(table[:nb])
+    blocks = _ref_dequantize_rows(pool[np.maximum(t, 0)], kv_type)
+    blocks[t < 0] = 0.0
+    return blocks.reshape(nb * bs, *blocks.shape[2:])[:n]
 
 
-def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
-              window=0, softcap=0.0, sinks=None):
+def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
+                   window=0, softcap=0.0, sinks=None):
     N, H, D = q.shape
-    out = np.zeros((N, H, v_pool.shape[-1]), dtype=np.float32)
+    Dv = _pool_head_dim(v_pool, kv_type)
+    out = np.zeros((N, H, Dv), dtype=np.float32)
     n_kv_heads = k_pool.shape[2]
     group = H // n_kv_heads
     for s in range(len(seg_start) - 1):
@@ -103,8 +374,8 @@ def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
         if r1 <= r0:
             continue
         n = int(np.max(q_pos[r0:r1])) + 1
-        k = _gather(k_pool, kv_type, block_tables[s], n)  # (n, KVH, D)
-        v = _gather(v_pool, kv_type, block_tables[s], n)
+        k = _ref_kv_load(k_pool, kv_type, block_tables[s], n)  # (n, KVH, D)
+        v = _ref_kv_load(v_pool, kv_type, block_tables[s], n)
         j = np.arange(n)
         for i in range(r0, r1):
             p = q_pos[i]
@@ -120,6 +391,8 @@ def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
                 m = sc.max()
                 if sinks is not None:
                     m = max(m, sinks[h])
+                if m == -np.inf:
+                    continue
                 e = np.exp(sc - m)
                 z = e.sum() + (np.exp(sinks[h] - m) if sinks is not None else 0.0)
                 out[i, h] = (e / z) @ v[:, kh, :]

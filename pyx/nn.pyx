@@ -1,0 +1,560 @@
+# cython: freethreading_compatible=True
+"""Neural-network kernels: RMS norm, RoPE, activations, softmax, KV block storage and
+paged attention. Called through llmcore/nn.py, which owns the API contract, argument
+checking and the thread count; everything here assumes validated, typed inputs.
+
+KV pools are passed as bytes, shape (n_blocks, block_size * n_kv_heads * row_nbytes),
+so one kernel serves every storage type: row (token, kv head) of block b starts at
+byte ((t * n_kv_heads) + kvh) * row_nbytes of pool[b].
+"""
+from cython.parallel cimport parallel, prange
+from libc.math cimport INFINITY, cosf, expf, powf, sinf, sqrtf, tanhf
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy
+
+import numpy as np
+
+cdef extern from "simd_nn.h" nogil:
+    void nn_f16_to_f32_row(const uint16_t *x, float *y, int n)
+    void nn_f32_to_f16_row(const float *x, uint16_t *y, int n)
+    void nn_quantize_q8_0(const float *x, uint8_t *y, int n)
+    void nn_quantize_q4_0(const float *x, uint8_t *y, int n)
+    void nn_dequant_q8_0(const uint8_t *x, float *y, int n)
+    void nn_dequant_q4_0(const uint8_t *x, float *y, int n)
+    float nn_exp_sub_sum(const float *x, float *y, float m, int n)
+    void nn_silu_row(const float *g, const float *u, float *y, int n)
+    void nn_gelu_row(const float *g, const float *u, float *y, int n)
+    float nn_sumsq(const float *x, int n)
+    float nn_max(const float *x, int n)
+    void nn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
+                   float scale, float *s, int ldS)
+    void nn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
+
+# KV storage type codes (nn.py maps the contract's strings to these)
+cdef enum:
+    T_F32 = 0
+    T_F16 = 1
+    T_Q8_0 = 2
+    T_Q4_0 = 3
+
+# rows per attention work item (queries x heads of one kv head); K/V blocks are read once
+# per tile. Partial-sum splits along the keys keep decode of a few long sequences parallel.
+cdef enum:
+    TILE_ROWS = 48
+    SPLIT_MIN_ITEMS = 32
+    SPLIT_MIN_BLOCKS = 8
+    ACT_CHUNK = 4096
+
+F32, F16, Q8_0, Q4_0 = T_F32, T_F16, T_Q8_0, T_Q4_0
+
+
+# ---- norms -------------------------------------------------------------------------------
+
+cdef inline void _rms_row(float *x, const float *add, const float *w, float eps,
+                          float *y, int d) noexcept nogil:
+    cdef int j
+    if add != NULL:
+        for j in range(d):
+            x[j] = x[j] + add[j]
+    cdef float sc = 1.0 / sqrtf(nn_sumsq(x, d) / d + eps)
+    if w != NULL:
+        for j in range(d):
+            y[j] = x[j] * sc * w[j]
+    else:
+        for j in range(d):
+            y[j] = x[j] * sc
+
+
+def rms_norm(float[:, :] x,                 # IN (rows, d), last axis contiguous; with `add`, IN/OUT
+             const float[::1] weight,       # IN (d,) or None
+             float eps,
+             float[:, :] out,               # OUT (rows, d), last axis contiguous, may be x itself
+             const float[:, :] add=None,    # IN (rows, d) residual added to x first (x += add), or None
+             int n_threads=1):
+    """y = x / sqrt(mean(x^2) + eps) * weight, row by row (ggml_rms_norm + ggml_mul)."""
+    cdef Py_ssize_t n = x.shape[0], i
+    cdef int d = <int>x.shape[1]
+    if n == 0:
+        return
+    cdef const float *w = &weight[0] if weight is not None else NULL
+    cdef bint has_add = add is not None
+    cdef float *xp = &x[0, 0]
+    cdef float *op = &out[0, 0]
+    if x.strides[1] != 4 or out.strides[1] != 4 or (has_add and add.strides[1] != 4):
+        raise ValueError("rms_norm: the last axis must be contiguous")
+    cdef const float *ap = &add[0, 0] if has_add else NULL
+    cdef Py_ssize_t xs = x.strides[0] // 4, os = out.strides[0] // 4
+    cdef Py_ssize_t as_ = add.strides[0] // 4 if has_add else 0
+    if n_threads < 1 or n * d < 32768:
+        n_threads = 1
+    with nogil:
+        for i in prange(n, num_threads=n_threads, schedule='static'):
+            _rms_row(xp + i * xs, ap + i * as_ if has_add else NULL, w, eps, op + i * os, d)
+
+
+# ---- RoPE --------------------------------------------------------------------------------
+
+cdef void _rope_row(float *x0p, Py_ssize_t hstride, int n_heads, float p, int n_rot, float theta_scale, float freq_scale,
+                    const float *ff, bint neox, float *cs) noexcept nogil:
+    """Rotate all heads of one token. Angles follow ggml_rope_cache_init: theta is
+    p * theta_scale^i built by repeated float multiplication, divided by freq_factors[i]."""
+    cdef int half = n_rot // 2, i, h
+    cdef float theta = p, t, c, s, x0, x1
+    cdef float *xh
+    for i in range(half):
+        t = theta / ff[i] if ff != NULL else theta
+        t = t * freq_scale
+        cs[2 * i] = cosf(t)
+        cs[2 * i + 1] = sinf(t)
+        theta = theta * theta_scale
+    for h in range(n_heads):
+        xh = x0p + h * hstride
+        if neox:
+            for i in range(half):
+                c = cs[2 * i]
+                s = cs[2 * i + 1]
+                x0 = xh[i]
+                x1 = xh[i + half]
+                xh[i] = x0 * c - x1 * s
+                xh[i + half] = x0 * s + x1 * c
+        else:
+            for i in range(half):
+                c = cs[2 * i]
+                s = cs[2 * i + 1]
+                x0 = xh[2 * i]
+                x1 = xh[2 * i + 1]
+                xh[2 * i] = x0 * c - x1 * s
+                xh[2 * i + 1] = x0 * s + x1 * c
+
+
+def rope(float[:, :, :] x,                # IN/OUT (n, n_heads, head_dim), last axis contiguous
+         const int32_t[::1] positions,    # IN (n,)
+         int n_rot, float base, bint neox, float freq_scale,
+         const float[::1] freq_factors=None,  # IN (n_rot/2,) or None (llama3 rope_freqs)
+         int n_threads=1):
+    cdef Py_ssize_t n = x.shape[0], i
+    if n == 0 or n_rot <= 0:
+        return
+    cdef float theta_scale = powf(base, -2.0 / n_rot)
+    cdef const float *ff = &freq_factors[0] if freq_factors is not None else NULL
+    cdef float *cs = NULL
+    if x.strides[2] != 4:
+        raise ValueError("rope: the last axis must be contiguous")
+    cdef Py_ssize_t hs = x.strides[1] // 4
+    cdef int nh = <int>x.shape[1]
+    if n_threads < 1 or n * x.shape[1] * n_rot < 32768:
+        n_threads = 1
+    with nogil, parallel(num_threads=n_threads):
+        cs = <float *>malloc(n_rot * sizeof(float) + 16)
+        for i in prange(n, schedule='static'):
+            _rope_row(&x[i, 0, 0], hs, nh, <float>positions[i], n_rot, theta_scale, freq_scale, ff, neox, cs)
+        free(cs)
+
+
+# ---- activations and softmax -------------------------------------------------------------
+
+def act(int kind,                     # 0 silu, 1 gelu (tanh approximation)
+        const float[::1] g,           # IN (n,)
+        const float[::1] u,           # IN (n,) multiplier, or None
+        float[::1] out,               # OUT (n,)
+        int n_threads=1):
+    cdef Py_ssize_t n = g.shape[0], c, nc, c0, m
+    if n == 0:
+        return
+    cdef const float *gp = &g[0]
+    cdef const float *up = &u[0] if u is not None else NULL
+    cdef float *op = &out[0]
+    nc = (n + ACT_CHUNK - 1) // ACT_CHUNK
+    if n_threads < 1 or n < 65536:
+        n_threads = 1
+    with nogil:
+        for c in prange(nc, num_threads=n_threads, schedule='static'):
+            c0 = c * ACT_CHUNK
+            m = n - c0 if n - c0 < ACT_CHUNK else ACT_CHUNK
+            if kind == 0:
+                nn_silu_row(gp + c0, up + c0 if up != NULL else NULL, op + c0, <int>m)
+            else:
+                nn_gelu_row(gp + c0, up + c0 if up != NULL else NULL, op + c0, <int>m)
+
+
+def softmax_rows(const float[:, ::1] x,   # IN (n, d)
+                 float[:, ::1] out,       # OUT (n, d), may alias x
+                 int n_threads=1):
+    cdef Py_ssize_t n = x.shape[0], i, j
+    cdef int d = <int>x.shape[1]
+    cdef float m, s
+    if n == 0 or d == 0:
+        return
+    if n_threads < 1 or n * d < 65536:
+        n_threads = 1
+    with nogil:
+        for i in prange(n, num_threads=n_threads, schedule='static'):
+            m = nn_max(&x[i, 0], d)
+            s = nn_exp_sub_sum(&x[i, 0], &out[i, 0], m, d)
+            s = 1.0 / s
+            for j in range(d):
+                out[i, j] = out[i, j] * s
+
+
+# ---- KV rows -----------------------------------------------------------------------------
+
+cdef inline void _load_row(const uint8_t *src, int kv_type, float *y, int n) noexcept nogil:
+    if kv_type == T_F16:
+        nn_f16_to_f32_row(<const uint16_t *>src, y, n)
+    elif kv_type == T_Q8_0:
+        nn_dequant_q8_0(src, y, n)
+    elif kv_type == T_Q4_0:
+        nn_dequant_q4_0(src, y, n)
+    else:
+        memcpy(y, src, n * sizeof(float))
+
+
+cdef inline void _store_row(const float *x, int kv_type, uint8_t *dst, int n) noexcept nogil:
+    if kv_type == T_F16:
+        nn_f32_to_f16_row(x, <uint16_t *>dst, n)
+    elif kv_type == T_Q8_0:
+        nn_quantize_q8_0(x, dst, n)
+    elif kv_type == T_Q4_0:
+        nn_quantize_q4_0(x, dst, n)
+    else:
+        memcpy(dst, x, n * sizeof(float))
+
+
+def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_heads * row_nbytes)
+             int kv_type, int block_size, int n_kv_heads, int row_nbytes,
+             const int32_t[::1] block_table,  # IN (n_blocks_seq,)
+             const int32_t[::1] positions,    # IN (n,)
+             const float[:, :, ::1] values,   # IN (n, n_kv_heads, head_dim)
+             int n_threads=1):
+    """Write (quantizing) each token's rows into its block slot. Returns the number of
+    tokens whose block id was out of range or negative (nothing written for them)."""
+    cdef Py_ssize_t n = values.shape[0], i
+    cdef int D = <int>values.shape[2], h, p, blk, bad = 0
+    cdef int nb_seq = <int>block_table.shape[0], nb = <int>pool.shape[0]
+    if n == 0:
+        return 0
+    if n_threads < 1 or n * n_kv_heads * D < 65536:
+        n_threads = 1
+    with nogil:
+        for i in prange(n, num_threads=n_threads, schedule='static'):
+            p = positions[i]
+            blk = block_table[p // block_size] if 0 <= p < nb_seq * block_size else -1
+            if blk < 0 or blk >= nb:
+                bad += 1
+                continue
+            for h in range(n_kv_heads):
+                _store_row(&values[i, h, 0], kv_type,
+                           &pool[blk, ((p % block_size) * n_kv_heads + h) * row_nbytes], D)
+    return bad
+
+
+def kv_load(const uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_heads, int row_nbytes,
+            const int32_t[::1] block_table,  # IN (n_blocks_seq,)
+            float[:, :, ::1] out):           # OUT (n, n_kv_heads, head_dim): tokens 0..n-1
+    """Dequantize the first n tokens of a sequence (blocks with id < 0 read as zeros)."""
+    cdef Py_ssize_t n = out.shape[0], i
+    cdef int D = <int>out.shape[2], h, j, blk
+    with nogil:
+        for i in range(n):
+            blk = block_table[i // block_size]
+            for h in range(n_kv_heads):
+                if blk < 0:
+                    for j in range(D):
+                        out[i, h, j] = 0.0
+                else:
+                    _load_row(&pool[blk, ((i % block_size) * n_kv_heads + h) * row_nbytes],
+                              kv_type, &out[i, h, 0], D)
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+ctypedef struct AttnArgs:
+    const float *q          # (N, H, D)
+    float *out              # (N, H, Dv)
+    const uint8_t *k        # pools, bytes
+    const uint8_t *v
+    Py_ssize_t k_bstride    # bytes per block
+    Py_ssize_t v_bstride
+    int k_row, v_row        # bytes per (token, kv head) row
+    int kv_type, bs, KVH, H, G, D, Dv
+    const int32_t *tables   # (S, max_blocks)
+    int max_blocks
+    const int32_t *q_pos    # (N,)
+    float scale, softcap
+    int window
+    const float *sinks      # (H,) or NULL
+    float *partial          # split results: per slot R_max * (Dv + 2) floats
+    int R_max
+
+
+cdef void _finalize_row(const float *acc, float m, float l, const AttnArgs *a, int h,
+                        float *dst) noexcept nogil:
+    cdef float f = 1.0, sk
+    cdef int c
+    if a.sinks != NULL:
+        sk = a.sinks[h]
+        if sk > m:
+            f = expf(m - sk) if m != -INFINITY else 0.0
+            l = l * f
+            m = sk
+        l = l + expf(sk - m)
+    if l > 0:
+        f = f / l
+    else:
+        f = 0.0
+    for c in range(a.Dv):
+        dst[c] = acc[c] * f
+
+
+cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf) noexcept nogil:
+    """One (sequence, kv head, query tile, key split) work item with online softmax.
+
+    it = [seq, kvh, t0, t1, kb0, kb1, slot]; slot < 0: write normalised rows to out,
+    else store (acc, m, l) for the combine pass."""
+    cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5], slot = it[6]
+    cdef int G = a.G, D = a.D, Dv = a.Dv, bs = a.bs
+    cdef int R = (t1 - t0) * G
+    # scratch layout (sizes from R_max in the caller)
+    cdef float *Qt = buf
+    cdef float *acc = Qt + a.R_max * D
+    cdef float *mm = acc + a.R_max * Dv
+    cdef float *ll = mm + a.R_max
+    cdef float *S = ll + a.R_max
+    cdef float *Kt = S + a.R_max * bs
+    cdef float *Vb = Kt + D * bs
+    cdef float *tmp = Vb + bs * Dv
+    cdef int rr, t, g, h, d, j, b, blk, jlo, jhi, lo_all, hi_all, qp, k0, n_vis
+    cdef float mb, mnew, f, lsum, sc
+    cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
+    cdef const uint8_t *row
+    cdef float *srow
+
+    # gather the query tile (rows ordered t-major, head-minor), pre-scaled
+    for rr in range(R):
+        t = t0 + rr // G
+        h = kvh * G + rr % G
+        for d in range(D):
+            Qt[rr * D + d] = a.q[(<Py_ssize_t>t * a.H + h) * D + d] * a.scale
+        mm[rr] = -INFINITY
+        ll[rr] = 0.0
+        for d in range(Dv):
+            acc[rr * Dv + d] = 0.0
+
+    for b in range(kb0, kb1):
+        blk = table[b]
+        if blk < 0:
+            continue  # freed block (outside every window): never read
+        k0 = b * bs
+        # keys of this block visible to at least one row of the tile
+        lo_all = bs
+        hi_all = -1
+        for t in range(t0, t1):
+            qp = a.q_pos[t]
+            jhi = qp - k0
+            jlo = (qp - a.window + 1 - k0) if a.window > 0 else 0
+            if jlo < 0:
+                jlo = 0
+            if jhi > bs - 1:
+                jhi = bs - 1
+            if jhi >= jlo:
+                if jlo < lo_all:
+                    lo_all = jlo
+                if jhi > hi_all:
+                    hi_all = jhi
+        if hi_all < lo_all:
+            continue
+        for j in range(lo_all, hi_all + 1):
+            row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
+            _load_row(row, a.kv_type, tmp, D)
+            for d in range(D):
+                Kt[d * bs + j] = tmp[d]
+            row = a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row
+            _load_row(row, a.kv_type, Vb + j * Dv, Dv)
+        nn_scores(Qt, D, R, Kt, D, bs, 1.0, S, bs)
+        for rr in range(R):
+            qp = a.q_pos[t0 + rr // G]
+            jhi = qp - k0
+            jlo = (qp - a.window + 1 - k0) if a.window > 0 else 0
+            if jlo < 0:
+                jlo = 0
+            if jhi > bs - 1:
+                jhi = bs - 1
+            if jhi < jlo:
+                continue
+            n_vis = jhi - jlo + 1
+            srow = S + rr * bs + jlo
+            if a.softcap > 0:
+                sc = a.softcap
+                for j in range(n_vis):
+                    srow[j] = sc * tanhf(srow[j] / sc)
+            mb = nn_max(srow, n_vis)
+            mnew = mb if mb > mm[rr] else mm[rr]
+            f = expf(mm[rr] - mnew) if mm[rr] != -INFINITY else 0.0
+            lsum = nn_exp_sub_sum(srow, srow, mnew, n_vis)
+            ll[rr] = ll[rr] * f + lsum
+            mm[rr] = mnew
+            nn_pv(acc + rr * Dv, f, srow, Vb + jlo * Dv, n_vis, Dv)
+
+    cdef float *dst
+    if slot < 0:
+        for rr in range(R):
+            t = t0 + rr // G
+            h = kvh * G + rr % G
+            _finalize_row(acc + rr * Dv, mm[rr], ll[rr], a, h, a.out + (<Py_ssize_t>t * a.H + h) * Dv)
+    else:
+        dst = a.partial + <Py_ssize_t>slot * a.R_max * (Dv + 2)
+        memcpy(dst, acc, R * Dv * sizeof(float))
+        memcpy(dst + a.R_max * Dv, mm, R * sizeof(float))
+        memcpy(dst + a.R_max * Dv + a.R_max, ll, R * sizeof(float))
+
+
+cdef void _attn_combine(const AttnArgs *a, const int32_t *grp, float *buf) noexcept nogil:
+    """Merge the key splits of one (sequence, kv head, tile): grp = [kvh, t0, t1, slot0, n]."""
+    cdef int kvh = grp[0], t0 = grp[1], t1 = grp[2], slot0 = grp[3], ns = grp[4]
+    cdef int G = a.G, Dv = a.Dv, R = (t1 - t0) * G, rr, k, c, t, h
+    cdef Py_ssize_t stride = <Py_ssize_t>a.R_max * (Dv + 2)
+    cdef const float *p
+    cdef float m, l, mk, f
+    for rr in range(R):
+        m = -INFINITY
+        for k in range(ns):
+            mk = a.partial[(slot0 + k) * stride + a.R_max * Dv + rr]
+            if mk > m:
+                m = mk
+        l = 0.0
+        for c in range(Dv):
+            buf[c] = 0.0
+        if m != -INFINITY:
+            for k in range(ns):
+                p = a.partial + (slot0 + k) * stride
+                mk = p[a.R_max * Dv + rr]
+                if mk == -INFINITY:
+                    continue
+                f = expf(mk - m)
+                l = l + p[a.R_max * Dv + a.R_max + rr] * f
+                for c in range(Dv):
+                    buf[c] = buf[c] + p[rr * Dv + c] * f
+        t = t0 + rr // G
+        h = kvh * G + rr % G
+        _finalize_row(buf, m, l, a, h, a.out + (<Py_ssize_t>t * a.H + h) * Dv)
+
+
+def attention(const float[:, :, ::1] q,          # IN (N, H, D)
+              const uint8_t[:, ::1] k_pool,      # IN (n_blocks, bs * KVH * k_row) bytes
+              const uint8_t[:, ::1] v_pool,      # IN (n_blocks, bs * KVH * v_row) bytes
+              int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
+              const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
+              const int32_t[::1] seg_start,      # IN (S + 1,)
+              const int32_t[::1] q_pos,          # IN (N,)
+              float scale, int window, float softcap,
+              const float[::1] sinks,            # IN (H,) or None
+              float[:, :, ::1] out,              # OUT (N, H, Dv)
+              int n_threads=1):
+    cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
+    cdef int S = <int>seg_start.shape[0] - 1, bs = block_size
+    cdef int G = H // n_kv_heads
+    if N == 0 or S <= 0:
+        return
+    cdef AttnArgs a
+    a.q = &q[0, 0, 0]
+    a.out = &out[0, 0, 0]
+    a.k = &k_pool[0, 0] if k_pool.shape[0] > 0 else NULL
+    a.v = &v_pool[0, 0] if v_pool.shape[0] > 0 else NULL
+    a.k_bstride = k_pool.strides[0]
+    a.v_bstride = v_pool.strides[0]
+    a.k_row = k_row
+    a.v_row = v_row
+    a.kv_type = kv_type
+    a.bs = bs
+    a.KVH = n_kv_heads
+    a.H = H
+    a.G = G
+    a.D = D
+    a.Dv = Dv
+    a.tables = &block_tables[0, 0] if block_tables.shape[1] > 0 else NULL
+    a.max_blocks = <int>block_tables.shape[1]
+    a.q_pos = &q_pos[0]
+    a.scale = scale
+    a.softcap = softcap
+    a.window = window
+    a.sinks = &sinks[0] if sinks is not None else NULL
+    cdef int T = TILE_ROWS // G if G < TILE_ROWS else 1
+    a.R_max = T * G
+
+    # ---- work items: (seq, kvh, tile, key split). The split count depends only on the
+    # shapes, never on the thread count, so results are identical for any n_threads.
+    cdef int s, r0, r1, t0, t1, t, lo, hi, qp, kb0, kb1, nb, kvh, k, ns, n_tiles = 0
+    for s in range(S):
+        r0 = seg_start[s]
+        r1 = seg_start[s + 1]
+        if r1 > r0:
+            n_tiles += (r1 - r0 + T - 1) // T
+    cdef int base_items = n_tiles * n_kv_heads
+    cdef int want = (SPLIT_MIN_ITEMS + base_items - 1) // base_items if base_items > 0 else 1
+    items = []
+    groups = []
+    cdef int n_slots = 0
+    for s in range(S):
+        r0 = seg_start[s]
+        r1 = seg_start[s + 1]
+        t0 = r0
+        while t0 < r1:
+            t1 = min(t0 + T, r1)
+            lo = 1 << 30
+            hi = -1
+            for t in range(t0, t1):
+                qp = q_pos[t]
+                if qp > hi:
+                    hi = qp
+                qp = qp - window + 1 if window > 0 else 0
+                if qp < lo:
+                    lo = qp
+            if lo < 0:
+                lo = 0
+            kb0 = lo // bs
+            kb1 = hi // bs + 1
+            if kb1 > a.max_blocks:
+                kb1 = a.max_blocks
+            nb = kb1 - kb0
+            ns = min(want, nb // SPLIT_MIN_BLOCKS) if want > 1 else 1
+            if ns < 1:
+                ns = 1
+            for kvh in range(n_kv_heads):
+                if ns == 1:
+                    items.append((s, kvh, t0, t1, kb0, kb1, -1))
+                else:
+                    groups.append((kvh, t0, t1, n_slots, ns))
+                    for k in range(ns):
+                        items.append((s, kvh, t0, t1, kb0 + nb * k // ns, kb0 + nb * (k + 1) // ns, n_slots))
+                        n_slots += 1
+            t0 = t1
+    cdef int32_t[:, ::1] it_arr = np.asarray(items, dtype=np.int32).reshape(-1, 7)
+    cdef int32_t[:, ::1] gr_arr = np.asarray(groups, dtype=np.int32).reshape(-1, 5)
+    cdef Py_ssize_t n_items = it_arr.shape[0], n_groups = gr_arr.shape[0], i
+    partial = np.empty(max(1, n_slots) * a.R_max * (Dv + 2), dtype=np.float32)
+    cdef float[::1] pv = partial
+    a.partial = &pv[0]
+
+    cdef Py_ssize_t buf_len = (<Py_ssize_t>a.R_max * (D + Dv + 2 + bs) + <Py_ssize_t>D * bs
+                               + <Py_ssize_t>bs * Dv + D + Dv + 64)
+    cdef float *buf = NULL
+    cdef int nt = n_threads if n_threads > 0 else 1
+    if nt > n_items:
+        nt = <int>n_items
+    if nt < 1:
+        nt = 1
+    with nogil, parallel(num_threads=nt):
+        buf = <float *>calloc(buf_len, sizeof(float))
+        for i in prange(n_items, schedule='dynamic'):
+            _attn_item(&a, &it_arr[i, 0], buf)
+        free(buf)
+    if n_groups > 0:
+        nt = n_threads if n_threads > 0 else 1
+        if nt > n_groups:
+            nt = <int>n_groups
+        with nogil, parallel(num_threads=nt):
+            buf = <float *>malloc((Dv + 16) * sizeof(float))
+            for i in prange(n_groups, schedule='static'):
+                _attn_combine(&a, &gr_arr[i, 0], buf)
+            free(buf)

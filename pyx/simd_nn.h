@@ -1,0 +1,349 @@
+/* SIMD helpers for pyx/nn.pyx: vector exp, f16 conversion, ggml Q8_0/Q4_0 rows,
+ * and the two attention micro-kernels (scores of a query tile against a transposed
+ * key block, and P·V accumulation).
+ *
+ * AVX-512 paths are used when the build targets them (-march=native on this CPU);
+ * every function has a plain C fallback so portable builds still work.
+ */
+#ifndef LLMCORE_SIMD_NN_H
+#define LLMCORE_SIMD_NN_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* ---- f16 <-> f32 ------------------------------------------------------------------ */
+
+static inline float nn_h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0) {
+        if (m == 0) { u = s; }
+        else { /* subnormal: normalise */
+            e = 127 - 15 + 1;
+            while (!(m & 0x400)) { m <<= 1; e--; }
+            u = s | (e << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (e == 31) { u = s | 0x7f800000 | (m << 13); }
+    else { u = s | ((e + 127 - 15) << 23) | (m << 13); }
+    float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+
+static inline uint16_t nn_f2h(float f) {
+#if defined(__F16C__)
+    return _cvtss_sh(f, 0);  /* round to nearest even, like numpy and ggml */
+#else
+    /* round-to-nearest-even conversion (same algorithm as ggml's fp32_to_fp16) */
+    const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
+    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
+    uint32_t w; memcpy(&w, &f, 4);
+    const uint32_t shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xff000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    uint32_t bb = (bias >> 1) + 0x07800000u; float bf; memcpy(&bf, &bb, 4);
+    base = bf + base;
+    uint32_t bits; memcpy(&bits, &base, 4);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007c00u, mantissa_bits = bits & 0x00000fffu;
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
+#endif
+}
+
+static inline void nn_f16_to_f32_row(const uint16_t *x, float *y, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+#endif
+    for (; i < n; i++) y[i] = nn_h2f(x[i]);
+}
+
+static inline void nn_f32_to_f16_row(const float *x, uint16_t *y, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) y[i] = nn_f2h(x[i]);
+}
+
+/* ---- ggml Q8_0 / Q4_0 rows (blocks of 32), byte-identical to quantize_row_*_ref -------- */
+
+/* No FMA contraction here: ggml's reference computes x*id + 8.5f as two roundings. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+static void nn_quantize_q8_0(const float *x, uint8_t *y, int n) {
+    for (int b = 0; b < n / 32; b++, x += 32, y += 34) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) { float a = fabsf(x[j]); amax = a > amax ? a : amax; }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t hd = nn_f2h(d);
+        memcpy(y, &hd, 2);
+        for (int j = 0; j < 32; j++) {
+            volatile float v = x[j] * id;
+            ((int8_t *)y)[2 + j] = (int8_t)roundf(v);
+        }
+    }
+}
+
+static void nn_quantize_q4_0(const float *x, uint8_t *y, int n) {
+    for (int b = 0; b < n / 32; b++, x += 32, y += 18) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float a = fabsf(x[j]);
+            if (amax < a) { amax = a; max = x[j]; }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t hd = nn_f2h(d);
+        memcpy(y, &hd, 2);
+        for (int j = 0; j < 16; j++) {
+            volatile float p0 = x[j] * id, p1 = x[j + 16] * id;
+            float s0 = p0 + 8.5f, s1 = p1 + 8.5f;
+            int q0 = (int)(int8_t)s0, q1 = (int)(int8_t)s1;
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+            y[2 + j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+static inline void nn_dequant_q8_0(const uint8_t *x, float *y, int n) {
+    for (int b = 0; b < n / 32; b++, x += 34, y += 32) {
+        uint16_t hd; memcpy(&hd, x, 2);
+        const float d = nn_h2f(hd);
+        const int8_t *q = (const int8_t *)(x + 2);
+        for (int j = 0; j < 32; j++) y[j] = d * (float)q[j];
+    }
+}
+
+static inline void nn_dequant_q4_0(const uint8_t *x, float *y, int n) {
+    for (int b = 0; b < n / 32; b++, x += 18, y += 32) {
+        uint16_t hd; memcpy(&hd, x, 2);
+        const float d = nn_h2f(hd);
+        const uint8_t *q = x + 2;
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((int)(q[j] & 0x0f) - 8);
+            y[j + 16] = d * (float)((int)(q[j] >> 4) - 8);
+        }
+    }
+}
+
+/* ---- vector exp (Cephes polynomial, ~1 ulp on the clamped range) ------------------------ */
+
+#if defined(__AVX512F__)
+static inline __m512 nn_v_exp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.8f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* y[i] = exp(x[i] - m); returns the sum. Entries equal to -INFINITY give exactly 0. */
+static inline float nn_exp_sub_sum(const float *x, float *y, float m, int n) {
+    int i = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps(), vm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
+    for (; i < n; i += 16) {
+        __mmask16 k = (n - i) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
+        __m512 e = _mm512_maskz_mov_ps(live, nn_v_exp(_mm512_sub_ps(v, vm)));
+        _mm512_mask_storeu_ps(y + i, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    s = _mm512_reduce_add_ps(acc);
+#else
+    for (; i < n; i++) { y[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m); s += y[i]; }
+#endif
+    return s;
+}
+
+/* silu / gelu (tanh form) over a row, optionally multiplied by u (u may be NULL). */
+static inline void nn_silu_row(const float *g, const float *u, float *y, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, nn_v_exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        if (u) r = _mm512_mul_ps(r, _mm512_loadu_ps(u + i));
+        _mm512_storeu_ps(y + i, r);
+    }
+#endif
+    for (; i < n; i++) {
+        float r = g[i] / (1.0f + expf(-g[i]));
+        y[i] = u ? r * u[i] : r;
+    }
+}
+
+#define NN_GELU_COEF_A 0.044715f
+#define NN_SQRT_2_OVER_PI 0.79788456080286535587989211986876f
+
+static inline void nn_gelu_row(const float *g, const float *u, float *y, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f), half = _mm512_set1_ps(0.5f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 t = _mm512_mul_ps(_mm512_set1_ps(NN_SQRT_2_OVER_PI),
+                                 _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(NN_GELU_COEF_A), x),
+                                                 _mm512_mul_ps(x, x), x));
+        /* tanh(t) = 1 - 2 / (exp(2t) + 1): exact limits at +-inf, no overflow issue */
+        __m512 th = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(nn_v_exp(_mm512_mul_ps(two, t)), one)));
+        __m512 r = _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, th));
+        if (u) r = _mm512_mul_ps(r, _mm512_loadu_ps(u + i));
+        _mm512_storeu_ps(y + i, r);
+    }
+#endif
+    for (; i < n; i++) {
+        float x = g[i];
+        float r = 0.5f * x * (1.0f + tanhf(NN_SQRT_2_OVER_PI * x * (1.0f + NN_GELU_COEF_A * x * x)));
+        y[i] = u ? r * u[i] : r;
+    }
+}
+
+static inline float nn_sumsq(const float *x, int n) {
+    int i = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
+        a0 = _mm512_fmadd_ps(v0, v0, a0);
+        a1 = _mm512_fmadd_ps(v1, v1, a1);
+    }
+    for (; i + 16 <= n; i += 16) { __m512 v = _mm512_loadu_ps(x + i); a0 = _mm512_fmadd_ps(v, v, a0); }
+    s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#endif
+    for (; i < n; i++) s += x[i] * x[i];
+    return s;
+}
+
+static inline float nn_max(const float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* ---- attention micro-kernels ------------------------------------------------------------ */
+
+/* s[r*ldS + j] = scale * sum_d q[r*ldq + d] * kt[d*bs + j] for r < R, j < bs.
+ * kt is the key block transposed (D, bs), so 16 keys are scored per FMA without any
+ * horizontal reduction; four query rows share each key-vector load. */
+static void nn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
+                      float scale, float *s, int ldS) {
+#if defined(__AVX512F__)
+    const __m512 vs = _mm512_set1_ps(scale);
+    int r = 0;
+    for (; r + 4 <= R; r += 4) {
+        const float *q0 = q + (size_t)r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
+        for (int j = 0; j < bs; j += 16) {
+            __mmask16 k = (bs - j) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (bs - j)) - 1);
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < D; d++) {
+                __m512 kv = _mm512_maskz_loadu_ps(k, kt + (size_t)d * bs + j);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), kv, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), kv, a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), kv, a3);
+            }
+            _mm512_mask_storeu_ps(s + (size_t)r * ldS + j, k, _mm512_mul_ps(a0, vs));
+            _mm512_mask_storeu_ps(s + (size_t)(r + 1) * ldS + j, k, _mm512_mul_ps(a1, vs));
+            _mm512_mask_storeu_ps(s + (size_t)(r + 2) * ldS + j, k, _mm512_mul_ps(a2, vs));
+            _mm512_mask_storeu_ps(s + (size_t)(r + 3) * ldS + j, k, _mm512_mul_ps(a3, vs));
+        }
+    }
+    for (; r < R; r++) {
+        const float *q0 = q + (size_t)r * ldq;
+        for (int j = 0; j < bs; j += 16) {
+            __mmask16 k = (bs - j) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (bs - j)) - 1);
+            __m512 a0 = _mm512_setzero_ps();
+            for (int d = 0; d < D; d++)
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), _mm512_maskz_loadu_ps(k, kt + (size_t)d * bs + j), a0);
+            _mm512_mask_storeu_ps(s + (size_t)r * ldS + j, k, _mm512_mul_ps(a0, vs));
+        }
+    }
+#else
+    for (int r = 0; r < R; r++) {
+        float *sr = s + (size_t)r * ldS;
+        for (int j = 0; j < bs; j++) sr[j] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float qd = q[(size_t)r * ldq + d];
+            const float *kd = kt + (size_t)d * bs;
+            for (int j = 0; j < bs; j++) sr[j] += qd * kd[j];
+        }
+        for (int j = 0; j < bs; j++) sr[j] *= scale;
+    }
+#endif
+}
+
+/* acc[0:Dv] = acc * f + sum_j p[j] * v[j*Dv + 0:Dv] over j < n (v row-major (n, Dv)). */
+static void nn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv) {
+#if defined(__AVX512F__)
+    const __m512 vf = _mm512_set1_ps(f);
+    int c = 0;
+    for (; c + 64 <= Dv; c += 64) {
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + c), vf);
+        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 16), vf);
+        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 32), vf);
+        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 48), vf);
+        for (int j = 0; j < n; j++) {
+            if (p[j] == 0.0f) continue;
+            const float *vj = v + (size_t)j * Dv + c;
+            const __m512 pj = _mm512_set1_ps(p[j]);
+            a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
+            a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
+            a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
+            a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+        }
+        _mm512_storeu_ps(acc + c, a0);
+        _mm512_storeu_ps(acc + c + 16, a1);
+        _mm512_storeu_ps(acc + c + 32, a2);
+        _mm512_storeu_ps(acc + c + 48, a3);
+    }
+    for (; c < Dv; c += 16) {
+        __mmask16 k = (Dv - c) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (Dv - c)) - 1);
+        __m512 a0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, acc + c), vf);
+        for (int j = 0; j < n; j++) {
+            if (p[j] == 0.0f) continue;
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(k, v + (size_t)j * Dv + c), a0);
+        }
+        _mm512_mask_storeu_ps(acc + c, k, a0);
+    }
+#else
+    for (int c = 0; c < Dv; c++) acc[c] *= f;
+    for (int j = 0; j < n; j++) {
+        if (p[j] == 0.0f) continue;
+        const float pj = p[j];
+        const float *vj = v + (size_t)j * Dv;
+        for (int c = 0; c < Dv; c++) acc[c] += pj * vj[c];
+    }
+#endif
+}
+
+#endif /* LLMCORE_SIMD_NN_H */
