@@ -19,6 +19,7 @@ cdef extern from "simd_q.h" nogil:
     int LQ_FMT_NONE
     int LQ_FMT_BF16
     int lq_have_vnni()
+    int lq_simd_level()
     int lq_fmt_for_type(int type)
     int lq_block_bytes(int type)
     int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
@@ -29,6 +30,7 @@ cdef extern from "simd_q.h" nogil:
 
 SUPPORTED_TYPES = (0, 1, 30, 2, 3, 6, 7, 8)  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 HAVE_VNNI = bool(lq_have_vnni())
+SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
 
 
 cdef int64_t _cols(int ggml_type, int64_t bpr) except -1:

@@ -61,6 +61,7 @@ typedef struct {
 } lq_packed;
 
 static inline int lq_have_vnni(void) { return LQ_VNNI; }
+static inline int lq_simd_level(void);
 
 /* ---------------------------------------------------------------- scalar conversions */
 static inline float lq_h2f(uint16_t h) {
@@ -376,6 +377,64 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
 }
 #endif
 
+
+#if !LQ_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LQ_AVX2 1
+/* Same packed layout, 8 rows per 256-bit half; maddubs+madd instead of vpdpbusd. FMT8 uses
+ * the signed form (|q| * sign(a, q)) so the int16 pair sums cannot saturate. */
+static inline __m256i lq_dot_u8s8(__m256i u, __m256i a) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
+}
+static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
+                           float *y, int64_t ys, int nv) {
+    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
+    const int fmt = P->fmt;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10), x80 = _mm256_set1_epi8((char)0x80);
+    for (int t = 0; t < T; t++) {
+        __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        const uint8_t *blk = P->data + g * nb * bb;
+        for (int64_t b = 0; b < nb; b++, blk += bb) {
+            const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
+            const __m256 dat = _mm256_set1_ps(da[t * nb + b]), sat = _mm256_set1_ps(sa[t * nb + b]);
+            for (int h = 0; h < 2; h++) {
+                __m256i acc = _mm256_setzero_si256();
+                if (fmt == LQ_FMT8) {
+                    for (int c = 0; c < 8; c++) {
+                        __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h)), x80);
+                        __m256i a = _mm256_set1_epi32(aw[c]);
+                        acc = _mm256_add_epi32(acc, lq_dot_u8s8(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q)));
+                    }
+                } else {
+                    __m256i hb = fmt == LQ_FMT5 ? _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h)) : m4;
+                    for (int c = 0; c < 4; c++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
+                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if (fmt == LQ_FMT5) {
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - c), b16));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, c), b16));
+                        }
+                        acc = _mm256_add_epi32(acc, lq_dot_u8s8(lo, _mm256_set1_epi32(aw[c])));
+                        acc = _mm256_add_epi32(acc, lq_dot_u8s8(hi, _mm256_set1_epi32(aw[4 + c])));
+                    }
+                }
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 16 * h)));
+                f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[h]);
+                if (fmt != LQ_FMT8) {
+                    const __m256 mv = P->has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32 + 16 * h))) : dv;
+                    f[h] = _mm256_fmadd_ps(mv, sat, f[h]);
+                }
+            }
+        }
+        float tmp[LQ_G];
+        _mm256_storeu_ps(tmp, f[0]);
+        _mm256_storeu_ps(tmp + 8, f[1]);
+        for (int i = 0; i < nv; i++) y[t * ys + i] = tmp[i];
+    }
+}
+#else
+#define LQ_AVX2 0
+#endif
+
 /* ---------------------------------------------------------------- float kernels */
 static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n) {
     const int64_t K = P->cols, R = P->rows;
@@ -414,6 +473,9 @@ static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, con
         }
     }
 }
+
+/* 2: AVX-512 VNNI, 1: AVX2, 0: portable C */
+static inline int lq_simd_level(void) { return LQ_VNNI ? 2 : LQ_AVX2 ? 1 : 0; }
 
 /* ---------------------------------------------------------------- matmul driver */
 static __thread void *lq_scratch = NULL;
@@ -467,6 +529,9 @@ static int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, in
                 float *yo = y + t0 * R + g * LQ_G;
 #if LQ_VNNI
                 if (use_vnni) { lq_group_vnni(P, g, q, dd, ss, T, yo, R, nv); continue; }
+#endif
+#if LQ_AVX2
+                if (!force_scalar) { lq_kernel_avx2(P, g, q, dd, ss, T, yo, R, nv); continue; }
 #endif
                 lq_kernel_scalar(P, g, q, dd, ss, T, yo, R, nv);
             }

@@ -184,3 +184,51 @@ def test_real_model_embedding_and_linear(smollm2_path):
     lin = quant.Linear(w)
     x = np.random.default_rng(0).standard_normal((5, w.shape[1])).astype(np.float32)
     assert nmse(lin(x), x.astype(np.float64) @ w.dequantize().T.astype(np.float64)) < 5e-4
+
+
+C_HARNESS = r"""
+#include "simd_q.h"
+#include <stdio.h>
+static uint32_t rs = 12345; static uint32_t rnd(void){ rs ^= rs<<13; rs ^= rs>>17; rs ^= rs<<5; return rs; }
+int main(void){
+  int types[5] = {GT_Q4_0, GT_Q4_1, GT_Q5_0, GT_Q5_1, GT_Q8_0}; int bad = 0;
+  printf("simd level %d\n", lq_simd_level());
+  for (int ti=0; ti<5; ti++){
+    int type = types[ti]; int64_t R = 37, K = 128, n = 11; int bs = lq_block_bytes(type); int64_t bpr = K/32*bs;
+    uint8_t *raw = malloc(R*bpr); for (int64_t i=0;i<R*bpr;i++) raw[i]=rnd();
+    for (int64_t r=0;r<R;r++) for (int b=0;b<K/32;b++){ uint8_t*p=raw+r*bpr+b*bs; _Float16 d=(_Float16)(((int)(rnd()%2000)-1000)/20000.0f); memcpy(p,&d,2); if(type==GT_Q4_1||type==GT_Q5_1){ d=(_Float16)(((int)(rnd()%2000)-1000)/20000.0f); memcpy(p+2,&d,2);} }
+    lq_packed P; int64_t sz = lq_init_packed(&P, type, R, K, NULL); uint8_t *pk = aligned_alloc(64, (sz+63)/64*64); lq_pack(raw,bpr,type,R,K,pk,1); P.data=pk;
+    float *x = malloc(n*K*4), *y0 = malloc(n*R*4), *y1 = malloc(n*R*4), *w = malloc(R*K*4);
+    for (int64_t i=0;i<n*K;i++) x[i] = ((int)(rnd()%20000)-10000)/5000.0f;
+    lq_dequant_rows(raw,bpr,NULL,R,type,K,w,1);
+    lq_matmul(&P,x,y0,n,2,1); lq_matmul(&P,x,y1,n,2,0);
+    double num=0, den=0, d01=0;
+    for (int t=0;t<n;t++) for (int r=0;r<R;r++){ double ref=0; for(int k=0;k<K;k++) ref+= (double)w[r*K+k]*x[t*K+k];
+      num += (y1[t*R+r]-ref)*(y1[t*R+r]-ref); den += ref*ref; d01 += (y1[t*R+r]-y0[t*R+r])*(y1[t*R+r]-y0[t*R+r]); }
+    printf("type %d nmse %.3g simd-vs-scalar %.3g\n", type, num/den, d01/den); if (num/den > 5e-4 || d01/den > 1e-9) bad++;
+  }
+  return bad;
+}
+"""
+
+
+@pytest.mark.parametrize("flags", [["-mavx2", "-mfma", "-mf16c"], []], ids=["avx2", "portable"])
+def test_c_fallback_paths(tmp_path, flags):
+    """The AVX2 and plain-C kernels (not the ones built here) agree with the float reference."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    src = tmp_path / "h.c"
+    src.write_text(C_HARNESS)
+    pyx = Path(__file__).resolve().parent.parent / "pyx"
+    exe = tmp_path / "h"
+    r = subprocess.run(["gcc", "-O1", *flags, "-fopenmp", f"-I{pyx}", str(src), "-o", str(exe), "-lm"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot compile harness: {r.stderr[:200]}")
+    out = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+    assert f"simd level {1 if flags else 0}" in out.stdout
