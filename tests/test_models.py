@@ -60,9 +60,15 @@ def test_full_sequence_matches_reference(models, tiny_models, arch, wtype):
     st = m.new_state()
     got = m.forward([(st, toks)], all_logits=True)
     assert got.shape == (40, N_VOCAB) and got.dtype == np.float32
-    # weights are dequantized exactly in both; only activation math differs
-    tol = 2e-4 if wtype in ("f32", "f16") else 5e-3
-    assert _rel(got, ref) < tol
+    if wtype in ("f32", "f16"):
+        assert _rel(got, ref) < 2e-4
+    else:
+        # the kernels quantize activations to 8-bit blocks (like llama.cpp): a few % off
+        diff = got - ref
+        assert float(np.std(diff) / np.std(ref)) < 0.04
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 0.3
+        assert np.array_equal(got.argmax(1)[clear], ref.argmax(1)[clear])
     assert st.n_tokens == 40 and st.tokens == toks.tolist()
 
 
