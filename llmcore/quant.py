@@ -245,13 +245,18 @@ class ExpertLinear:
 
     def __call__(self, x: np.ndarray, expert: int, out: np.ndarray | None = None) -> np.ndarray:
         x2 = np.ascontiguousarray(np.asarray(x, dtype=np.float32).reshape(-1, self.in_features))
+        n = x2.shape[0]
+        direct = False
         if self._packed is not None:
-            y = np.empty((x2.shape[0], self.out_features), np.float32)
+            direct = (out is not None and out.dtype == np.float32 and out.flags.c_contiguous
+                      and out.size == n * self.out_features)
+            y = out.reshape(n, self.out_features) if direct else np.empty((n, self.out_features), np.float32)
             self._kernel.matmul(self._packed[int(expert)], x2, y, get_num_threads())
         else:
             y = x2 @ self._w[int(expert)].T
         if out is not None:
-            out[...] = y.reshape(out.shape)
+            if not direct:
+                out[...] = y.reshape(out.shape)
             return out
         return y
 
