@@ -81,6 +81,20 @@ def test_f16_kv_close_to_reference(models, tiny_models, arch):
     assert _rel(got, ref) < 5e-3
 
 
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_quantized_kv_cache(models, tiny_models, kv_type):
+    toks = _tokens(24, seed=7)
+    ref = reference_logits(tiny_models["qwen3-f32"], toks)
+    m = models("qwen3-f32", kv_type=kv_type, block_size=8)
+    assert m.pools["kv"].k[0].dtype == np.uint8
+    full = m.forward([(m.new_state(), toks)], all_logits=True)
+    diff = full - ref
+    assert float(np.std(diff) / np.std(ref)) < (0.02 if kv_type == "q8_0" else 0.2)  # 4-bit KV is coarse
+    st = m.new_state()
+    steps = np.concatenate([m.forward([(st, toks[i:i + 1])]) for i in range(len(toks))])
+    np.testing.assert_allclose(steps, full, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_token_by_token_equals_full(models, arch):
     m = models(f"{arch}-f32", block_size=8)
