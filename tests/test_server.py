@@ -301,3 +301,66 @@ async def test_disconnect_while_queued_non_stream(aiohttp_client):
             break
         await asyncio.sleep(0.02)
     assert eng.stats().requests_processing == 0 and eng.stats().requests_cancelled == 1
+
+
+# ---- CLI ------------------------------------------------------------------------------
+
+
+def test_cli_help_on_every_command():
+    from typer.testing import CliRunner
+
+    from llmcore.cli import app
+
+    runner = CliRunner()
+    for cmd in ([], ["serve"], ["generate"], ["pull"], ["info"]):
+        r = runner.invoke(app, [*cmd, "--help"])
+        assert r.exit_code == 0, (cmd, r.output)
+        assert "Usage" in r.output
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from llmcore.cli import app
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    r = CliRunner().invoke(app, ["info", str(bad)])
+    assert r.exit_code == 1 and "not a GGUF file" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["serve", "-m", str(bad), "-np", "0"])
+    assert r.exit_code == 1 and "-np must be >= 1" in r.output
+
+
+# ---- end to end on a real model (when the model, tokenizer and chat pieces exist) ----
+
+
+@pytest.mark.realmodel
+async def test_real_model_end_to_end(aiohttp_client, smollm2_path):
+    pytest.importorskip("llmcore.models")
+    pytest.importorskip("llmcore.tokenizer")
+    from llmcore.engine import Engine
+
+    eng = Engine.from_path(smollm2_path, EngineConfig(n_ctx=512, n_parallel=2, n_ubatch=64))
+    client = await aiohttp_client(create_app(eng, ServerConfig()))
+    for _ in range(600):
+        r = await client.get("/health")
+        if r.status != 503:
+            break
+        await asyncio.sleep(0.1)
+    assert r.status == 200, await r.text()
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 8, "temperature": 0, "stream": True}
+    r = await client.post("/v1/chat/completions", json=body)
+    frames = await sse_frames(r)
+    assert frames[-1] == "[DONE]" and frames[-2]["usage"]["completion_tokens"] >= 1
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in frames[:-1] if c["choices"])
+    # the same request again: greedy gives the same text, and the prompt comes from the slot
+    body["stream"] = False
+    r = await client.post("/v1/chat/completions", json=body)
+    d = await r.json()
+    assert d["choices"][0]["message"]["content"] == text
+    assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == d["usage"]["prompt_tokens"] - 1
+    r = await client.post("/tokenize", json={"content": "Hello world"})
+    ids = (await r.json())["tokens"]
+    r = await client.post("/detokenize", json={"tokens": ids})
+    assert (await r.json())["content"] == "Hello world"

@@ -1,0 +1,262 @@
+"""`llmcore` command line: serve, generate, pull, info.
+
+`-m` takes a path or a known model name (pulled when missing); the default is smollm2.
+Errors meant for the user (LLMCoreError) print one line and exit 1, no traceback.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from collections import Counter
+from typing import Optional
+
+import typer
+
+from .errors import LLMCoreError
+
+app = typer.Typer(
+    help="CPU inference engine and server for GGUF language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def friendly(fn):
+    """Print LLMCoreError as one line and exit 1 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LLMCoreError as e:
+            typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+# shared options -------------------------------------------------------------------------
+ModelOpt = typer.Option(None, "-m", "--model", help="GGUF path or known model name (default smollm2)")
+ThreadsOpt = typer.Option(0, "-t", "--threads", help="threads for generation (0 = all available)")
+ThreadsBatchOpt = typer.Option(0, "-tb", "--threads-batch", help="threads for prompt processing (0 = same as -t)")
+CtxOpt = typer.Option(0, "-c", "--ctx-size", help="context size in tokens (0 = the model's)")
+BatchOpt = typer.Option(2048, "-b", "--batch-size", help="most tokens per forward step (all slots)")
+UBatchOpt = typer.Option(512, "-ub", "--ubatch-size", help="most prompt tokens one slot adds per step")
+CtkOpt = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16, q8_0, q4_0")
+CtvOpt = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16, q8_0, q4_0")
+
+
+def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
+                   cache_type_k, cache_type_v, cache_ram=8192, ctx_checkpoints=8,
+                   checkpoint_every=8192, alias=None, sampling=None, n_predict=-1):
+    from .engine import EngineConfig
+    from .sampling import SamplingParams
+
+    for name, v in (("cache-type-k", cache_type_k), ("cache-type-v", cache_type_v)):
+        if v not in ("f16", "f32", "bf16", "q8_0", "q4_0"):
+            raise LLMCoreError(f"--{name} {v!r}: expected f16, f32, bf16, q8_0 or q4_0")
+    if parallel < 1:
+        raise LLMCoreError("-np must be >= 1")
+    if ubatch_size < 1 or batch_size < 1:
+        raise LLMCoreError("-b and -ub must be >= 1")
+    return EngineConfig(
+        n_ctx=ctx_size, n_parallel=parallel, n_batch=batch_size, n_ubatch=min(ubatch_size, batch_size),
+        n_threads=threads, n_threads_batch=threads_batch or threads,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, cache_ram_mib=cache_ram,
+        ctx_checkpoints=ctx_checkpoints, checkpoint_every_n_tokens=checkpoint_every,
+        model_alias=alias, sampling=sampling or SamplingParams(), n_predict=n_predict,
+    )
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+@friendly
+def serve(
+    model: Optional[str] = ModelOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
+    port: int = typer.Option(8080, "--port", help="port to listen on"),
+    threads: int = ThreadsOpt,
+    threads_batch: int = ThreadsBatchOpt,
+    ctx_size: int = CtxOpt,
+    parallel: int = typer.Option(1, "-np", "--parallel", help="number of slots (concurrent requests)"),
+    batch_size: int = BatchOpt,
+    ubatch_size: int = UBatchOpt,
+    cache_type_k: str = CtkOpt,
+    cache_type_v: str = CtvOpt,
+    cache_ram: int = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)"),
+    ctx_checkpoints: int = typer.Option(8, "--ctx-checkpoints", help="context checkpoints per slot"),
+    checkpoint_every: int = typer.Option(8192, "--checkpoint-every-n-tokens", help="checkpoint every N prompt tokens"),
+    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name shown by the API"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)"),
+    temp: float = typer.Option(0.8, "--temp", help="default temperature"),
+    top_k: int = typer.Option(40, "--top-k", help="default top-k (0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", help="default top-p (1 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", help="default min-p (0 = off)"),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
+):
+    """Run the HTTP server (OpenAI and llama-server compatible API)."""
+    from . import threads as thr
+    from .engine import Engine
+    from .pull import resolve_model
+    from .sampling import SamplingParams
+    from .server import ServerConfig, run_server
+
+    _setup_logging(log_level)
+    path = resolve_model(model)
+    cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
+                         cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
+                         alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
+                         n_predict)
+    thr.set_num_threads(threads or None)
+    engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
+    typer.echo(f"llmcore: serving {path.name} on http://{host}:{port} ({parallel} slot(s))", err=True)
+    run_server(engine, ServerConfig(host=host, port=port))
+
+
+@app.command()
+@friendly
+def generate(
+    prompt: str = typer.Option(..., "-p", "--prompt", help="prompt text"),
+    model: Optional[str] = ModelOpt,
+    n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1 = until EOS)"),
+    temp: float = typer.Option(0.8, "--temp", help="temperature (0 = greedy)"),
+    top_k: int = typer.Option(40, "--top-k", help="top-k (0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", help="top-p (1 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", help="min-p (0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="repeat penalty (1 = off)"),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)"),
+    chat: bool = typer.Option(False, "--chat", help="wrap the prompt as a user message with the model's chat template"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-generation tokens"),
+    threads: int = ThreadsOpt,
+    threads_batch: int = ThreadsBatchOpt,
+    ctx_size: int = CtxOpt,
+    batch_size: int = BatchOpt,
+    ubatch_size: int = UBatchOpt,
+    cache_type_k: str = CtkOpt,
+    cache_type_v: str = CtvOpt,
+):
+    """Generate text for one prompt, streaming it to the terminal, then print speeds."""
+    from . import threads as thr
+    from .engine import GenParams, load_engine
+    from .pull import resolve_model
+    from .sampling import SamplingParams
+
+    path = resolve_model(model)
+    cfg = _engine_config(ctx_size, 1, batch_size, ubatch_size, threads, threads_batch,
+                         cache_type_k, cache_type_v)
+    thr.set_num_threads(threads or None)
+    t0 = time.perf_counter()
+    eng = load_engine(path, cfg)
+    t_load = time.perf_counter() - t0
+    try:
+        tok = eng.tokenizer
+        if chat:
+            if eng.chat_template is None:
+                raise LLMCoreError("this model has no chat template")
+            text = eng.chat_template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            ids = tok.encode(text, add_special=True, parse_special=True)
+            if len(ids) > 1 and ids[0] == ids[1] == getattr(tok, "bos_id", None):
+                ids = ids[1:]
+        else:
+            ids = tok.encode(prompt, add_special=True, parse_special=True)
+        sp = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed)
+        task = eng.submit(ids, GenParams(n_predict=n_predict, ignore_eos=ignore_eos, sampling=sp), sync=True)
+        final = None
+        for ev in task:
+            if hasattr(ev, "text"):
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            else:
+                final = ev
+        sys.stdout.write("\n")
+        t = final.timings.to_dict()
+        typer.echo(
+            f"load: {t_load:.2f} s | prompt: {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s | "
+            f"generation: {t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s "
+            f"(stop: {final.stop_type})",
+            err=True,
+        )
+    finally:
+        eng.stop()
+
+
+@app.command()
+@friendly
+def pull(
+    name: str = typer.Argument(..., help="known model name (smollm2, gemma3-270m)"),
+    force: bool = typer.Option(False, "--force", help="download again even if present"),
+):
+    """Download a known model into the local cache."""
+    from .pull import pull as do_pull
+
+    path = do_pull(name, force=force)
+    typer.echo(str(path))
+
+
+@app.command()
+@friendly
+def info(
+    model: Optional[str] = typer.Argument(None, help="GGUF path or known model name (default smollm2)"),
+    all_meta: bool = typer.Option(False, "--all", help="print every metadata key"),
+):
+    """Summarise a GGUF file: architecture, sizes, tokenizer, tensor types."""
+    from .gguf_file import GGUFFile
+    from .pull import resolve_model
+
+    path = resolve_model(model)
+    gf = GGUFFile(path)
+    arch = gf.arch
+    meta = gf.meta
+    out = [
+        ("file", str(path)),
+        ("size", f"{path.stat().st_size / 2**20:.1f} MiB"),
+        ("name", meta.get("general.name", "")),
+        ("architecture", arch),
+    ]
+    for key in ("context_length", "embedding_length", "block_count", "feed_forward_length",
+                "attention.head_count", "attention.head_count_kv", "attention.sliding_window",
+                "expert_count", "expert_used_count", "rope.freq_base"):
+        v = meta.get(f"{arch}.{key}")
+        if v is not None:
+            out.append((key, v))
+    tokens = meta.get("tokenizer.ggml.tokens")
+    out.append(("tokenizer", f"{meta.get('tokenizer.ggml.model', '?')}, "
+                             f"{len(tokens) if tokens is not None else '?'} tokens"))
+    out.append(("chat template", "yes" if meta.get("tokenizer.chat_template") else "no"))
+    n_params = sum(int(__import__("math").prod(t.shape)) for t in gf.tensors.values())
+    out.append(("parameters", f"{n_params / 1e6:.1f} M in {len(gf.tensors)} tensors"))
+    counts = Counter(t.type_name for t in gf.tensors.values())
+    nbytes = Counter()
+    for t in gf.tensors.values():
+        nbytes[t.type_name] += t.nbytes
+    out.append(("tensor types", ", ".join(
+        f"{k} x{v} ({nbytes[k] / 2**20:.1f} MiB)" for k, v in counts.most_common())))
+    w = max(len(k) for k, _ in out)
+    for k, v in out:
+        typer.echo(f"{k:<{w}}  {v}")
+    if all_meta:
+        for k in sorted(meta):
+            v = meta[k]
+            if isinstance(v, (list, tuple)) and len(v) > 8:
+                v = f"[{len(v)} items]"
+            elif isinstance(v, str) and len(v) > 120:
+                v = v[:117] + "..."
+            typer.echo(f"  {k} = {v}")
+
+
+def main() -> None:  # pragma: no cover - console entry alternative
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
