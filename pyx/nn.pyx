@@ -27,8 +27,10 @@ cdef extern from "simd_nn.h" nogil:
     void nn_gelu_row(const float *g, const float *u, float *y, int n)
     float nn_sumsq(const float *x, int n)
     float nn_max(const float *x, int n)
+    float nn_dot(const float *a, const float *b, int n)
     void nn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
                    float scale, float *s, int ldS)
+    void nn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes)
     void nn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
 
 # KV storage type codes (nn.py maps the contract's strings to these)
@@ -45,6 +47,7 @@ cdef enum:
     SPLIT_MIN_ITEMS = 32
     SPLIT_MIN_BLOCKS = 8
     ACT_CHUNK = 4096
+    SMALL_R = 8
 
 F32, F16, Q8_0, Q4_0 = T_F32, T_F16, T_Q8_0, T_Q4_0
 
@@ -341,11 +344,16 @@ cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf) noexcept 
         for d in range(Dv):
             acc[rr * Dv + d] = 0.0
 
+    cdef int nxt
     for b in range(kb0, kb1):
         blk = table[b]
         if blk < 0:
             continue  # freed block (outside every window): never read
         k0 = b * bs
+        nxt = table[b + 1] if b + 1 < kb1 else -1
+        if nxt >= 0:
+            nn_prefetch_rows(a.k + nxt * a.k_bstride + kvh * a.k_row, a.KVH * a.k_row, bs, a.k_row)
+            nn_prefetch_rows(a.v + nxt * a.v_bstride + kvh * a.v_row, a.KVH * a.v_row, bs, a.v_row)
         # keys of this block visible to at least one row of the tile
         lo_all = bs
         hi_all = -1
@@ -367,11 +375,17 @@ cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf) noexcept 
         for j in range(lo_all, hi_all + 1):
             row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
             _load_row(row, a.kv_type, tmp, D)
-            for d in range(D):
-                Kt[d * bs + j] = tmp[d]
+            if R < SMALL_R:
+                # few rows (decode): dot products straight from the row, no transpose
+                for rr in range(R):
+                    S[rr * bs + j] = nn_dot(Qt + rr * D, tmp, D)
+            else:
+                for d in range(D):
+                    Kt[d * bs + j] = tmp[d]
             row = a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row
             _load_row(row, a.kv_type, Vb + j * Dv, Dv)
-        nn_scores(Qt, D, R, Kt, D, bs, 1.0, S, bs)
+        if R >= SMALL_R:
+            nn_scores(Qt, D, R, Kt, D, bs, 1.0, S, bs)
         for rr in range(R):
             qp = a.q_pos[t0 + rr // G]
             jhi = qp - k0

@@ -250,6 +250,25 @@ static inline float nn_max(const float *x, int n) {
     return m;
 }
 
+static inline float nn_dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    s = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Prefetch n rows of row_bytes each, stride bytes apart (the next key block of a kv head:
+ * its rows are spread over several 4 KiB pages, where hardware prefetch stops). */
+static inline void nn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes) {
+    for (int j = 0; j < n; j++, p += stride)
+        for (int c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c, 0, 3);
+}
+
 /* ---- attention micro-kernels ------------------------------------------------------------ */
 
 /* s[r*ldS + j] = scale * sum_d q[r*ldq + d] * kt[d*bs + j] for r < R, j < bs.
