@@ -260,7 +260,8 @@ def run_both(kv_type, case, scale, **kw):
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", "q4_0"])
 def test_attention_multi_sequence_gqa(kv_type):
     # one prefill chunk (tiles), two decodes, a mid-length chunk continuing a cached prefix
-    case = build_case(kv_type, seq_lens=[70, 33, 5, 130], n_q=[70, 1, 1, 20], seed=11)
+    # (tiles of 16 queries x 3 heads; a 2-query chunk takes the small-tile path)
+    case = build_case(kv_type, seq_lens=[70, 33, 5, 130, 41], n_q=[70, 1, 1, 20, 2], seed=11)
     got, want = run_both(kv_type, case, 0.125)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
@@ -344,3 +345,20 @@ def test_quantized_kv_error_vs_f16():
     assert errs["q8_0"] < 0.02, errs
     assert errs["q4_0"] < 0.2, errs
     assert errs["q8_0"] < errs["q4_0"] / 4, errs
+
+
+def test_numpy_fallback_matches_kernels(monkeypatch):
+    """Without the compiled module nn.py falls back to the _ref_* versions (same API)."""
+    case = build_case("q8_0", seq_lens=[40, 9], n_q=[40, 1], seed=20)
+    want = nn.attention(case[0], case[1], case[2], "q8_0", *case[3:], 0.125, window=16)
+    pool_k = nn.make_kv_pool("q4_0", 2, 8, 1, 32)
+    vals = rng(21).standard_normal((5, 1, 32), dtype=np.float32)
+    nn.kv_store(pool_k, "q4_0", np.array([1, 0], np.int32), np.arange(5, dtype=np.int32), vals)
+    monkeypatch.setattr(nn, "_k", None)
+    got = nn.attention(case[0], case[1], case[2], "q8_0", *case[3:], 0.125, window=16)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+    pool_r = nn.make_kv_pool("q4_0", 2, 8, 1, 32)
+    nn.kv_store(pool_r, "q4_0", np.array([1, 0], np.int32), np.arange(5, dtype=np.int32), vals)
+    np.testing.assert_array_equal(pool_r, pool_k)
+    x = rng(22).standard_normal((4, 64), dtype=np.float32)
+    np.testing.assert_allclose(nn.rms_norm(x, None, 1e-6), nn._ref_rms_norm(x, None, 1e-6))
