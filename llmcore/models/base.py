@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .. import nn
-from ..cache import BlockPool, KVCacheState, SeqState
+from ..cache import BlockPool, CacheState, KVCacheState, SeqState
 from ..errors import ModelLoadError
 from ..gguf_file import GGUFFile
 
@@ -170,6 +170,8 @@ class Model:
         self.max_kv_blocks = max_kv_blocks
         self.cfg = cfg
         self.pools: dict[str, BlockPool] = {}
+        # cache group name -> factory of that group's per-sequence CacheState
+        self.cache_factories: dict[str, Callable[[], CacheState]] = {}
 
     # ---- helpers for subclasses ---------------------------------------------------------------
     def tensor(self, name: str):
@@ -183,15 +185,26 @@ class Model:
         return np.ascontiguousarray(self.gguf.tensor(name).dequantize(), dtype=np.float32)
 
     def add_kv_pool(self, group: str, n_layers: int, n_kv_heads: int, head_dim: int,
-                    head_dim_v: int | None = None) -> BlockPool:
-        """Create the block pool of one attention-layer group (the byte limit is shared
-        proportionally when a model has several groups: subclasses may override)."""
-        max_bytes = self.max_kv_bytes
+                    head_dim_v: int | None = None, state_factory: Callable | None = None,
+                    max_bytes: int | None = None) -> BlockPool:
+        """Create the block pool of one attention-layer group and register its cache kind.
+
+        ``state_factory(pool) -> CacheState`` (default :class:`KVCacheState`; a sliding-window
+        group passes its windowed state). ``max_bytes`` defaults to the model's
+        ``max_kv_bytes`` (a model with several pools may split it).
+        """
         pool = BlockPool(n_layers, n_kv_heads, head_dim, head_dim_v, block_size=self.block_size,
-                         kv_type=self.kv_type, max_bytes=max_bytes, max_blocks=self.max_kv_blocks,
-                         name=group)
+                         kv_type=self.kv_type,
+                         max_bytes=self.max_kv_bytes if max_bytes is None else max_bytes,
+                         max_blocks=self.max_kv_blocks, name=group)
         self.pools[group] = pool
+        factory = state_factory or KVCacheState
+        self.cache_factories[group] = lambda: factory(pool)
         return pool
+
+    def add_cache(self, group: str, factory: Callable[[], CacheState]) -> None:
+        """Register a cache group without a block pool (e.g. recurrent state)."""
+        self.cache_factories[group] = factory
 
     # ---- public API ---------------------------------------------------------------------------
     @property
@@ -204,11 +217,11 @@ class Model:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of cache storage one token costs (all pools)."""
+        """Bytes of KV storage one token costs (all pools; fixed-size state not included)."""
         return sum(p.bytes_per_token for p in self.pools.values())
 
     def new_state(self) -> SeqState:
-        return SeqState({name: KVCacheState(pool) for name, pool in self.pools.items()})
+        return SeqState({name: make() for name, make in self.cache_factories.items()})
 
     def forward(self, batch: Sequence[tuple[SeqState, Any]], all_logits: bool = False) -> np.ndarray:
         """Run one step over several sequences.

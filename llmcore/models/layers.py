@@ -37,7 +37,8 @@ class FusedLinear:
 
     def __init__(self, tensors: Sequence[Tensor], biases: Sequence[np.ndarray | None] | None = None):
         self.sizes = [t.shape[0] for t in tensors]
-        self.splits = np.cumsum(self.sizes)[:-1].tolist()
+        ends = np.cumsum(self.sizes).tolist()
+        self.bounds = list(zip([0] + ends[:-1], ends))
         biases = list(biases) if biases is not None else [None] * len(tensors)
         bias = None
         if any(b is not None for b in biases):
@@ -64,7 +65,7 @@ class FusedLinear:
             y = self.fused(x)
             if len(self.sizes) == 1:
                 return [y]
-            return np.split(y, self.splits, axis=1)
+            return [y[:, a:b] for a, b in self.bounds]
         return [p(x) for p in self.parts]
 
 
@@ -104,7 +105,9 @@ class Attention:
                  rope_freq_scale: float = 1.0, q_norm: np.ndarray | None = None,
                  k_norm: np.ndarray | None = None, norm_eps: float = 1e-6, scale: float | None = None,
                  window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
-                 biases: Sequence[np.ndarray | None] | None = None, bo: np.ndarray | None = None):
+                 biases: Sequence[np.ndarray | None] | None = None, bo: np.ndarray | None = None,
+                 pool=None):
+        self.pool = pool  # the group's BlockPool (arrays are read at each call: pools grow)
         self.n_head, self.n_head_kv = n_head, n_head_kv
         self.head_dim = head_dim
         self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -138,7 +141,8 @@ class Attention:
             k = nn.rope(k, fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale)
         return q, k, v
 
-    def __call__(self, x: np.ndarray, fb: ForwardBatch, pool) -> np.ndarray:
+    def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None) -> np.ndarray:
+        pool = self.pool if pool is None else pool
         q, k, v = self.project(x, fb)
         kp, vp = pool.k[self.layer_idx], pool.v[self.layer_idx]
         kv_type = pool.kv_type

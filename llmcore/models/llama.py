@@ -25,8 +25,8 @@ class Block:
     def __init__(self, attn_norm, attn, ffn_norm, ffn):
         self.attn_norm, self.attn, self.ffn_norm, self.ffn = attn_norm, attn, ffn_norm, ffn
 
-    def __call__(self, x: np.ndarray, fb: ForwardBatch, pool) -> np.ndarray:
-        x += self.attn(self.attn_norm(x), fb, pool)
+    def __call__(self, x: np.ndarray, fb: ForwardBatch) -> np.ndarray:
+        x += self.attn(self.attn_norm(x), fb)
         x += self.ffn(self.ffn_norm(x))
         return x
 
@@ -62,7 +62,7 @@ class Llama(Model):
             n_head=a.n_head, n_head_kv=a.n_head_kv, head_dim=a.head_dim, head_dim_v=a.head_dim_v,
             group="kv", layer_idx=i, rope_base=a.rope_base, rope_dim=a.rope_dim,
             rope_neox=self.rope_neox, rope_freq_scale=a.rope_freq_scale,
-            q_norm=qn, k_norm=kn, norm_eps=a.norm_eps, biases=biases)
+            q_norm=qn, k_norm=kn, norm_eps=a.norm_eps, biases=biases, pool=self.pool)
 
     def make_block(self, i: int) -> Block:
         a = self.args
@@ -74,9 +74,8 @@ class Llama(Model):
 
     def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
         x = self.embed(fb.tokens)
-        pool = self.pool
         for blk in self.blocks:
-            x = blk(x, fb, pool)
+            x = blk(x, fb)
         if not all_logits:
             x = x[fb.last_rows]
         return self.head(x)
