@@ -109,7 +109,7 @@ static inline float kq_f32_to_f16_to_f32(float x) {
 /* canonical unpacked K-quant super-block                                              */
 /* ---------------------------------------------------------------------------------- */
 typedef struct {
-    int32_t sc[16];     /* per-16 scale (signed for Q3_K/Q6_K) */
+    int16_t sc[16];     /* per-16 scale (signed for Q3_K/Q6_K) */
     int16_t mn[16];     /* per-16 "min", multiplies the activation block sums */
     uint8_t q[KQ_QK];   /* unsigned quant values */
     float d, dmin;
@@ -363,21 +363,7 @@ static inline int32_t kq_hsum256(__m256i v) {
 
 /* integer parts of one super-block dot: isum = sum_g sc[g]*(q.a)_g, msum = sum_g mn[g]*bsum[g] */
 static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum, int32_t *msum) {
-#if defined(KQ_AVX512)
-    const __m512i scv = _mm512_loadu_si512((const void *)w->sc);
-    __m512i acc = _mm512_setzero_si512();
-    for (int i = 0; i < 4; i++) {
-        const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * i),
-            _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                        _mm512_loadu_si512((const void *)(w->q + 64 * i)),
-                                        _mm512_loadu_si512((const void *)(a->qs + 64 * i)));
-        acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, scv)));
-    }
-    *isum = kq_hsum512(acc);
-    *msum = kq_hsum256(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
-                                         _mm256_loadu_si256((const __m256i *)a->bsums)));
-#elif defined(KQ_AVX2)
+#if defined(KQ_AVX2) || defined(KQ_AVX512)
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc = _mm256_setzero_si256();
     for (int i = 0; i < 8; i++) {
@@ -452,9 +438,159 @@ static inline float kq_dot_mxfp4(const uint8_t *q, const float *dw, const int8_t
 /* ---------------------------------------------------------------------------------- */
 #define KQ_TOK_TILE 64
 
+#if defined(KQ_AVX512)
+/* One K-quant super-block held in registers: q[k] = unsigned values 64k..64k+63,
+ * sc[k] = int16 scale per int16 lane of maddubs(q[k], a) (group of the lane's values),
+ * mn = the 16 per-16 mins as int16. dot = d*da*sum(madd(maddubs(q,a),sc)) - dmin*da*(mn.bsums) */
+typedef struct {
+    __m512i q[4], sc[4];
+    __m256i mn;
+    float d, dmin;
+} kq_reg;
+
+static inline __m512i kq_sc_idx(int k) {
+    return _mm512_add_epi16(_mm512_set1_epi16((short)(4 * k)),
+        _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                         1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+}
+
+/* sc16: the 16 per-16 scales as int16 */
+static inline void kq_reg_scales(__m256i sc16, kq_reg *r) {
+    const __m512i s = _mm512_castsi256_si512(sc16);
+    for (int k = 0; k < 4; k++) r->sc[k] = _mm512_permutexvar_epi16(kq_sc_idx(k), s);
+}
+
+static inline void kq_prep_sb(const kq_sb *sb, kq_reg *r) {
+    for (int k = 0; k < 4; k++) r->q[k] = _mm512_loadu_si512((const void *)(sb->q + 64 * k));
+    kq_reg_scales(_mm256_loadu_si256((const __m256i *)sb->sc), r);
+    r->mn = _mm256_loadu_si256((const __m256i *)sb->mn);
+    r->d = sb->d;
+    r->dmin = sb->dmin;
+}
+
+/* 8 uint8 (in the low 64 bits) -> 16 int16, each repeated twice */
+static inline __m256i kq_dup8(uint64_t v) {
+    __m128i x = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)v));
+    return _mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x));
+}
+
+static inline void kq_prep_q4_k(const uint8_t *b, kq_reg *r, int five) {
+    uint32_t u[4];
+    memcpy(u, b + 4, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    const uint32_t ua = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = ua;
+    u[0] &= m1;
+    uint64_t scs = (uint64_t)u[0] | ((uint64_t)u[1] << 32), mns = (uint64_t)u[2] | ((uint64_t)u[3] << 32);
+    kq_reg_scales(kq_dup8(scs), r);
+    r->mn = kq_dup8(mns);
+    r->d = kq_f16(b);
+    r->dmin = kq_f16(b + 2);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (!five) {
+        for (int c = 0; c < 4; c++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            r->q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(x, m4)),
+                                         _mm256_and_si256(_mm256_srli_epi16(x, 4), m4), 1);
+        }
+    } else {
+        const __m256i one = _mm256_set1_epi8(1);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        for (int c = 0; c < 4; c++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * c));
+            __m256i hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
+            __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
+            r->q[c] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_or_si256(_mm256_and_si256(x, m4), hl)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4), hh), 1);
+        }
+    }
+}
+
+static inline void kq_prep_q6_k(const uint8_t *b, kq_reg *r) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i m2 = _mm256_set1_epi8(3);
+    for (int c = 0; c < 2; c++) {
+        __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * c));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * c));
+        __m512i h0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(qh, m2)),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 1);
+        __m512i h1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2)),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 1);
+        r->q[2 * c] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(h0, 4));
+        r->q[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_slli_epi16(h1, 4));
+    }
+    __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    kq_reg_scales(sc, r);
+    r->mn = _mm256_slli_epi16(sc, 5);
+    r->d = r->dmin = kq_f16(b + 208);
+}
+
+static inline __attribute__((always_inline)) void kq_prep(int t, const uint8_t *b, kq_reg *r) {
+    if (t == KQ_Q4_K) kq_prep_q4_k(b, r, 0);
+    else if (t == KQ_Q5_K) kq_prep_q4_k(b, r, 1);
+    else if (t == KQ_Q6_K) kq_prep_q6_k(b, r);
+    else {
+        kq_sb sb;
+        kq_unpack(t, b, &sb);
+        kq_prep_sb(&sb, r);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+kq_rows_avx512(const int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
+               int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy) {
+    const int ts = kq_type_size(t);
+    kq_reg w;
+    __m512 accf[KQ_TOK_TILE];
+    __m256 accm[KQ_TOK_TILE];
+    for (int64_t t0 = 0; t0 < n; t0 += KQ_TOK_TILE) {
+        const int64_t nt = n - t0 < KQ_TOK_TILE ? n - t0 : KQ_TOK_TILE;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * row_stride;
+            for (int64_t j = 0; j < nt; j++) {
+                accf[j] = _mm512_setzero_ps();
+                accm[j] = _mm256_setzero_ps();
+            }
+            for (int64_t b = 0; b < nb; b++) {
+                kq_prep(t, wr + b * ts, &w);
+                const kq_q8k *ab = A + t0 * nb + b;
+                for (int64_t j = 0; j < nt; j++, ab += nb) {
+                    const __m512i *aq = (const __m512i *)ab->qs;
+                    __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(w.q[0], _mm512_loadu_si512(aq)), w.sc[0]);
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(w.q[1], _mm512_loadu_si512(aq + 1)), w.sc[1]));
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(w.q[2], _mm512_loadu_si512(aq + 2)), w.sc[2]));
+                    p = _mm512_add_epi32(p, _mm512_madd_epi16(_mm512_maddubs_epi16(w.q[3], _mm512_loadu_si512(aq + 3)), w.sc[3]));
+                    __m256i m = _mm256_madd_epi16(w.mn, _mm256_loadu_si256((const __m256i *)ab->bsums));
+                    accf[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(ab->d * w.d), accf[j]);
+                    accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(ab->d * w.dmin), accm[j]);
+                }
+            }
+            for (int64_t j = 0; j < nt; j++) {
+                __m256 m = accm[j];
+                __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                m4 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
+                m4 = _mm_add_ss(m4, _mm_movehdup_ps(m4));
+                Y[(t0 + j) * ldy + r] = _mm512_reduce_add_ps(accf[j]) - _mm_cvtss_f32(m4);
+            }
+        }
+    }
+}
+#endif
+
 /* W: row r at W + r*row_stride; A: n tokens x nb blocks of q8_K; Y row-major ldy */
 static void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
                            int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy) {
+#if defined(KQ_AVX512)
+    switch (t) {
+    case KQ_Q4_K: kq_rows_avx512(KQ_Q4_K, W, row_stride, r0, r1, nb, A, n, Y, ldy); return;
+    case KQ_Q6_K: kq_rows_avx512(KQ_Q6_K, W, row_stride, r0, r1, nb, A, n, Y, ldy); return;
+    case KQ_Q5_K: kq_rows_avx512(KQ_Q5_K, W, row_stride, r0, r1, nb, A, n, Y, ldy); return;
+    default: kq_rows_avx512(t, W, row_stride, r0, r1, nb, A, n, Y, ldy); return;
+    }
+#else
     const int ts = kq_type_size(t);
     kq_sb sb;
     float acc[KQ_TOK_TILE];
@@ -471,6 +607,7 @@ static void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t 
             for (int64_t j = 0; j < nt; j++) Y[(t0 + j) * ldy + r] = acc[j];
         }
     }
+#endif
 }
 
 /* MXFP4: A is n x k int8, DA is n x (k/32) float; scratch holds k bytes + k/32 floats */
