@@ -56,6 +56,8 @@ _TYPE_TO_ATTR = {
 }
 
 _SPM_SPACE = "\u2581"
+_SPM_SEGMENT = regex.compile("\u2581*[^\u2581]+|\u2581+")
+_SPM_CROSS = regex.compile("[^\u2581\x00]\u2581")
 
 # ---------------------------------------------------------------------------------------
 # GPT-2 byte <-> unicode mapping
@@ -342,6 +344,9 @@ class Tokenizer:
         self._build_special_cache()
         self._pieces: list[bytes | None] = [None] * n
         self._bpe_cache: dict[str, list[int]] = {}
+        self._spm_cross: list[str] | None | bool = False
+        if self.type == "spm":
+            self._spm_cross_tokens()
 
     # --- construction -----------------------------------------------------------------
     @classmethod
@@ -627,6 +632,37 @@ class Tokenizer:
         return ids
 
     def _spm(self, text: str, out: list[int]) -> None:
+        """SPM over `text` (spaces already escaped). When no vocabulary string joins a
+        non-space character to a following U+2581, no merge can cross the start of a
+        "▁word" segment, so segments are tokenized independently (and cached): the result
+        is the same as one pass over the whole text."""
+        bad = self._spm_cross_tokens()
+        if bad is None or any(b in text for b in bad):
+            self._spm_run(text, out)
+            return
+        cache = self._bpe_cache
+        for seg in _SPM_SEGMENT.findall(text):
+            ids = cache.get(seg)
+            if ids is None:
+                ids = []
+                self._spm_run(seg, ids)
+                if len(cache) > 50000:
+                    cache.clear()
+                cache[seg] = ids
+            out.extend(ids)
+
+    def _spm_cross_tokens(self) -> list[str] | None:
+        """Vocabulary strings with a U+2581 after another character (None: too many)."""
+        if self._spm_cross is False:
+            joined = "\x00".join(self._id_to_text)
+            found = set()
+            for m in _SPM_CROSS.finditer(joined):  # the whole vocab string around each hit
+                found.add(joined[joined.rfind("\x00", 0, m.start()) + 1 : (joined.find("\x00", m.end()) % (len(joined) + 1))])
+            bad = sorted(found)
+            self._spm_cross = bad if len(bad) <= 64 else None
+        return self._spm_cross  # type: ignore[return-value]
+
+    def _spm_run(self, text: str, out: list[int]) -> None:
         """llama.cpp llm_tokenizer_spm_session: merge the best-scoring adjacent pair
         (ties: leftmost) until no pair forms a token; unknown symbols fall back to bytes."""
         t2i = self._text_to_id

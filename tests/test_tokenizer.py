@@ -251,7 +251,9 @@ def _ref_spm(text: str, vocab: dict[str, float]) -> list[str]:
         syms[i : i + 2] = [syms[i] + syms[i + 1]]
 
 
-def _tiny_spm(**kw):
+def _tiny_spm(cross=True, **kw):
+    """A random SPM vocab; cross=False keeps "▁" only at the start of vocab strings, which
+    lets the tokenizer work word by word."""
     rng = random.Random(3)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, 3, 3] + [6] * 256
@@ -262,6 +264,8 @@ def _tiny_spm(**kw):
         vocab[c] = -100.0
     while len(vocab) < 40:
         s = "".join(rng.choice(chars) for _ in range(rng.randint(2, 4)))
+        if not cross and "▁" in s.lstrip("▁"):
+            continue
         if s not in vocab:
             vocab[s] = -float(rng.randint(1, 20))  # ties on purpose
     for s, sc in vocab.items():
@@ -286,11 +290,13 @@ def _spm_ids(tok: Tokenizer, syms: list[str]) -> list[int]:
     return out
 
 
-def test_spm_matches_reference():
-    tok, vocab = _tiny_spm()
+@pytest.mark.parametrize("cross", [True, False])
+def test_spm_matches_reference(cross):
+    tok, vocab = _tiny_spm(cross=cross)
+    assert bool(tok._spm_cross) == cross  # word-by-word only when no vocab string crosses "▁"
     assert tok.add_bos and tok.add_space_prefix  # llama.cpp SPM defaults
     rng = random.Random(4)
-    for _ in range(200):
+    for _ in range(300):
         text = "".join(rng.choice("abcd é") for _ in range(rng.randint(1, 25)))
         expected = [tok.bos_id] + _spm_ids(tok, _ref_spm(("▁" + text).replace(" ", "▁"), vocab))
         ids = tok.encode(text)
