@@ -58,8 +58,8 @@ def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads
     from .sampling import SamplingParams
 
     for name, v in (("cache-type-k", cache_type_k), ("cache-type-v", cache_type_v)):
-        if v not in ("f16", "f32", "bf16", "q8_0", "q4_0"):
-            raise LLMCoreError(f"--{name} {v!r}: expected f16, f32, bf16, q8_0 or q4_0")
+        if v not in ("f16", "f32", "q8_0", "q4_0"):
+            raise LLMCoreError(f"--{name} {v!r}: expected f16, f32, q8_0 or q4_0")
     if parallel < 1:
         raise LLMCoreError("-np must be >= 1")
     if ubatch_size < 1 or batch_size < 1:
@@ -179,6 +179,7 @@ def generate(
             else:
                 final = ev
         sys.stdout.write("\n")
+        sys.stdout.flush()
         t = final.timings.to_dict()
         typer.echo(
             f"load: {t_load:.2f} s | prompt: {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s | "

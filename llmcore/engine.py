@@ -64,7 +64,11 @@ class EngineConfig:
 
     def model_kwargs(self) -> dict:
         """Keyword arguments offered to `load_model` (only those it accepts are passed)."""
+        if self.cache_type_v != self.cache_type_k:
+            log.warning("separate K/V cache types are not supported yet; using %s for both",
+                        self.cache_type_k)
         return dict(
+            kv_type=self.cache_type_k,
             n_ctx=self.n_ctx, n_parallel=self.n_parallel, n_batch=self.n_batch,
             n_ubatch=self.n_ubatch, n_threads=self.n_threads,
             n_threads_batch=self.n_threads_batch, cache_type_k=self.cache_type_k,
@@ -419,7 +423,7 @@ class Engine:
                     kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
             except (TypeError, ValueError):
                 pass
-            model = load_model(path, **kwargs)
+            model = load_model(gf, **kwargs)
             tok = Tokenizer.from_gguf(gf)
             try:
                 from .chat import ChatTemplate

@@ -334,6 +334,7 @@ def test_cli_errors_are_one_line(tmp_path):
 # ---- end to end on a real model (when the model, tokenizer and chat pieces exist) ----
 
 
+@pytest.mark.slow
 @pytest.mark.realmodel
 async def test_real_model_end_to_end(aiohttp_client, smollm2_path):
     pytest.importorskip("llmcore.models")
