@@ -24,6 +24,8 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
   n tokens of a sequence, dequantized (blocks with id -1 read as zeros).
 - ``kv_store(pool, kv_type, block_table int32 (n_blocks_seq,), positions int32 (n,), values float32 (n, n_kv_heads, head_dim))``
   writes (quantizing on write) token i to block block_table[pos // bs], slot pos % bs.
+  Batched form: ``kv_store(pool, kv_type, block_tables (S, max_blocks), positions, values,
+  seg_start=(S+1,))`` stores rows seg_start[s]:seg_start[s+1] with table s.
 - ``attention(q (N, H, D), k_pool, v_pool, kv_type, block_tables int32 (S, max_blocks),
   seg_start int32 (S+1,), q_pos int32 (N,), scale, window=0, softcap=0.0, sinks=None,
   out=None) -> (N, H, Dv)``: rows seg_start[s]:seg_start[s+1] belong to sequence s; query
@@ -203,15 +205,31 @@ def softmax(x, axis=-1):
 
 # ---- KV store / load / attention -------------------------------------------------------------
 
-def kv_store(pool, kv_type, block_table, positions, values):
+def kv_store(pool, kv_type, block_table, positions, values, seg_start=None):
+    """Write values (n, n_kv_heads, head_dim) at `positions` of one sequence (block_table
+    1-d), or of several at once: block_table (S, max_blocks) with seg_start (S+1,) giving
+    each sequence's rows (one call per layer instead of one per sequence)."""
     _check_pool(pool, kv_type)
     values = _f32(values)
     if values.ndim != 3 or values.shape[1] != pool.shape[2] or values.shape[2] != _pool_head_dim(pool, kv_type):
         raise ValueError(f"values {values.shape} do not fit pool {pool.shape} ({kv_type})")
+    tables = _i32(block_table)
+    if seg_start is None:
+        if tables.ndim != 1:
+            raise ValueError("kv_store: a 2-d block table needs seg_start")
+        tables = tables.reshape(1, -1)
+        seg = np.array([0, values.shape[0]], dtype=np.int32)
+    else:
+        seg = _i32(seg_start)
+        if tables.ndim != 2 or len(seg) != tables.shape[0] + 1 or seg[0] != 0 or seg[-1] != values.shape[0]:
+            raise ValueError("kv_store: seg_start must run from 0 to n with one entry per table + 1")
     if _k is None:
-        return _ref_kv_store(pool, kv_type, block_table, positions, values)
+        for s in range(tables.shape[0]):
+            r0, r1 = seg[s], seg[s + 1]
+            _ref_kv_store(pool, kv_type, tables[s], np.asarray(positions)[r0:r1], values[r0:r1])
+        return
     bad = _k.kv_store(_pool_bytes(pool), _KV_CODE[kv_type], pool.shape[1], pool.shape[2],
-                      kv_row_bytes(kv_type, values.shape[2]), _i32(block_table), _i32(positions),
+                      kv_row_bytes(kv_type, values.shape[2]), tables, seg, _i32(positions),
                       values, get_num_threads())
     if bad:
         raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")

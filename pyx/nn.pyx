@@ -226,23 +226,28 @@ cdef inline void _store_row(const float *x, int kv_type, uint8_t *dst, int n) no
 
 def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_heads * row_nbytes)
              int kv_type, int block_size, int n_kv_heads, int row_nbytes,
-             const int32_t[::1] block_table,  # IN (n_blocks_seq,)
+             const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
+             const int32_t[::1] seg_start,    # IN (S + 1,): rows of sequence s
              const int32_t[::1] positions,    # IN (n,)
              const float[:, :, ::1] values,   # IN (n, n_kv_heads, head_dim)
              int n_threads=1):
     """Write (quantizing) each token's rows into its block slot. Returns the number of
     tokens whose block id was out of range or negative (nothing written for them)."""
     cdef Py_ssize_t n = values.shape[0], i
-    cdef int D = <int>values.shape[2], h, p, blk, bad = 0
-    cdef int nb_seq = <int>block_table.shape[0], nb = <int>pool.shape[0]
-    if n == 0:
+    cdef int D = <int>values.shape[2], h, p, blk, s, bad = 0
+    cdef int S = <int>seg_start.shape[0] - 1
+    cdef int nb_seq = <int>block_tables.shape[1], nb = <int>pool.shape[0]
+    if n == 0 or S <= 0:
         return 0
     if n_threads < 1 or n * n_kv_heads * D < 65536:
         n_threads = 1
+    seg = np.asarray(seg_start)
+    cdef const int32_t[::1] row_seq = np.repeat(np.arange(S, dtype=np.int32), np.diff(seg)).astype(np.int32)
     with nogil:
         for i in prange(n, num_threads=n_threads, schedule='static'):
             p = positions[i]
-            blk = block_table[p // block_size] if 0 <= p < nb_seq * block_size else -1
+            s = row_seq[i]
+            blk = block_tables[s, p // block_size] if 0 <= p < nb_seq * block_size else -1
             if blk < 0 or blk >= nb:
                 bad += 1
                 continue

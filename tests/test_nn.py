@@ -188,6 +188,21 @@ def test_kv_store_bytes_match_ggml(kv_type):
     assert (pool[[0, 2, 5]] == 0).all()  # untouched blocks
 
 
+def test_kv_store_batched_equals_per_sequence():
+    r = rng(23)
+    tables = np.array([[2, 0, -1], [1, 3, 4]], np.int32)
+    seg = np.array([0, 20, 23], np.int32)
+    pos = np.concatenate([np.arange(20), np.arange(30, 33)]).astype(np.int32)
+    vals = r.standard_normal((23, 2, 64), dtype=np.float32)
+    a = nn.make_kv_pool("q8_0", 5, 16, 2, 64)
+    b = nn.make_kv_pool("q8_0", 5, 16, 2, 64)
+    nn.kv_store(a, "q8_0", tables, pos, vals, seg_start=seg)
+    for s in range(2):
+        nn.kv_store(b, "q8_0", tables[s], pos[seg[s]:seg[s + 1]], vals[seg[s]:seg[s + 1]])
+    np.testing.assert_array_equal(a, b)
+    assert a.any()
+
+
 def test_kv_store_rejects_unmapped_positions():
     pool = nn.make_kv_pool("f16", 2, 4, 1, 32)
     with pytest.raises(ValueError):
