@@ -393,6 +393,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._ready = threading.Event()
+        self._threads_now = 0
         self.t_start = time.time()
         # counters (written by the engine thread only)
         self.c = dict(requests_total=0, requests_errors=0, requests_cancelled=0,
@@ -705,6 +706,7 @@ class Engine:
             budget -= n
         if not batch:
             return
+        self._set_threads(prefill=len(batch) > sum(1 for s in active if s.phase == "decode"))
         t0 = time.perf_counter()
         try:
             logits = self.model.forward(batch)
@@ -734,6 +736,15 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, reset_state=False)
+
+    def _set_threads(self, prefill: bool) -> None:
+        """-t for decode-only steps, -tb for steps that carry prompt tokens (llama.cpp)."""
+        n = self.cfg.n_threads_batch if prefill and self.cfg.n_threads_batch else self.cfg.n_threads
+        if n and n != self._threads_now:
+            from .threads import set_num_threads
+
+            set_num_threads(n)
+            self._threads_now = n
 
     def _sample(self, s: Slot, row: np.ndarray) -> None:
         task = s.task
@@ -810,8 +821,10 @@ class Engine:
         else:
             task._put(FinalEvent(stop_type, word, s.n_prompt, len(s.generated), tm, s.id,
                                  truncated=False))
-        log.debug("slot %d task %d done: %s, prompt %d (cached %d), generated %d", s.id,
-                  task.id, stop_type, s.n_prompt, s.n_cached, len(s.generated))
+        td = tm.to_dict()
+        log.info("slot %d task %d %s: prompt %d tok (%d cached) %.1f tok/s, generated %d tok "
+                 "%.1f tok/s", s.id, task.id, stop_type, s.n_prompt, s.n_cached,
+                 td["prompt_per_second"], len(s.generated), td["predicted_per_second"])
         self._release_slot(s)
 
     def _fail(self, s: Slot, err: BaseException, reset_state: bool) -> None:

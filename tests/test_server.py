@@ -365,3 +365,13 @@ async def test_real_model_end_to_end(aiohttp_client, smollm2_path):
     ids = (await r.json())["tokens"]
     r = await client.post("/detokenize", json={"tokens": ids})
     assert (await r.json())["content"] == "Hello world"
+
+
+async def test_keepalive_comments_while_waiting(aiohttp_client):
+    # each forward takes 0.12 s > keepalive_s (0.05 s): comment lines keep the stream alive
+    client = await aiohttp_client(make_app(model=FakeModel(delay=0.12)))
+    r = await client.post("/completion", json={"prompt": "a", "n_predict": 2, "stream": True})
+    raw = (await r.read()).decode()
+    assert ": keep-alive" in raw
+    frames = [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: ")]
+    assert "".join(f["content"] for f in frames) == "bc" and frames[-1]["stop"] is True
