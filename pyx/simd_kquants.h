@@ -615,11 +615,64 @@ static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r
                                  int64_t k, const int8_t *A, const float *DA, int64_t n,
                                  float *Y, int64_t ldy, uint8_t *qbuf, float *dwbuf) {
     const int64_t nblk = k / 32;
+#if defined(KQ_AVX512)
+    (void)qbuf;
+    (void)dwbuf;
+    /* kvalues + 12 in every 128-bit lane */
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                             12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), twelve = _mm512_set1_epi8(12);
+    const int64_t npair = nblk / 2;
+    __m512 acc[KQ_TOK_TILE];
+    float tail[KQ_TOK_TILE];
+    for (int64_t t0 = 0; t0 < n; t0 += KQ_TOK_TILE) {
+        const int64_t nt = n - t0 < KQ_TOK_TILE ? n - t0 : KQ_TOK_TILE;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * row_stride;
+            for (int64_t j = 0; j < nt; j++) {
+                acc[j] = _mm512_setzero_ps();
+                tail[j] = 0.f;
+            }
+            for (int64_t pi = 0; pi < npair; pi++) {
+                const uint8_t *b = wr + pi * 34;
+                __m128i x0 = _mm_loadu_si128((const __m128i *)(b + 1));
+                __m128i x1 = _mm_loadu_si128((const __m128i *)(b + 18));
+                __m512i v = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_set_m128i(_mm_srli_epi16(x0, 4), x0)),
+                    _mm256_set_m128i(_mm_srli_epi16(x1, 4), x1), 1);
+                const __m512i q = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
+                const float dw0 = kq_e8m0_half(b[0]), dw1 = kq_e8m0_half(b[17]);
+                const int8_t *ap = A + t0 * k + pi * 64;
+                const float *dp = DA + t0 * nblk + 2 * pi;
+                for (int64_t j = 0; j < nt; j++, ap += k, dp += nblk) {
+                    const __m512i a = _mm512_loadu_si512((const void *)ap);
+                    __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a),
+                                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, a));
+                    __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(dw0 * dp[0]), _mm256_set1_ps(dw1 * dp[1]), 1);
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc[j]);
+                }
+            }
+            if (nblk & 1) {
+                const uint8_t *b = wr + (nblk - 1) * 17;
+                const float dw = kq_e8m0_half(b[0]);
+                for (int64_t j = 0; j < nt; j++) {
+                    const int8_t *a = A + (t0 + j) * k + (nblk - 1) * 32;
+                    int32_t sum = 0;
+                    for (int l = 0; l < 16; l++)
+                        sum += kq_mxfp4_values[b[1 + l] & 0xF] * a[l] + kq_mxfp4_values[b[1 + l] >> 4] * a[16 + l];
+                    tail[j] = (dw * DA[(t0 + j) * nblk + nblk - 1]) * (float)sum;
+                }
+            }
+            for (int64_t j = 0; j < nt; j++) Y[(t0 + j) * ldy + r] = _mm512_reduce_add_ps(acc[j]) + tail[j];
+        }
+    }
+#else
     for (int64_t r = r0; r < r1; r++) {
         kq_unpack_mxfp4_row(W + r * row_stride, nblk, qbuf, dwbuf);
         for (int64_t j = 0; j < n; j++)
             Y[j * ldy + r] = kq_dot_mxfp4(qbuf, dwbuf, A + j * k, DA + j * nblk, nblk);
     }
+#endif
 }
 
 #endif /* LLMCORE_SIMD_KQUANTS_H */
