@@ -5,6 +5,7 @@ Every block takes float32 activations (n_tokens, dim) and a :class:`ForwardBatch
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Sequence
 
@@ -13,6 +14,11 @@ import numpy as np
 from .. import nn, quant
 from ..gguf_file import Tensor
 from .base import ForwardBatch
+
+try:
+    _BATCHED_KV_STORE = "seg_start" in inspect.signature(nn.kv_store).parameters
+except (TypeError, ValueError):  # pragma: no cover
+    _BATCHED_KV_STORE = False
 
 
 def concat_tensors(tensors: Sequence[Tensor], name: str) -> Tensor | None:
@@ -149,13 +155,18 @@ class Attention:
         g = self.group
         pos = fb.positions
         ss = fb.seg_start
-        for i, s in enumerate(fb.seqs):
-            r0, r1 = int(ss[i]), int(ss[i + 1])
-            table = s.caches[g].block_table
-            if fb.n_seqs == 1:
-                nn.kv_store(kp, kv_type, table, pos, k)
-                nn.kv_store(vp, kv_type, table, pos, v)
+        if _BATCHED_KV_STORE or fb.n_seqs == 1:
+            tables = fb.tables_for(g)
+            if _BATCHED_KV_STORE:
+                nn.kv_store(kp, kv_type, tables, pos, k, seg_start=ss)
+                nn.kv_store(vp, kv_type, tables, pos, v, seg_start=ss)
             else:
+                nn.kv_store(kp, kv_type, tables[0], pos, k)
+                nn.kv_store(vp, kv_type, tables[0], pos, v)
+        else:
+            for i, s in enumerate(fb.seqs):
+                r0, r1 = int(ss[i]), int(ss[i + 1])
+                table = s.caches[g].block_table
                 nn.kv_store(kp, kv_type, table, pos[r0:r1], k[r0:r1])
                 nn.kv_store(vp, kv_type, table, pos[r0:r1], v[r0:r1])
         o = nn.attention(q, kp, vp, kv_type, fb.tables_for(g), ss, pos, self.scale,
