@@ -55,7 +55,7 @@ cdef class Packed:
         raise TypeError("Packed weights are not picklable")
 
 
-def pack(const uint8_t[:, ::1] raw, int ggml_type, int n_threads=0):  # IN
+def pack(const uint8_t[:, ::1] raw, int ggml_type, int n_threads=1):  # IN
     """Repack raw GGUF rows (rows, bytes_per_row) into the interleaved kernel layout."""
     cdef int64_t rows = raw.shape[0], bpr = raw.shape[1]
     cdef int64_t cols = _cols(ggml_type, bpr)
@@ -76,9 +76,8 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, int n_threads=0):  # IN
     off = (-arr.ctypes.data) % 64
     arr = arr[off:off + size]
     out = arr
-    if n_threads <= 0:
-        from llmcore.threads import get_num_threads
-        n_threads = get_num_threads()
+    # one thread by default: repacking is ~1 GB/s per core and a parallel region per
+    # tensor costs more than it saves when the cores are shared
     if size > 0:
         with nogil:
             lq_pack(&raw[0, 0], bpr, ggml_type, rows, cols, &out[0], n_threads)

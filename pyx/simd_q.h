@@ -148,11 +148,12 @@ static void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int
                 default: qs = nat + 2; break; /* Q8_0 */
                 }
                 if (P.fmt == LQ_FMT8) {
-                    for (int c = 0; c < 8; c++)
-                        for (int t = 0; t < 4; t++) o[64 * c + 4 * i + t] = (uint8_t)((int)(int8_t)qs[4 * c + t] + 128);
+                    for (int c = 0; c < 8; c++) { /* q + 128 == q ^ 0x80 on each byte */
+                        uint32_t v = lq_rd32(qs + 4 * c) ^ 0x80808080u;
+                        memcpy(o + 64 * c + 4 * i, &v, 4);
+                    }
                 } else {
-                    for (int c = 0; c < 4; c++)
-                        for (int t = 0; t < 4; t++) o[64 * c + 4 * i + t] = qs[4 * c + t];
+                    for (int c = 0; c < 4; c++) memcpy(o + 64 * c + 4 * i, qs + 4 * c, 4);
                     if (P.fmt == LQ_FMT5) {
                         for (int t = 0; t < 4; t++) {
                             uint8_t h = 0;
