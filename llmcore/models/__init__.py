@@ -7,7 +7,13 @@
     logits = model.forward([(st, [next_id]), (st2, ids2)])
 
 Adding an architecture: a module ``llmcore/models/<name>.py`` with a ``Model`` subclass
-decorated ``@register("<general.architecture>")``, and its module name in ``_MODULES``.
+(``base.Model``, or ``llama.Llama`` to override ``make_block``/``make_attention``) decorated
+``@register("<general.architecture>")``, and its module name in ``_MODULES``. In
+``__init__``: build layers from ``layers.py`` blocks, create one block pool per
+attention-layer group with ``self.add_kv_pool(group, n_layers, ...,
+state_factory=...)`` (each Attention gets ``group``, its ``layer_idx`` within the group and
+``pool``), or ``self.add_cache(group, factory)`` for state without a pool (recurrent);
+implement ``_forward(fb, all_logits)`` (``fb``: :class:`base.ForwardBatch`).
 """
 from __future__ import annotations
 
