@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Prompt processing and generation speed: llmcore vs llama.cpp, same model, same threads.
+
+    python bench/speed.py [-m smollm2] [-t 2] [--pp 512] [--tg 128] [--reps 5]
+
+Both engines run in this process, alternating, so they see the same machine load. Reports
+medians over --reps runs, the ratio llmcore / llama.cpp, and generation against the
+memory-bandwidth bound (bytes of weights read per token / measured read bandwidth).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _peer_llamacpp import LlamaCpp, available  # noqa: E402
+
+
+def membw_gbs(n_threads: int, reps: int = 5) -> float:
+    from llmcore._kernels import membw
+
+    buf = np.ones(512 * 1024 * 1024 // 8, dtype=np.uint64)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        membw.read_xor(buf, n_threads)
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def weight_bytes_per_token(path) -> int:
+    """Bytes of weights one decode step streams: every tensor, except that the embedding
+    table costs one row unless it doubles as the output projection (tied)."""
+    from llmcore.gguf_file import GGUFFile
+
+    g = GGUFFile(path)
+    total = sum(t.nbytes for t in g.tensors.values())
+    if "output.weight" in g.tensors and "token_embd.weight" in g.tensors:
+        total -= g.tensors["token_embd.weight"].nbytes
+    return total
+
+
+class LLMCore:
+    def __init__(self, path, n_threads: int, ub: int = 512, **cfg):
+        from llmcore import threads
+        from llmcore.models import load_model
+
+        threads.set_num_threads(n_threads)
+        self.model = load_model(path, **cfg)
+        self.path = path
+        self.ub = ub
+
+    def prefill(self, toks) -> float:
+        st = self.model.new_state()
+        arr = np.asarray(toks, dtype=np.int32)
+        t0 = time.perf_counter()
+        for i in range(0, len(arr), self.ub):
+            self.model.forward([(st, arr[i:i + self.ub])])
+        dt = time.perf_counter() - t0
+        st.release()
+        return dt
+
+    def generate(self, toks, n: int) -> float:
+        st = self.model.new_state()
+        logits = self.model.forward([(st, np.asarray(toks, dtype=np.int32))])
+        t = int(np.argmax(logits[0]))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits = self.model.forward([(st, np.array([t], dtype=np.int32))])
+            t = int(np.argmax(logits[0]))
+        dt = time.perf_counter() - t0
+        st.release()
+        return dt
+
+    def weight_bytes_per_token(self) -> int:
+        return weight_bytes_per_token(self.path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=512, help="prompt tokens")
+    ap.add_argument("--tg", type=int, default=128, help="generated tokens")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    a = ap.parse_args(argv)
+
+    from llmcore.pull import resolve_model
+
+    path = str(resolve_model(a.model))
+    rng = np.random.default_rng(0)
+    mine = LLMCore(path, a.threads)
+    n_vocab = mine.model.n_vocab
+    prompt = rng.integers(100, min(n_vocab, 30000), a.pp).tolist()
+    short = prompt[:16]
+    why = None if not a.no_peer else "--no-peer"
+    why = why or available()
+    peer = None if why else LlamaCpp(path, a.threads, n_ctx=a.pp + a.tg + 64)
+
+    res = {"llmcore": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
+    # one warm-up each (page in the mmap, JIT-free but caches cold)
+    mine.prefill(prompt[:64]); mine.generate(short, 4)
+    if peer:
+        peer.prefill(prompt[:64]); peer.generate(short, 4)
+    for r in range(a.reps):
+        res["llmcore"]["pp"].append(a.pp / mine.prefill(prompt))
+        res["llmcore"]["tg"].append(a.tg / mine.generate(short, a.tg))
+        if peer:
+            res["llama.cpp"]["pp"].append(a.pp / peer.prefill(prompt))
+            res["llama.cpp"]["tg"].append(a.tg / peer.generate(short, a.tg))
+        print(f"rep {r + 1}/{a.reps}: " + ", ".join(
+            f"{k} pp {v['pp'][-1]:.1f} tg {v['tg'][-1]:.1f}" for k, v in res.items() if v["pp"]), flush=True)
+    bw = membw_gbs(a.threads)
+    bpt = mine.weight_bytes_per_token()
+    bound = bw * 1e9 / bpt
+    med = {k: {m: statistics.median(v[m]) for m in v} for k, v in res.items() if v["pp"]}
+    print()
+    print(f"model {os.path.basename(path)}, {a.threads} threads, pp{a.pp} / tg{a.tg}, median of {a.reps}")
+    print(f"memory read bandwidth {bw:.1f} GB/s; weights read per token {bpt / 1e6:.1f} MB; "
+          f"bound {bound:.0f} t/s")
+    print(f"| engine | pp{a.pp} t/s | tg{a.tg} t/s | tg / bandwidth bound |")
+    print("|---|---|---|---|")
+    for k, v in med.items():
+        print(f"| {k} | {v['pp']:.1f} | {v['tg']:.1f} | {v['tg'] / bound:.2f} |")
+    if "llama.cpp" in med:
+        l, p = med["llmcore"], med["llama.cpp"]
+        print(f"| llmcore / llama.cpp | {l['pp'] / p['pp']:.2f}x | {l['tg'] / p['tg']:.2f}x | |")
+    else:
+        print(f"(llama.cpp not measured: {why})")
+    if peer:
+        peer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
