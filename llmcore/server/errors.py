@@ -7,6 +7,7 @@ import logging
 from aiohttp import web
 
 from ..errors import ContextFullError, LLMCoreError, RequestError
+from .sse import ClientGone
 
 log = logging.getLogger("llmcore.server")
 
@@ -59,6 +60,9 @@ async def error_middleware(request: web.Request, handler):
         if exc.status == 413:
             msg = "request body too large"
         return error_response(exc.status, msg)
+    except ClientGone:
+        # the client left while we waited (the task is already cancelled): nobody reads this
+        return web.Response(status=499)
     except (RequestError, LLMCoreError) as exc:
         status, body = exception_body(exc)
         return web.json_response(body, status=status)
