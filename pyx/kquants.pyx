@@ -221,10 +221,10 @@ def matmul_raw(w, int ggml_type, x, out=None, int n_threads=0):
     if t != MXFP4:
         act = np.empty((n, nb * sizeof(kq_q8k)), dtype=np.uint8)
         av = act
-        with nogil:
-            for i in prange(n, num_threads=nt, schedule="static"):
+        with nogil, parallel(num_threads=nt):  # one parallel region: quantize, barrier, rows
+            for i in prange(n, schedule="static"):
                 kq_quantize_q8k(&xv[i, 0], k, <kq_q8k *>&av[i, 0])
-            for i in prange(ntiles, num_threads=nt, schedule="static"):
+            for i in prange(ntiles, schedule="static"):
                 r0 = i * ROW_TILE
                 r1 = r0 + ROW_TILE
                 if r1 > rows:
@@ -236,11 +236,11 @@ def matmul_raw(w, int ggml_type, x, out=None, int n_threads=0):
         aq = aq_arr
         ad = ad_arr
         with nogil:
-            for i in prange(n, num_threads=nt, schedule="static"):
-                kq_quantize_q8_0(&xv[i, 0], k, &aq[i, 0], &ad[i, 0])
             with parallel(num_threads=nt):
                 qbuf = <uint8_t *>malloc(k + 64)
                 dwbuf = <float *>malloc(nb * sizeof(float) + 64)
+                for i in prange(n, schedule="static"):
+                    kq_quantize_q8_0(&xv[i, 0], k, &aq[i, 0], &ad[i, 0])
                 for i in prange(ntiles, schedule="static"):
                     r0 = i * ROW_TILE
                     r1 = r0 + ROW_TILE

@@ -422,6 +422,19 @@ static inline float kq_dot_mxfp4(const uint8_t *q, const float *dw, const int8_t
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(p, c)), s, acc);
     }
     float vsum = _mm512_reduce_add_ps(acc);
+#elif defined(KQ_AVX2)
+    const __m256i twelve = _mm256_set1_epi8(12), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (; i < nblk; i++) {
+        __m256i av = _mm256_loadu_si256((const __m256i *)(a + i * 32));
+        __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(q + i * 32)), av),
+                                     _mm256_maddubs_epi16(twelve, av));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(dw[i] * da[i]), acc);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    float vsum = _mm_cvtss_f32(s4);
 #else
     float vsum = 0.f;
 #endif
