@@ -37,4 +37,7 @@ def set_num_threads(n: int | None) -> int:
 
 
 def get_num_threads() -> int:
-    return _n_threads if _n_threads is not None else default_threads()
+    global _n_threads
+    if _n_threads is None:  # resolved once: kernels ask on every call
+        _n_threads = default_threads()
+    return _n_threads
