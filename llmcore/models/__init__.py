@@ -27,6 +27,10 @@ from ..errors import ModelLoadError
 _MODULES: dict[str, str] = {
     "llama": "llama",
     "qwen3": "qwen3",
+    "mamba": "mamba",
+    "mamba2": "mamba",
+    "lfm2": "lfm2",
+    "qwen3moe": "qwen3moe",
 }
 _REGISTRY: dict[str, type] = {}
 
