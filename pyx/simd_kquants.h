@@ -302,8 +302,37 @@ static inline int kq_nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-/* quantize_row_q8_K_ref: iscale = -127/max (signed value of largest magnitude) */
+/* quantize_row_q8_K_ref: iscale = -127/max (signed value of largest magnitude, first one) */
 static void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y) {
+#if defined(KQ_AVX512)
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < k / KQ_QK; i++, x += KQ_QK) {
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < 16; j++) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + 16 * j), absm));
+        const float amax = _mm512_reduce_max_ps(m);
+        if (!(amax > 0)) {
+            y[i].d = 0;
+            memset(y[i].qs, 0, KQ_QK);
+            memset(y[i].bsums, 0, sizeof(y[i].bsums));
+            continue;
+        }
+        float mx = 0;
+        for (int j = 0; j < 16; j++) {
+            __mmask16 e = _mm512_cmp_ps_mask(_mm512_and_ps(_mm512_loadu_ps(x + 16 * j), absm), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (e) { mx = x[16 * j + __builtin_ctz(e)]; break; }
+        }
+        const float iscale = -127.f / mx;
+        const __m512 is = _mm512_set1_ps(iscale), lim = _mm512_set1_ps(127.f);
+        for (int j = 0; j < 16; j++) {
+            __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(is, _mm512_loadu_ps(x + 16 * j)),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(v, lim));
+            _mm_storeu_si128((__m128i *)(y[i].qs + 16 * j), _mm512_cvtsepi32_epi8(q));
+            y[i].bsums[j] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        y[i].d = 1 / iscale;
+    }
+#else
     for (int64_t i = 0; i < k / KQ_QK; i++, x += KQ_QK) {
         float mx = 0, amax = 0;
         for (int j = 0; j < KQ_QK; j++) {
@@ -328,6 +357,7 @@ static void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y) {
         }
         y[i].d = 1 / iscale;
     }
+#endif
 }
 
 /* q8_0 as llama.cpp's x86 path: d = amax/127, q = round_half_even(x * 127/amax)... the

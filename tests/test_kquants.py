@@ -134,6 +134,8 @@ def test_quantize_q8_k_matches_llama_cpp_reference():
     x = rng.standard_normal((3, 768)).astype(np.float32)
     x[1, 256:512] = 0  # all-zero block
     x[2, 3] = -50.0    # largest magnitude negative
+    x[2, 300], x[2, 290] = 40.0, -40.0  # tie on |max|: the first one sets the sign
+    x[0, 600], x[0, 700] = -9.0, 9.0
     d, qs, bsums = kq.quantize_q8_k(x)
     q_ref, d_ref = act_q8_k(x)
     np.testing.assert_array_equal(qs.reshape(-1, 256), q_ref.astype(np.int8))
