@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import gguf
 import numpy as np
 
 from .. import nn, quant
@@ -205,6 +206,9 @@ class MoE:
                  router_bias=None, gate_bias=None, up_bias=None, down_bias=None,
                  shared: Callable | None = None, shared_gate=None, stats: MoEStats | None = None):
         self.router = quant.Linear(router, bias=_f32(router_bias))
+        # llama.cpp rounds activations to f16 before an F16 matmul; the float kernels don't.
+        # Routing is a discrete choice, so do it here to pick the same experts on near-ties.
+        self.router_f16_act = int(router.ggml_type) == int(gguf.GGMLQuantizationType.F16)
         self.n_expert = int(gate.shape[0])
         if self.router.out_features != self.n_expert:
             raise ValueError(f"{router.name}: {self.router.out_features} router outputs for "
@@ -238,6 +242,8 @@ class MoE:
     # -- pieces (usable on their own by other architectures) ---------------------------------
     def route(self, x: np.ndarray):
         """(ids int32 (n, k), weights float32 (n, k)) for x (n, d)."""
+        if self.router_f16_act:
+            x = x.astype(np.float16).astype(np.float32)
         logits = self.router(x)
         ids, w = self.route_fn(logits, self.n_used)
         return np.asarray(ids, dtype=np.int32), np.asarray(w, dtype=np.float32)
