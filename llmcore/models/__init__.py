@@ -31,6 +31,8 @@ _MODULES: dict[str, str] = {
     "mamba2": "mamba",
     "lfm2": "lfm2",
     "qwen3moe": "qwen3moe",
+    "gemma3": "gemma3",
+    "gpt-oss": "gpt_oss",
 }
 _REGISTRY: dict[str, type] = {}
 
