@@ -229,6 +229,8 @@ class SeqState:
     def trim(self, n: int) -> int:
         """Keep the first n tokens (as far as every cache can); returns the new length."""
         n = max(0, min(n, len(self.tokens)))
+        if not self.can_trim(n):  # the nearest length >= n every cache accepts (before cutting any)
+            n = next((m for m in range(n + 1, len(self.tokens)) if self.can_trim(m)), len(self.tokens))
         got = [c.trim(n) for c in self.caches.values()]
         new = max(got) if got else n
         if new != n:  # some cache could not go back that far: bring all to the same length
