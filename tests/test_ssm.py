@@ -205,3 +205,39 @@ def test_state_shapes():
     assert ssm.conv_state_shape(4, 384) == (3, 384)
     assert ssm.mamba_state_shape(256, 16) == (256, 16)
     assert ssm.mamba2_state_shape(4, 64, 64) == (4, 64, 64)
+
+
+# ---- the ops drive the real architectures ----------------------------------------------
+
+def _ssm_conv(x, w, bias=None, state=None):
+    st = np.zeros((w.shape[1] - 1, w.shape[0]), np.float32) if state is None else state.astype(np.float32)
+    return ssm.conv1d(x, st, w, bias).astype(np.float64)
+
+
+def _ssm_mamba(state, x, dt, A, B, C):
+    st = state.astype(np.float32)
+    y = ssm.mamba_scan(st, x, dt, A, B, C)
+    state[:] = st
+    return y.astype(np.float64)
+
+
+def _ssm_mamba2(state, x, dt, A, B, C):
+    st = state.astype(np.float32)
+    y = ssm.mamba2_scan(st, x, dt, A, B, C)
+    state[:] = st
+    return y.astype(np.float64)
+
+
+@pytest.mark.parametrize("model", ["tiny-mamba", "tiny-mamba2", "tiny-lfm2"])
+def test_ops_in_reference_forward(conformance, monkeypatch, model):
+    """Swapping the reference conv/scan for llmcore.ssm keeps the logits (same weight
+    layouts as loaded from the GGUF)."""
+    W, meta = R.load_gguf(conformance / "models" / f"{model}.gguf")
+    toks = [1, 504, 3575, 282, 4649, 314, 42, 7, 99, 1000, 5, 6, 7]
+    ref = R.forward(W, meta, toks, last_only=True)
+    monkeypatch.setattr(R, "conv1d_causal", _ssm_conv)
+    monkeypatch.setattr(R, "mamba_scan_ref", _ssm_mamba)
+    monkeypatch.setattr(R, "mamba2_scan_ref", _ssm_mamba2)
+    got = R.forward(W, meta, toks, last_only=True)
+    d = got - ref
+    assert d.std() / ref.std() < 1e-4
