@@ -1,0 +1,217 @@
+"""Context checkpoints (cache layer 3): snapshots of the state that trimming cannot rebuild.
+
+Sliding-window KV (tokens that left the window are freed) and recurrent state (overwritten
+in place at every token) cannot be cut back to an earlier position. A checkpoint holds a
+snapshot of exactly those caches at ``n_tokens``; full-attention KV is not in it (it is
+trimmed instead). Restoring checkpoint c into a state with the same token prefix:
+full KV caches ``trim(c.n_tokens)``, the other caches ``restore(snap)``.
+
+    ck = take_checkpoint(seq_state, kind="tail", release=releaser)   # None if not needed
+    lst = CheckpointList(max_n=32); erased = lst.add(ck)
+    best = lst.best_at_or_before(p)      # newest checkpoint with n_tokens <= p
+    restore_checkpoint(seq_state, best)  # state now covers tokens[:best.n_tokens]
+    lst.erase_after(p)                   # checkpoints past a divergence are useless
+
+Checkpoints are shared between a slot and prompt-cache entries by a Python-level
+reference count (``acquire``/``release``); the last release gives the snapshot's blocks
+back through the ``release`` callback given at creation.
+
+``plan_positions`` says where prefill should stop to take them: every N tokens, at the
+start of the last user message, and a few tokens before the end of the prompt.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+from .state import KVCacheState
+
+TAIL_OFFSET = 4  # a checkpoint this many tokens before the end of the prompt
+
+
+def needs_checkpoints(state) -> bool:
+    """True when the state has a cache that cannot be trimmed back freely (windowed KV,
+    recurrent state). States without caches (or full KV only) never need checkpoints."""
+    caches = getattr(state, "caches", None)
+    if not caches:
+        return False
+    return any(not isinstance(c, KVCacheState) for c in caches.values())
+
+
+def trim_floor(state) -> int:
+    """Shortest prefix length the state can be cut back to without a checkpoint (0 for full
+    KV; the window's start for sliding-window KV; n_tokens for recurrent state)."""
+    caches = getattr(state, "caches", None)
+    if not caches:
+        return 0 if state is None or state.can_trim(0) else int(state.n_tokens)
+    floor = 0
+    n = int(state.n_tokens)
+    for c in caches.values():
+        if isinstance(c, KVCacheState):
+            continue
+        mt = getattr(c, "min_trim", None)
+        floor = max(floor, int(mt()) if callable(mt) else n)
+    return min(floor, n)
+
+
+class Checkpoint:
+    """A partial snapshot (non-trimmable caches only) at ``n_tokens``."""
+
+    __slots__ = ("n_tokens", "snap", "nbytes", "kind", "_refs", "_release", "blocks")
+
+    def __init__(self, n_tokens: int, snap: dict, nbytes: int, kind: str = "periodic",
+                 release: Callable[[dict], None] | None = None):
+        self.n_tokens = int(n_tokens)
+        self.snap = snap
+        self.nbytes = int(nbytes)
+        self.kind = kind  # periodic | user | tail
+        self._refs = 1
+        self._release = release
+
+    def acquire(self) -> "Checkpoint":
+        if self._refs <= 0:
+            raise RuntimeError("acquire of a released checkpoint")
+        self._refs += 1
+        return self
+
+    def release(self) -> None:
+        if self._refs <= 0:
+            return
+        self._refs -= 1
+        if self._refs == 0 and self._release is not None:
+            fn, self._release = self._release, None
+            fn(self.snap)
+
+    @property
+    def alive(self) -> bool:
+        return self._refs > 0
+
+    def __repr__(self) -> str:
+        return f"<Checkpoint n_tokens={self.n_tokens} kind={self.kind} {self.nbytes} B refs={self._refs}>"
+
+
+def take_checkpoint(state, kind: str = "periodic",
+                    release: Callable[[dict], None] | None = None) -> Checkpoint | None:
+    """Snapshot the non-trimmable caches of a SeqState; None when it has none."""
+    caches = getattr(state, "caches", None)
+    if not caches:
+        return None
+    snap = {k: c.snapshot() for k, c in caches.items() if not isinstance(c, KVCacheState)}
+    if not snap:
+        return None
+    nbytes = sum(int(getattr(s, "nbytes", 0) or 0) for s in snap.values())
+    return Checkpoint(state.n_tokens, snap, nbytes, kind, release)
+
+
+def restore_checkpoint(state, ck: Checkpoint) -> int:
+    """Bring `state` back to ``ck.n_tokens`` (its tokens must start with the checkpoint's
+    prefix). Returns the new length. Raises if a cache cannot get there."""
+    n = ck.n_tokens
+    if n > state.n_tokens:
+        raise ValueError(f"checkpoint at {n} is past the state's {state.n_tokens} tokens")
+    for k, c in state.caches.items():
+        if k in ck.snap:
+            c.restore(ck.snap[k])
+        else:
+            got = c.trim(n)
+            if got != n:
+                raise RuntimeError(f"cache {k!r} cannot be trimmed to {n} (got {got})")
+    del state.tokens[n:]
+    return n
+
+
+class CheckpointList:
+    """The checkpoints of one token sequence, ordered by ``n_tokens`` (at most ``max_n``;
+    when full, the oldest-created one goes first, "user" anchors last)."""
+
+    def __init__(self, max_n: int = 32, items: Iterable[Checkpoint] = ()):
+        self.max_n = int(max_n)
+        self._items: list[Checkpoint] = []
+        self._order: list[Checkpoint] = []  # creation order
+        for ck in items:
+            self._items.append(ck)
+            self._order.append(ck)
+        self._items.sort(key=lambda c: c.n_tokens)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Checkpoint]:
+        return iter(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self._items)
+
+    def positions(self) -> list[int]:
+        return [c.n_tokens for c in self._items]
+
+    def _drop(self, ck: Checkpoint) -> None:
+        self._items.remove(ck)
+        self._order.remove(ck)
+        ck.release()
+
+    def add(self, ck: Checkpoint) -> int:
+        """Insert (replacing one at the same position); returns how many were erased."""
+        erased = 0
+        for old in [c for c in self._items if c.n_tokens == ck.n_tokens]:
+            self._drop(old)
+            erased += 1
+        if self.max_n <= 0:
+            ck.release()
+            return erased
+        while len(self._items) >= self.max_n:
+            victim = next((c for c in self._order if c.kind != "user"), self._order[0])
+            self._drop(victim)
+            erased += 1
+        self._items.append(ck)
+        self._items.sort(key=lambda c: c.n_tokens)
+        self._order.append(ck)
+        return erased
+
+    def best_at_or_before(self, n: int) -> Checkpoint | None:
+        best = None
+        for c in self._items:
+            if c.n_tokens <= n:
+                best = c
+            else:
+                break
+        return best
+
+    def erase_after(self, n: int) -> int:
+        """Drop checkpoints with n_tokens > n; returns how many."""
+        gone = [c for c in self._items if c.n_tokens > n]
+        for c in gone:
+            self._drop(c)
+        return len(gone)
+
+    def share(self) -> "CheckpointList":
+        """A second list holding the same checkpoints (each acquired once more)."""
+        return CheckpointList(self.max_n, (c.acquire() for c in self._order))
+
+    def clear(self) -> int:
+        n = len(self._items)
+        for c in list(self._items):
+            self._drop(c)
+        return n
+
+
+def plan_positions(n_start: int, n_prompt: int, every_n: int = 0, user_start: int | None = None,
+                   n_ubatch: int = 0, tail: int = TAIL_OFFSET) -> list[tuple[int, str]]:
+    """Prefill positions (token counts) where a checkpoint should be taken, with their kind,
+    strictly between ``n_start`` (tokens already in the state) and ``n_prompt``."""
+    want: dict[int, str] = {}
+    if every_n and every_n > 0:
+        p = (n_start // every_n + 1) * every_n
+        while p < n_prompt:
+            want[p] = "periodic"
+            p += every_n
+    if n_ubatch > 0:
+        want.setdefault(n_prompt - tail - n_ubatch, "tail")
+    want[n_prompt - tail] = "tail"
+    if user_start is not None:
+        want[int(user_start)] = "user"
+    return sorted((p, k) for p, k in want.items() if n_start < p < n_prompt)
+
+
+__all__ = ["Checkpoint", "CheckpointList", "take_checkpoint", "restore_checkpoint",
+           "needs_checkpoints", "trim_floor", "plan_positions", "TAIL_OFFSET"]
