@@ -24,7 +24,8 @@ from ..gguf_file import GGUFFile
 from . import register
 from .base import ForwardBatch, Model, ModelArgs, require_tensors
 from .layers import Attention, Embedding, GatedFFN, OutputHead, RMSNorm
-from .mamba import _Lin, conv1d_state
+from .. import ssm
+from .mamba import _Lin
 
 
 class ShortConv:
@@ -45,7 +46,7 @@ class ShortConv:
         for k, s in enumerate(fb.seqs):
             r0, r1 = int(ss[k]), int(ss[k + 1])
             conv, _ = s.caches["rec"].layer(self.rec_idx)
-            y[r0:r1] = conv1d_state(bx[r0:r1], self.conv_w, None, conv)
+            ssm.conv1d(bx[r0:r1], conv, self.conv_w, out=y[r0:r1])
         y *= bcx[:, d:2 * d]
         return self.out_proj(y)
 

@@ -20,87 +20,19 @@ State: one :class:`~llmcore.cache.recurrent.RecurrentState` per sequence (cache 
 "rec"). Batched forward: the Linears run over all tokens of all segments together; the conv
 and the scan run per segment on that sequence's state, updated in place.
 
-Kernels: ``llmcore.ssm`` (pyx/ssm.pyx) when present, else the NumPy versions below.
+Kernels: ``llmcore.ssm`` (pyx/ssm.pyx; conv1d, mamba_scan, mamba2_scan, with a NumPy
+fallback there).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import nn, quant
+from .. import nn, quant, ssm
 from ..cache.recurrent import RecurrentState
 from ..gguf_file import GGUFFile
 from . import register
 from .base import ForwardBatch, Model, ModelArgs, require_tensors
 from .layers import Embedding, OutputHead, RMSNorm
-
-_SCAN_CHUNK = 64  # tokens whose dA / dBx are materialised at once by the NumPy scan
-
-
-# ---- NumPy kernels ---------------------------------------------------------------------------
-def conv1d_state(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, state: np.ndarray) -> np.ndarray:
-    """Depthwise causal conv over one sequence segment, advancing its state in place.
-
-    x (n, C), w (C, K) (w[:, K-1] hits the current token), state (K-1, C): the previous
-    K-1 inputs, oldest first (zeros at the start). Returns (n, C) float32."""
-    n = x.shape[0]
-    K = w.shape[1]
-    xx = np.concatenate([state, x.astype(np.float32, copy=False)], 0)  # (n + K - 1, C)
-    y = xx[0:n] * w[:, 0]
-    for k in range(1, K):
-        y += xx[k:k + n] * w[:, k]
-    if bias is not None:
-        y += bias
-    if K > 1:
-        state[...] = xx[n:]
-    return y
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """ggml_softplus: x > 20 -> x, else log1p(exp(x))."""
-    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0)))).astype(np.float32)
-
-
-def selective_scan(state, x, dt, A, B, C) -> np.ndarray:
-    """Mamba-1 scan over one segment, ``state`` (d_inner, d_state) updated in place.
-
-    x, dt (n, d_inner) (dt before softplus), A (d_inner, d_state), B, C (n, d_state)
-    -> y (n, d_inner) without the D skip."""
-    n = x.shape[0]
-    y = np.empty(x.shape, dtype=np.float32)
-    for c0 in range(0, n, _SCAN_CHUNK):
-        c1 = min(n, c0 + _SCAN_CHUNK)
-        dts = softplus(dt[c0:c1])
-        dA = np.exp(dts[:, :, None] * A[None])                       # (m, d_inner, d_state)
-        dBx = (x[c0:c1] * dts)[:, :, None] * B[c0:c1, None, :]       # (m, d_inner, d_state)
-        for t in range(c1 - c0):
-            state *= dA[t]
-            state += dBx[t]
-            y[c0 + t] = state @ C[c0 + t]
-    return y
-
-
-def ssd_scan(state, x, dt, A, B, C) -> np.ndarray:
-    """Mamba-2 scan over one segment, ``state`` (n_head, head_dim, d_state) in place.
-
-    x (n, n_head, head_dim), dt (n, n_head) (before softplus), A (n_head,), B, C
-    (n, n_group, d_state) -> y (n, n_head, head_dim) without the D skip."""
-    n, nh, _ = x.shape
-    ng = B.shape[1]
-    gidx = np.arange(nh) // (nh // ng)
-    y = np.empty(x.shape, dtype=np.float32)
-    dts = softplus(dt)                                   # (n, nh)
-    dA = np.exp(dts * A[None]).astype(np.float32)        # (n, nh)
-    xd = x * dts[:, :, None]                             # (n, nh, hd)
-    Bh, Ch = B[:, gidx], C[:, gidx]                      # (n, nh, ds)
-    for t in range(n):
-        state *= dA[t][:, None, None]
-        state += xd[t][:, :, None] * Bh[t][:, None, :]
-        y[t] = np.einsum("hps,hs->hp", state, Ch[t])
-    return y
-
-
-def _silu(x: np.ndarray) -> np.ndarray:
-    return nn.silu(np.ascontiguousarray(x, dtype=np.float32))
 
 
 class _Lin:
@@ -152,21 +84,17 @@ class MambaLayer:
         states = [s.caches["rec"].layer(self.i) for s in fb.seqs]
         for k, (conv, _) in enumerate(states):
             r0, r1 = int(ss[k]), int(ss[k + 1])
-            xc[r0:r1] = conv1d_state(xs[r0:r1], self.conv_w, self.conv_b, conv)
-        xc = _silu(xc)
+            ssm.conv1d(xs[r0:r1], conv, self.conv_w, self.conv_b, silu=True, out=xc[r0:r1])
         dbc = self.ssm_x(xc)
         dt, B, C = dbc[:, :r], dbc[:, r:r + ds], dbc[:, r + ds:r + 2 * ds]
         if self.dt_b_c_rms:
             dt, B, C = (nn.rms_norm(np.ascontiguousarray(t), None, self.eps) for t in (dt, B, C))
         dt = self.ssm_dt(dt)
         y = np.empty_like(xc)
-        B = np.ascontiguousarray(B)
-        C = np.ascontiguousarray(C)
-        for k, (_, ssm) in enumerate(states):
+        for k, (_, st) in enumerate(states):
             r0, r1 = int(ss[k]), int(ss[k + 1])
-            y[r0:r1] = selective_scan(ssm, xc[r0:r1], dt[r0:r1], self.A, B[r0:r1], C[r0:r1])
-        y += xc * self.D
-        y *= _silu(z)
+            ssm.mamba_scan(st, xc[r0:r1], dt[r0:r1], self.A, B[r0:r1], C[r0:r1], D=self.D,
+                           z=z[r0:r1], out=y[r0:r1])
         return self.ssm_out(y)
 
 
@@ -239,23 +167,21 @@ class Mamba2Layer:
         zxbcdt = self.ssm_in(self.norm(x))
         z = zxbcdt[:, :di]
         xbc_in = zxbcdt[:, di:di + self.conv_dim]
-        dt = zxbcdt[:, di + self.conv_dim:di + self.conv_dim + nh] + self.dt_b
+        dt = zxbcdt[:, di + self.conv_dim:di + self.conv_dim + nh]
         xbc = np.empty((n, self.conv_dim), dtype=np.float32)
         ss = fb.seg_start
         states = [s.caches["rec"].layer(self.i) for s in fb.seqs]
         for k, (conv, _) in enumerate(states):
             r0, r1 = int(ss[k]), int(ss[k + 1])
-            xbc[r0:r1] = conv1d_state(xbc_in[r0:r1], self.conv_w, self.conv_b, conv)
-        xbc = _silu(xbc)
-        xs = xbc[:, :di].reshape(n, nh, hd)
-        B = np.ascontiguousarray(xbc[:, di:di + ng * ds]).reshape(n, ng, ds)
-        C = np.ascontiguousarray(xbc[:, di + ng * ds:]).reshape(n, ng, ds)
-        y = np.empty((n, nh, hd), dtype=np.float32)
-        for k, (_, ssm) in enumerate(states):
+            ssm.conv1d(xbc_in[r0:r1], conv, self.conv_w, self.conv_b, silu=True, out=xbc[r0:r1])
+        xs = xbc[:, :di]
+        B = xbc[:, di:di + ng * ds]
+        C = xbc[:, di + ng * ds:]
+        y = np.empty((n, di), dtype=np.float32)
+        for k, (_, st) in enumerate(states):
             r0, r1 = int(ss[k]), int(ss[k + 1])
-            y[r0:r1] = ssd_scan(ssm, xs[r0:r1], dt[r0:r1], self.A, B[r0:r1], C[r0:r1])
-        y += xs * self.D[None, :, None]
-        y = y.reshape(n, di) * _silu(z)
+            ssm.mamba2_scan(st, xs[r0:r1], dt[r0:r1], self.A, B[r0:r1], C[r0:r1], D=self.D,
+                            z=z[r0:r1], dt_bias=self.dt_b, out=y[r0:r1])
         y = nn.rms_norm(np.ascontiguousarray(y.reshape(n * ng, di // ng)), None, self.eps).reshape(n, di)
         y *= self.ssm_norm
         return self.ssm_out(y)
