@@ -264,6 +264,15 @@ class ExpertLinear:
         """Rows offsets[i]:offsets[i+1] of x_sorted go through expert expert_ids[i]."""
         x2 = np.ascontiguousarray(np.asarray(x_sorted, dtype=np.float32).reshape(-1, self.in_features))
         y = out if out is not None else np.empty((x2.shape[0], self.out_features), np.float32)
+        grouped = getattr(self._kernel, "matmul_grouped", None) if self._packed is not None else None
+        if grouped is not None and len(expert_ids) and y.dtype == np.float32 and y.flags.c_contiguous:
+            # one parallel region for all experts (kernel module's optional matmul_grouped)
+            offs = np.asarray(offsets, dtype=np.int64)
+            a, b = int(offs[0]), int(offs[-1])
+            if b > a:
+                grouped([self._packed[int(e)] for e in expert_ids], np.ascontiguousarray(offs - a),
+                        x2[a:b], y[a:b], get_num_threads())
+            return y
         offsets = [int(o) for o in offsets]
         for i, e in enumerate(expert_ids):
             a, b = offsets[i], offsets[i + 1]

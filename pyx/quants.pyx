@@ -7,6 +7,7 @@ get_rows. The SIMD code lives in simd_q.h (AVX-512 VNNI, portable C fallback).
 import numpy as np
 
 from libc.stdint cimport uint8_t, int64_t
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
 
 cdef extern from "simd_q.h" nogil:
     ctypedef struct lq_packed:
@@ -27,6 +28,8 @@ cdef extern from "simd_q.h" nogil:
     int lq_dequant_rows(const uint8_t *raw, int64_t bpr, const int64_t *ids, int64_t nrows, int type,
                         int64_t cols, float *out, int nt)
     int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, int nt, int force_scalar)
+    int lq_matmul_grouped(const lq_packed *const *P, int64_t ne, const int64_t *offs,
+                          const float *x, float *y, int nt)
 
 SUPPORTED_TYPES = (0, 1, 30, 2, 3, 6, 7, 8)  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 HAVE_VNNI = bool(lq_have_vnni())
@@ -102,6 +105,42 @@ def matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_threads, bin
         rc = lq_matmul(&pk.p, &x[0, 0], &y[0, 0], n, max(1, n_threads), force_scalar)
     if rc != 0:
         raise MemoryError("matmul: scratch allocation failed")
+
+
+def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x, float[:, ::1] y,
+                   int n_threads):  # IN, IN, IN, OUT
+    """MoE: rows offsets[i]:offsets[i+1] of y = those rows of x @ packs[i].T, one parallel
+    region for all (same type and shape, offsets[0] == 0, len(offsets) == len(packs) + 1)."""
+    cdef int64_t ne = len(packs), i, n = x.shape[0]
+    cdef Packed pk
+    cdef int rc
+    if offsets.shape[0] != ne + 1 or (ne and (offsets[0] != 0 or offsets[ne] != n)):
+        raise ValueError("matmul_grouped: offsets must run from 0 to len(x), one per expert + 1")
+    if ne == 0 or n == 0:
+        return
+    pk = packs[0]
+    if x.shape[1] != pk.cols or y.shape[0] != n or y.shape[1] != pk.rows:
+        raise ValueError(f"matmul_grouped: x {tuple(x.shape)[:2]}, y {tuple(y.shape)[:2]} for weights {(pk.rows, pk.cols)}")
+    cdef const lq_packed **ptrs = <const lq_packed **>PyMem_Malloc(ne * sizeof(lq_packed *))
+    if ptrs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(ne):
+            pk = packs[i]
+            if pk.rows != packs[0].rows or pk.cols != packs[0].cols or pk.ggml_type != packs[0].ggml_type:
+                raise ValueError("matmul_grouped: experts differ in type or shape")
+            if offsets[i + 1] < offsets[i]:
+                raise ValueError("matmul_grouped: offsets must not decrease")
+            ptrs[i] = &pk.p
+        if pk.cols == 0:
+            np.asarray(y)[...] = 0
+            return
+        with nogil:
+            rc = lq_matmul_grouped(ptrs, ne, &offsets[0], &x[0, 0], &y[0, 0], max(1, n_threads))
+        if rc != 0:
+            raise MemoryError("matmul_grouped: scratch allocation failed")
+    finally:
+        PyMem_Free(ptrs)
 
 
 def dequantize(const uint8_t[:, ::1] raw, int ggml_type, float[:, ::1] out, int n_threads=1):  # IN, OUT

@@ -541,4 +541,67 @@ static int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, in
     return 0;
 }
 
+/* Grouped expert matmul (MoE): rows offs[e]..offs[e+1] of x go through weights P[e], into the
+ * same rows of y (all P[e] of one type and shape, offs[0] == 0). One parallel region: the
+ * activations are quantized once, then (expert, row-group) work items are shared out, so a
+ * step with many small experts costs one fork/join instead of one per expert. */
+static int lq_matmul_grouped(const lq_packed *const *P, int64_t ne, const int64_t *offs,
+                             const float *x, float *y, int nt) {
+    if (ne <= 0) return 0;
+    const lq_packed *P0 = P[0];
+    const int64_t K = P0->cols, R = P0->rows, nb = P0->nb, ng = P0->ngroups, n = offs[ne];
+    if (n <= 0 || R <= 0) return 0;
+    if (nt < 1) nt = 1;
+    if (P0->fmt <= LQ_FMT_BF16) {
+        const int64_t chunk = 16, nch = (R + chunk - 1) / chunk, nw = ne * nch;
+        int64_t w;
+        if (nt > nw) nt = (int)nw;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        for (w = 0; w < nw; w++) {
+            const int64_t e = w / nch, c = w % nch, r0 = offs[e], m = offs[e + 1] - r0;
+            if (m <= 0) continue;
+            int64_t r1 = (c + 1) * chunk < R ? (c + 1) * chunk : R;
+            lq_float_rows(P[e], c * chunk, r1, x + r0 * K, y + r0 * R, m);
+        }
+        return 0;
+    }
+    size_t qbytes = (size_t)(n * K), fbytes = (size_t)(n * nb) * sizeof(float);
+    uint8_t *scr = (uint8_t *)lq_get_scratch(((qbytes + 63) & ~(size_t)63) + 2 * fbytes + 64);
+    if (!scr) return -1;
+    int8_t *qa = (int8_t *)scr;
+    float *da = (float *)(scr + ((qbytes + 63) & ~(size_t)63));
+    float *sa = da + n * nb;
+    const int64_t nw = ne * ng;
+    if (nt > nw) nt = (int)nw;
+    if (nt < 1) nt = 1;
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t i, w;
+#pragma omp for schedule(static)
+        for (i = 0; i < n; i++) lq_quant_row_q8(x + i * K, K, qa + i * K, da + i * nb, sa + i * nb, P0->moff);
+#pragma omp for schedule(dynamic, 1)
+        for (w = 0; w < nw; w++) {
+            const int64_t e = w / ng, g = w % ng, r0 = offs[e], m = offs[e + 1] - r0;
+            if (m <= 0) continue;
+            const lq_packed *Pe = P[e];
+            const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
+            for (int64_t t0 = 0; t0 < m; t0 += LQ_TT) {
+                const int T = (int)(m - t0 < LQ_TT ? m - t0 : LQ_TT);
+                const int64_t row = r0 + t0;
+                const int8_t *q = qa + row * K;
+                const float *dd = da + row * nb, *ss = sa + row * nb;
+                float *yo = y + row * R + g * LQ_G;
+#if LQ_VNNI
+                lq_group_vnni(Pe, g, q, dd, ss, T, yo, R, nv);
+#elif LQ_AVX2
+                lq_kernel_avx2(Pe, g, q, dd, ss, T, yo, R, nv);
+#else
+                lq_kernel_scalar(Pe, g, q, dd, ss, T, yo, R, nv);
+#endif
+            }
+        }
+    }
+    return 0;
+}
+
 #endif /* LLMCORE_SIMD_Q_H */

@@ -215,3 +215,22 @@ def test_bad_arguments():
               _tensor("down", w["down"]), 2)
     with pytest.raises(ValueError):
         _block(w, k=E + 1)
+
+
+@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.Q4_1])
+def test_expert_linear_grouped_equals_per_expert(qt):
+    """grouped() (one kernel region for all experts where the kernel module has
+    matmul_grouped) == one call per expert; empty groups and a non-zero first offset."""
+    rng = np.random.default_rng(13)
+    cols = 256
+    w = rng.standard_normal((E, 48, cols)).astype(np.float32)
+    lin = quant.ExpertLinear(_tensor("w", w, qt))
+    x = rng.standard_normal((23, cols)).astype(np.float32)
+    ids = [1, 3, 4, 6]
+    offs = [2, 9, 9, 10, 23]  # expert 3 gets no rows; rows 0-1 are not part of the call
+    y = np.full((23, 48), 7.0, np.float32)
+    lin.grouped(x, ids, offs, out=y)
+    assert np.all(y[:2] == 7.0)
+    for e, a, b in zip(ids, offs[:-1], offs[1:]):
+        if b > a:
+            np.testing.assert_allclose(y[a:b], lin(x[a:b], e), rtol=1e-6, atol=1e-5)
