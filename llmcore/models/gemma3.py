@@ -55,23 +55,23 @@ def split_pools(model: Model, n_global: int, n_local: int) -> tuple[int | None, 
     return mb * n_global // total, mb * n_local // total
 
 
-@register("gemma3")
-class Gemma3(Model):
-    arch = "gemma3"
+class SWAModel(Model):
+    """Base for models mixing full ("kv" group) and sliding-window ("swa" group) layers.
+
+    Model options (cfg): ``swa_full`` (keep full KV on local layers), ``swa_slack`` (tokens
+    kept beyond the window). Subclasses call :meth:`setup_swa` with the per-layer flags; it
+    creates the pools and ``self.layer_slots[i] = (group, layer_idx_in_group, pool)``.
+    """
 
     def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **cfg):
         self.swa_full = bool(cfg.pop("swa_full", False))
         self.swa_slack = int(cfg.pop("swa_slack", 0))
         super().__init__(g, args, **cfg)
+        self.window = int(self.args.sliding_window)
+
+    def setup_swa(self, is_local: list[bool]) -> None:
         a = self.args
-        self.window = int(a.sliding_window)
-        pat = g.arch_key("attention.sliding_window_pattern", None)
-        if isinstance(pat, (list, tuple)):  # per-layer flags (True: local)
-            self.is_local = [bool(x) and self.window > 0 for x in pat][: a.n_layer]
-            self.is_local += [False] * (a.n_layer - len(self.is_local))
-        else:
-            p = int(pat or 6)
-            self.is_local = [self.window > 0 and p > 1 and (i % p) < p - 1 for i in range(a.n_layer)]
+        self.is_local = list(is_local)
         n_local = sum(self.is_local)
         n_global = a.n_layer - n_local
         mb_g, mb_l = split_pools(self, n_global, n_local)
@@ -88,16 +88,43 @@ class Gemma3(Model):
                     return SWAKVCacheState(pool, window, slack)
             self.swa_pool = self.add_kv_pool("swa", n_local, a.n_head_kv, a.head_dim, a.head_dim_v,
                                              state_factory=factory, max_bytes=mb_l)
-        self.embed = Embedding(self.tensor("token_embd.weight"), scale=math.sqrt(a.n_embd))
+        self.layer_slots = []
         gi = li = 0
-        self.blocks = []
-        for i in range(a.n_layer):
-            if self.is_local[i]:
-                self.blocks.append(self.make_block(i, "swa", li, self.swa_pool))
+        for loc in self.is_local:
+            if loc:
+                self.layer_slots.append(("swa", li, self.swa_pool))
                 li += 1
             else:
-                self.blocks.append(self.make_block(i, "kv", gi, self.kv_pool))
+                self.layer_slots.append(("kv", gi, self.kv_pool))
                 gi += 1
+
+    def forward(self, batch, all_logits: bool = False) -> np.ndarray:
+        logits = super().forward(batch, all_logits)
+        if not self.swa_full:  # free the blocks the next step can no longer see
+            for s, _ in batch:
+                c = s.caches.get("swa")
+                if isinstance(c, SWAKVCacheState):
+                    c.evict()
+        return logits
+
+
+@register("gemma3")
+class Gemma3(SWAModel):
+    arch = "gemma3"
+
+    def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **cfg):
+        super().__init__(g, args, **cfg)
+        a = self.args
+        pat = g.arch_key("attention.sliding_window_pattern", None)
+        if isinstance(pat, (list, tuple)):  # per-layer flags (True: local)
+            is_local = [bool(x) and self.window > 0 for x in pat][: a.n_layer]
+            is_local += [False] * (a.n_layer - len(is_local))
+        else:
+            p = int(pat or 6)
+            is_local = [self.window > 0 and p > 1 and (i % p) < p - 1 for i in range(a.n_layer)]
+        self.setup_swa(is_local)
+        self.embed = Embedding(self.tensor("token_embd.weight"), scale=math.sqrt(a.n_embd))
+        self.blocks = [self.make_block(i, *self.layer_slots[i]) for i in range(a.n_layer)]
         out_w = self.tensor("output.weight") if self.has("output.weight") else self.tensor("token_embd.weight")
         softcap = float(g.arch_key("final_logit_softcapping", 0.0) or 0.0)
         self.head = OutputHead(RMSNorm(self.f32("output_norm.weight"), a.norm_eps), out_w, softcap=softcap)
@@ -123,15 +150,6 @@ class Gemma3(Model):
                            RMSNorm(self.f32(p + "post_attention_norm.weight"), eps),
                            RMSNorm(self.f32(p + "ffn_norm.weight"), eps), ffn,
                            RMSNorm(self.f32(p + "post_ffw_norm.weight"), eps))
-
-    def forward(self, batch, all_logits: bool = False) -> np.ndarray:
-        logits = super().forward(batch, all_logits)
-        if not self.swa_full:
-            for s, _ in batch:
-                c = s.caches.get("swa")
-                if isinstance(c, SWAKVCacheState):
-                    c.evict()
-        return logits
 
     def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
         x = self.embed(fb.tokens)
