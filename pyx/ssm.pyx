@@ -13,6 +13,10 @@ from cython.parallel cimport prange
 from libc.math cimport expf, log1pf
 cimport cython
 
+cdef extern from "simd_ssm.h" nogil:
+    float ssm2_row(float *s, const float *b, const float *c, float dA, float xdt, int n)
+    float ssm1_row(float *s, const float *a, const float *b, const float *c, float d, float xdt, int n)
+
 cdef enum:
     CONV_CHUNK = 16     # channels per conv work item
 
@@ -101,11 +105,7 @@ def mamba_scan(float[:, ::1] state,    # IN/OUT (d_inner, d_state)
                 d = _softplus(d)
                 xv = x[t, i]
                 xdt = xv * d
-                acc = 0.0
-                for s in range(ds):
-                    v = state[i, s] * expf(d * A[i, s]) + B[t, s] * xdt
-                    state[i, s] = v
-                    acc = acc + v * Cm[t, s]
+                acc = ssm1_row(&state[i, 0], &A[i, 0], &B[t, 0], &Cm[t, 0], d, xdt, <int>ds)
                 if has_d:
                     acc = acc + xv * D[i]
                 if has_z:
@@ -147,11 +147,7 @@ def mamba2_scan(float[:, ::1] state,   # IN/OUT (n_head * head_dim, d_state)
                 dA = expf(d * A[h])
                 xv = x[t, r]
                 xdt = xv * d
-                acc = 0.0
-                for s in range(ds):
-                    v = state[r, s] * dA + B[t, go + s] * xdt
-                    state[r, s] = v
-                    acc = acc + v * Cm[t, go + s]
+                acc = ssm2_row(&state[r, 0], &B[t, go], &Cm[t, go], dA, xdt, <int>ds)
                 if has_d:
                     acc = acc + xv * D[h]
                 if has_z:
