@@ -6,10 +6,35 @@ tokens, all chunks together at most `n_batch`), so a long prompt never stalls th
 decoding. Sampled tokens go back to the asyncio loop with `loop.call_soon_threadsafe` on
 a per-request `asyncio.Queue` (or to a plain `queue.Queue` for synchronous callers).
 
-Slot prefix reuse (`cache_prompt`): a slot keeps the state of the tokens it evaluated; a
-new request on it trims that state back to the longest common prefix and evaluates only
-the rest (always at least one token, for logits). Slot choice: `id_slot` if given, else
-the idle slot with the longest common prefix, else the least recently used idle slot.
+The three cache layers (DESIGN.md):
+
+1. Slot prefix reuse (`cache_prompt`): a slot keeps the state of the tokens it evaluated;
+   a new request on it trims that state back to the longest common prefix and evaluates
+   only the rest (always at least one token, for logits).
+2. RAM prompt cache (`cache_ram_mib`; llmcore.cache.prompt_cache): states of idle or
+   evicted slots, indexed by a token radix tree, LRU by bytes. A state is a snapshot that
+   shares the KV blocks (reference counts), so saving and restoring copy no KV; only
+   recurrent state is copied (small, fixed size).
+3. Context checkpoints (`ctx_checkpoints`, `checkpoint_every_n_tokens`;
+   llmcore.cache.checkpoints): for models whose state cannot be trimmed back (sliding
+   window KV, recurrent state) prefill stops at planned positions (every N tokens, the
+   start of the last user message `GenParams.checkpoint_at`, a few tokens before the end)
+   to snapshot that state. On divergence the newest checkpoint at or before it is
+   restored; without one the prompt is re-processed from 0 (`forced_reprefills`).
+   Checkpoints travel with a state into the RAM cache.
+
+Slot choice: `id_slot` if given; else the idle slot whose state can provide the longest
+prefix (above `slot_prompt_similarity` of the prompt, and at least what the RAM cache
+offers); else the least recently used idle slot, whose state is saved to the RAM cache
+first and which then takes the best cached state. Requests beyond the slots wait.
+
+Memory: `n_ctx` (-c) is the total number of KV tokens all slots may hold together
+(llama-server's unified KV); each slot may use up to `n_ctx_slot` (= n_ctx unified, or
+n_ctx / n_parallel). KV blocks are taken on demand, up to n_ctx tokens plus the RAM
+cache's budget. When the pool is full during a step: evict RAM-cache entries (LRU), then
+idle slots' states, then let prefilling requests wait; a lone request that still does not
+fit fails with ContextFullError (HTTP 400), nothing aborts. A failure to save or restore
+a cached state is a cache miss, a warning and a counter; the request is still served.
 
 Model contract: `model.new_state()`, `model.forward([(state, int32 tokens), ...]) ->
 float32 (n_segments, vocab)` (logits of each segment's last token), `model.n_vocab`,
@@ -33,6 +58,9 @@ from typing import Any, Callable
 import numpy as np
 
 from . import metrics
+from .cache.checkpoints import (CheckpointList, needs_checkpoints, plan_positions,
+                                restore_checkpoint, take_checkpoint, trim_floor)
+from .cache.prompt_cache import PromptCache
 from .errors import ContextFullError, LLMCoreError, RequestError
 from .sampling import Sample, Sampler, SamplingParams
 
@@ -54,9 +82,10 @@ class EngineConfig:
     n_threads_batch: int = 0
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
-    cache_ram_mib: int = 8192  # prompt cache in RAM; -1 no limit, 0 off
-    ctx_checkpoints: int = 8
-    checkpoint_every_n_tokens: int = 8192
+    cache_ram_mib: int = 8192  # prompt cache in RAM; -1 no limit (bounded by free RAM), 0 off
+    cache_idle_slots: bool = True  # publish idle slots' states to the RAM cache on new tasks
+    ctx_checkpoints: int = 32  # per slot; <= 0 off
+    checkpoint_every_n_tokens: int = 8192  # during prefill; <= 0 off (other positions stay)
     slot_prompt_similarity: float = 0.1  # reuse a slot's prefix only above this share of the prompt
     model_alias: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
@@ -86,6 +115,7 @@ class GenParams:
     cache_prompt: bool = True
     id_slot: int = -1
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    checkpoint_at: int | None = None  # token position where the last user message starts
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,6 +136,8 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    cache_source: str = "none"  # where cache_n came from: slot | ram | checkpoint | none
+    checkpoint_restores: int = 0  # context checkpoints restored for this request
 
     def to_dict(self) -> dict:
         pn, pm, gn, gm = self.prompt_n, self.prompt_ms, self.predicted_n, self.predicted_ms
@@ -119,6 +151,8 @@ class Timings:
             "predicted_ms": gm,
             "predicted_per_token_ms": gm / gn if gn else 0.0,
             "predicted_per_second": 1e3 * gn / gm if gm > 0 else 0.0,
+            "cache_source": self.cache_source,
+            "checkpoint_restores": self.checkpoint_restores,
         }
 
 
@@ -289,10 +323,12 @@ def _release_state(state) -> None:
 
 
 class Slot:
-    def __init__(self, id: int, n_ctx: int):
+    def __init__(self, id: int, n_ctx: int, max_checkpoints: int = 32):
         self.id = id
         self.n_ctx = n_ctx
         self.state = None  # model state (kept between requests for prefix reuse)
+        self.checkpoints = CheckpointList(max_checkpoints)  # of self.state's token sequence
+        self.published = False  # state already saved to the RAM cache as it is now
         self.task: Task | None = None
         self.phase = "idle"  # idle | prefill | decode
         self.t_last_used = 0.0
@@ -312,6 +348,9 @@ class Slot:
         self.t_start = 0.0
         self.t_prompt_done = 0.0
         self.history: list[int] = []
+        self.cache_source = "none"
+        self.n_ckpt_restored = 0
+        self.ckpt_plan: collections.deque = collections.deque()  # (position, kind)
 
     @property
     def n_tokens(self) -> int:
@@ -338,6 +377,8 @@ class Slot:
             n_cached=self.n_cached, n_prefilled=n_prefilled, n_decoded=len(self.generated),
             prompt_per_second=pps, predicted_per_second=gps, t_last_used=self.t_last_used,
             nbytes=int(getattr(st, "nbytes", 0) or 0) if st is not None else 0,
+            cache_source=self.cache_source, n_checkpoints=len(self.checkpoints),
+            checkpoint_bytes=self.checkpoints.nbytes,
         )
 
 
@@ -400,7 +441,19 @@ class Engine:
                       prompt_tokens_total=0, prompt_seconds_total=0.0,
                       tokens_predicted_total=0, tokens_predicted_seconds_total=0.0,
                       cache_tokens_total=0, n_decode_total=0, n_busy_slots_total=0,
-                      n_tokens_max=0)
+                      n_tokens_max=0,
+                      slot_hits=0, slot_misses=0, ram_hits=0, ram_misses=0,
+                      cache_save_failures=0, cache_restore_failures=0,
+                      checkpoints_created=0, checkpoints_restored=0, checkpoints_erased=0,
+                      checkpoint_failures=0, forced_reprefills=0, idle_slot_evictions=0,
+                      kv_full_waits=0, kv_full_failures=0)
+        self.pcache: PromptCache | None = None
+        self._scratch = None  # an empty state used to release snapshots
+        self._needs_ckpt = False
+        self._cache_numbers: dict = {}
+        self.memory_plan: dict = {}
+        # test hook: called with "save" | "restore" | "checkpoint" before each such operation
+        self.fault_hook: Callable[[str], None] | None = None
         if model is not None:
             self._setup()
 
@@ -455,7 +508,8 @@ class Engine:
         self.n_ctx = self.cfg.n_ctx if self.cfg.n_ctx > 0 else (n_train or 4096)
         npar = max(1, self.cfg.n_parallel)
         self.n_ctx_slot = self.n_ctx if self.cfg.kv_unified else max(1, self.n_ctx // npar)
-        self.slots = [Slot(i, self.n_ctx_slot) for i in range(npar)]
+        self.slots = [Slot(i, self.n_ctx_slot, self.cfg.ctx_checkpoints) for i in range(npar)]
+        self._setup_caches()
         tok = self.tokenizer
         eog = set(getattr(tok, "eog_ids", ()) or ())
         if getattr(tok, "eos_id", None) is not None and tok.eos_id >= 0:
@@ -465,6 +519,57 @@ class Engine:
         self.info.setdefault("n_ctx_train", n_train)
         self.status = "ok"
         self._ready.set()
+
+    def _setup_caches(self) -> None:
+        """Pool limits (KV on demand up to n_ctx tokens + the cache budget), the RAM prompt
+        cache, and the start-up memory report."""
+        m, cfg = self.model, self.cfg
+        probe = m.new_state()
+        snap_ok = all(hasattr(probe, a) for a in ("snapshot", "restore", "release_snapshot"))
+        self._needs_ckpt = needs_checkpoints(probe)
+        self._scratch = probe if snap_ok else None
+        avail, total = _host_memory()
+        if cfg.cache_ram_mib < 0:
+            cache_budget = avail // 2 if avail else None  # "no limit", bounded by free RAM
+        else:
+            cache_budget = cfg.cache_ram_mib << 20
+        if snap_ok and cfg.cache_ram_mib != 0:
+            self.pcache = PromptCache(cache_budget, on_release=self._release_entry)
+        pools = dict(getattr(m, "pools", {}) or {})
+        npar = len(self.slots)
+        bpb_total = sum(p.bytes_per_block for p in pools.values()) or 1
+        extra = (cache_budget or 0) // bpb_total if self.pcache is not None else 0
+        kv_max = 0
+        for p in pools.values():
+            if p.max_blocks is None:
+                p.max_blocks = p.blocks_for(self.n_ctx) + 2 * npar + extra
+            kv_max += p.max_blocks * p.bytes_per_block
+        # what one checkpoint of this model costs at most
+        ck_bytes = 0
+        for c in getattr(probe, "caches", {}).values():
+            if hasattr(c, "state_bytes"):
+                ck_bytes += int(c.state_bytes)
+            elif hasattr(c, "window") and hasattr(c, "pool"):
+                ck_bytes += c.pool.blocks_for(c.window + c.pool.block_size) * c.pool.bytes_per_block
+        n_ck = max(0, cfg.ctx_checkpoints) if self._needs_ckpt else 0
+        self.memory_plan = dict(
+            kv_bytes_per_token=sum(p.bytes_per_token for p in pools.values()),
+            kv_max_bytes=kv_max, cache_ram_max_bytes=cache_budget if self.pcache else 0,
+            checkpoint_bytes=ck_bytes, checkpoints_max_bytes=n_ck * ck_bytes * npar,
+            host_total_bytes=total, host_available_bytes=avail)
+        mib = lambda b: "unbounded" if b is None else f"{b / 2**20:.0f} MiB"
+        log.info("memory: KV up to %s (%d tokens x %d B/token for %d slot(s), taken on demand, "
+                 "shared with the prompt cache); prompt cache %s; checkpoints %s (%d per slot x %s); "
+                 "host RAM %s total, %s available",
+                 mib(kv_max), self.n_ctx, self.memory_plan["kv_bytes_per_token"], npar,
+                 mib(cache_budget) if self.pcache else "off",
+                 mib(n_ck * ck_bytes * npar) if n_ck else "not needed" if not self._needs_ckpt else "off",
+                 n_ck, mib(ck_bytes), mib(total), mib(avail))
+        if avail and kv_max + (n_ck * ck_bytes * npar) > avail:
+            log.warning("KV + checkpoints may use up to %s, more than the %s available: requests "
+                        "will wait or be refused when memory runs out", mib(kv_max + n_ck * ck_bytes * npar),
+                        mib(avail))
+        self._refresh_cache_numbers()
 
     @property
     def model_name(self) -> str:
@@ -552,7 +657,25 @@ class Engine:
             n_ctx_slot=self.n_ctx_slot, n_slots=len(slots),
             requests_processing=busy, requests_deferred=waiting,
             uptime_s=time.time() - self.t_start, slots=slots,
-            cache=self._cache_stats(), **c,
+            cache=self._cache_stats(), **self._cache_numbers, **c,
+        )
+
+    def _refresh_cache_numbers(self) -> None:
+        """Engine thread: numbers of the cache layers for stats() (read from any thread)."""
+        pc = self.pcache
+        pools = dict(getattr(self.model, "pools", {}) or {})
+        ck_n = sum(len(s.checkpoints) for s in self.slots)
+        ck_b = sum(s.checkpoints.nbytes for s in self.slots)
+        self._cache_numbers = dict(
+            cache_ram_bytes=pc.nbytes if pc else 0,
+            cache_ram_limit_bytes=(-1 if pc.limit_bytes is None else pc.limit_bytes) if pc else 0,
+            cache_ram_entries=pc.n_entries if pc else 0,
+            cache_ram_tokens=pc.n_tokens if pc else 0,
+            cache_ram_evictions=pc.stats["evictions"] if pc else 0,
+            cache_ram_inserts=pc.stats["inserts"] if pc else 0,
+            checkpoints_count=ck_n, checkpoints_bytes=ck_b,
+            kv_used_bytes=sum(p.used_bytes for p in pools.values()),
+            kv_limit_bytes=sum((p.max_blocks or 0) * p.bytes_per_block for p in pools.values()),
         )
 
     def _cache_stats(self) -> dict:
@@ -633,6 +756,31 @@ class Engine:
                 self._fail(slot, e, reset_state=True)
         self._waiting = still
 
+    # ---- cache layers (engine thread) -----------------------------------------------
+    def _fault(self, what: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(what)
+
+    def _usable_in_slot(self, slot: Slot, prompt: list[int]) -> tuple[int, str]:
+        """Prompt tokens the slot's own state (or one of its checkpoints) can provide."""
+        st = slot.state
+        if st is None or st.n_tokens == 0:
+            return 0, "none"
+        n = min(common_prefix(st.tokens, prompt), len(prompt) - 1)
+        if n <= 0:
+            return 0, "none"
+        if n == st.n_tokens or n >= trim_floor(st):
+            return n, "slot"
+        ck = slot.checkpoints.best_at_or_before(n)
+        if ck is not None and ck.n_tokens > 0:
+            return ck.n_tokens, "checkpoint"
+        return 0, "none"
+
+    def _ram_best(self, prompt: list[int]):
+        if self.pcache is None or len(prompt) < 2:
+            return None, 0
+        return self.pcache.best(prompt[:-1])
+
     def _pick_slot(self, task: Task) -> Slot | None:
         idle = [s for s in self.slots if s.task is None]
         if not idle:
@@ -644,21 +792,26 @@ class Engine:
         if task.params.cache_prompt:
             best, best_n = None, 0
             for s in idle:
-                n = common_prefix(s.cached_tokens(), task.prompt)
+                n, _ = self._usable_in_slot(s, task.prompt)
                 if n > best_n:
                     best, best_n = s, n
-            if best is not None and best_n > self.cfg.slot_prompt_similarity * len(task.prompt):
+            _, ram_n = self._ram_best(task.prompt)
+            if best is not None and best_n > self.cfg.slot_prompt_similarity * len(task.prompt) \
+                    and best_n >= ram_n:
                 return best
-        return min(idle, key=lambda s: s.t_last_used)
+        # least recently used (an empty slot first): its state goes to the RAM cache
+        return min(idle, key=lambda s: (s.n_tokens > 0, s.t_last_used))
 
     def _start(self, slot: Slot, task: Task) -> None:
         slot._reset_request()
         slot.task = task
+        slot.published = False
         task.slot_id = slot.id
         prompt = task.prompt
         slot.t_start = time.perf_counter()
         if slot.state is None:
             slot.state = self.model.new_state()
+            slot.checkpoints.clear()
         n_keep = self._reuse_prefix(slot, prompt, task.params.cache_prompt)
         slot.n_prompt = len(prompt)
         slot.n_cached = n_keep
@@ -668,24 +821,242 @@ class Engine:
         slot.sampler = Sampler(task.params.sampling, int(self.info.get("n_vocab") or 0) or None)
         slot.decoder = make_stream_decoder(self.tokenizer)
         slot.phase = "prefill"
+        cfg = self.cfg
+        if self._needs_ckpt and cfg.ctx_checkpoints > 0:
+            at = task.params.checkpoint_at
+            slot.ckpt_plan = collections.deque(plan_positions(
+                n_keep, len(prompt), cfg.checkpoint_every_n_tokens, at, cfg.n_ubatch))
+        if self.pcache is not None and cfg.cache_idle_slots:
+            for s in self.slots:
+                if s.task is None and not s.published and s.n_tokens > 0:
+                    self._save_slot(s)
+        self._refresh_cache_numbers()
 
     def _reuse_prefix(self, slot: Slot, prompt: list[int], cache_prompt: bool) -> int:
-        """Trim the slot's state to the longest reusable prefix; returns tokens kept.
-
-        Always leaves at least one prompt token to evaluate (its logits start generation).
-        A state that cannot go back that far is cleared (full re-prefill)."""
+        """Bring the slot's state to the longest prefix of `prompt` that the slot, the RAM
+        cache or a checkpoint can provide; returns the tokens kept (< len(prompt): at least
+        one token is evaluated for its logits). Sets slot.cache_source / n_ckpt_restored."""
         st = slot.state
-        n = common_prefix(st.tokens, prompt) if cache_prompt else 0
-        n = min(n, len(prompt) - 1)
-        if n == st.n_tokens:
-            return n
-        got = st.trim(n) if st.can_trim(n) else -1
-        if got != n:
-            _release_state(st)
+        limit = len(prompt) - 1
+        if not cache_prompt:
             if st.n_tokens:
-                slot.state = self.model.new_state()
+                self._save_slot(slot)
+            self._bring_to(slot, 0)
             return 0
-        return n
+        n_slot, how = self._usable_in_slot(slot, prompt)
+        lcp_slot = min(common_prefix(st.tokens, prompt), limit) if st.n_tokens else 0
+        entry, n_ram = self._ram_best(prompt)
+        if self.pcache is not None and entry is None:
+            self.c["ram_misses"] += 1
+        if entry is not None and n_ram > n_slot:
+            self._save_slot(slot)  # the slot's own content is about to be replaced
+            got = self._restore_entry(slot, entry, n_ram)
+            if got > 0:
+                self.c["ram_hits"] += 1
+                slot.cache_source = "ram"
+                return got
+            n_slot, how = 0, "none"  # the restore failed and cleared the slot: cold
+        elif st.n_tokens and n_slot < 0.5 * st.n_tokens:
+            self._save_slot(slot)  # it loses more than half: keep the whole in RAM
+        got, used_ck = self._bring_to(slot, n_slot)
+        if got > 0:
+            self.c["slot_hits"] += 1
+            slot.cache_source = "checkpoint" if used_ck else "slot"
+        else:
+            self.c["slot_misses"] += 1
+            if max(lcp_slot, n_ram) > 0 and self._needs_ckpt:
+                self.c["forced_reprefills"] += 1
+                log.info("slot %d: forcing full prompt re-processing (%d tokens in common, no "
+                         "checkpoint at or before them)", slot.id, max(lcp_slot, n_ram))
+        return got
+
+    def _bring_to(self, slot: Slot, n: int) -> tuple[int, bool]:
+        """Cut the slot's state back to its first n tokens, restoring a checkpoint where
+        trimming cannot; clears it when neither works. Returns (tokens kept, checkpoint used)."""
+        st = slot.state
+        used = False
+        n = max(0, min(n, st.n_tokens))
+        try:
+            if 0 < n < st.n_tokens:
+                if n >= trim_floor(st) and st.can_trim(n):
+                    if st.trim(n) != n:
+                        raise RuntimeError(f"trim to {n} failed")
+                else:
+                    ck = slot.checkpoints.best_at_or_before(n)
+                    if ck is None or ck.n_tokens == 0:
+                        n = 0
+                    else:
+                        self._fault("restore")
+                        n = restore_checkpoint(st, ck)
+                        used = True
+                        self.c["checkpoints_restored"] += 1
+                        slot.n_ckpt_restored += 1
+        except Exception as e:  # noqa: BLE001 - a failed restore is a miss, never a crash
+            log.warning("slot %d: restoring the cached state failed (%s); re-processing the prompt",
+                        slot.id, e)
+            self.c["checkpoint_failures" if used or "checkpoint" in str(e) else "cache_restore_failures"] += 1
+            n, used = 0, False
+        if n == 0 and st.n_tokens:
+            self._clear_state(slot)
+        self.c["checkpoints_erased"] += slot.checkpoints.erase_after(n)
+        return n, used
+
+    def _clear_state(self, slot: Slot) -> None:
+        st = slot.state
+        try:
+            _release_state(st)
+        except Exception:  # noqa: BLE001
+            log.exception("releasing slot %d state failed", slot.id)
+        if st is None or st.n_tokens:
+            slot.state = self.model.new_state()
+        self.c["checkpoints_erased"] += slot.checkpoints.clear()
+
+    def _footprint(self, snap, cks) -> tuple[int, dict, dict]:
+        """Bytes a cached state owns outright, and the KV blocks it references, by pool."""
+        own, blocks, bb = 0, {}, {}
+
+        def add(x):
+            nonlocal own
+            pool = getattr(x, "pool", None)
+            ids = getattr(x, "blocks", None)
+            if pool is not None and ids is not None:
+                key = pool.name
+                blocks.setdefault(key, []).extend(np.asarray(ids).tolist())
+                bb[key] = pool.bytes_per_block
+            else:
+                own += int(getattr(x, "nbytes", 0) or 0)
+
+        for x in getattr(snap, "caches", {}).values():
+            add(x)
+        for ck in cks:
+            for x in ck.snap.values():
+                add(x)
+        return own, blocks, bb
+
+    def _save_slot(self, slot: Slot) -> None:
+        """Publish the slot's state (with its checkpoints) to the RAM cache. Blocks are
+        shared, not copied. Any failure is a warning and a counter."""
+        st = slot.state
+        if self.pcache is None or st is None or st.n_tokens == 0 or slot.published:
+            return
+        snap = cks = None
+        try:
+            self._fault("save")
+            snap = st.snapshot()
+            cks = slot.checkpoints.share()
+            own, blocks, bb = self._footprint(snap, cks)
+            entry = self.pcache.insert(st.tokens, snap, checkpoints=cks, trim_floor=trim_floor(st),
+                                       own_bytes=own, blocks=blocks, block_bytes=bb,
+                                       meta={"slot": slot.id})
+            snap = cks = None  # the cache owns (or already released) them now
+            slot.published = True
+            if entry is not None:
+                log.debug("slot %d: saved %d tokens to the prompt cache (%d entries, %.1f MiB)",
+                          slot.id, entry.n_tokens, self.pcache.n_entries, self.pcache.nbytes / 2**20)
+        except Exception as e:  # noqa: BLE001 - never let a cache failure hurt a request
+            self.c["cache_save_failures"] += 1
+            log.warning("slot %d: saving the state to the prompt cache failed: %s", slot.id, e)
+            try:
+                if snap is not None:
+                    st.release_snapshot(snap)
+                if cks is not None:
+                    cks.clear()
+            except Exception:  # noqa: BLE001
+                log.exception("cleanup after a failed save")
+
+    def _restore_entry(self, slot: Slot, entry, n: int) -> int:
+        """Make the slot hold `entry`'s state cut back to n tokens; 0 on failure (the slot is
+        then empty, the entry stays cached)."""
+        st = slot.state
+        try:
+            self._fault("restore")
+            self.c["checkpoints_erased"] += slot.checkpoints.clear()
+            st.restore(entry.state)  # shares the blocks (copy-on-write)
+            slot.checkpoints = entry.checkpoints.share() if entry.checkpoints is not None \
+                else CheckpointList(self.cfg.ctx_checkpoints)
+            slot.checkpoints.max_n = self.cfg.ctx_checkpoints
+            self.pcache.touch(entry)
+        except Exception as e:  # noqa: BLE001
+            self.c["cache_restore_failures"] += 1
+            log.warning("slot %d: restoring a cached state failed: %s", slot.id, e)
+            self._clear_state(slot)
+            return 0
+        got, _ = self._bring_to(slot, n)
+        return got
+
+    def _release_entry(self, entry) -> None:
+        """PromptCache callback: drop the references an evicted entry holds."""
+        try:
+            if self._scratch is not None and entry.state is not None:
+                self._scratch.release_snapshot(entry.state)
+        finally:
+            if entry.checkpoints is not None:
+                entry.checkpoints.clear()
+
+    def _release_partial(self, snap: dict) -> None:
+        """Checkpoint callback: give back a partial snapshot's references."""
+        caches = getattr(self._scratch, "caches", {})
+        for k, x in snap.items():
+            c = caches.get(k)
+            if c is not None:
+                c.release_snapshot(x)
+
+    def _take_checkpoint(self, s: Slot, kind: str) -> None:
+        try:
+            self._fault("checkpoint")
+            ck = take_checkpoint(s.state, kind, release=self._release_partial)
+        except Exception as e:  # noqa: BLE001
+            self.c["checkpoint_failures"] += 1
+            log.warning("slot %d: creating a context checkpoint failed: %s", s.id, e)
+            return
+        if ck is None:
+            return
+        self.c["checkpoints_created"] += 1
+        self.c["checkpoints_erased"] += s.checkpoints.add(ck)
+        log.debug("slot %d: context checkpoint %d of %d at %d tokens (%s, %d B)", s.id,
+                  len(s.checkpoints), s.checkpoints.max_n, ck.n_tokens, kind, ck.nbytes)
+
+    # ---- memory pressure -------------------------------------------------------------
+    def _blocks_short(self, batch) -> dict:
+        """Pools that lack blocks for `batch`: pool -> blocks missing."""
+        need: dict = {}
+        pools = {}
+        for st, toks in batch:
+            for c in getattr(st, "caches", {}).values():
+                fn = getattr(c, "blocks_needed", None)
+                pool = getattr(c, "pool", None)
+                if fn is None or pool is None:
+                    continue
+                need[id(pool)] = need.get(id(pool), 0) + max(0, int(fn(len(toks))))
+                pools[id(pool)] = pool
+        return {pools[k]: n - pools[k].n_free for k, n in need.items() if n > pools[k].n_free}
+
+    def _make_room(self, batch, active: list[Slot]) -> bool:
+        """Free KV blocks for `batch`: RAM-cache entries first (LRU), then idle slots'
+        states. Returns True when something was freed."""
+        freed = False
+        short = self._blocks_short(batch)
+        if not short and batch:
+            short = {None: 1}  # the model said full without per-cache numbers: free one thing
+        while short:
+            if self.pcache is not None and self.pcache.n_entries:
+                self.pcache.evict_lru()
+                freed = True
+            else:
+                idle = [s for s in self.slots if s.task is None and s.n_tokens > 0]
+                if not idle:
+                    break
+                victim = min(idle, key=lambda s: s.t_last_used)
+                log.info("KV pool full: dropping idle slot %d's state (%d tokens)", victim.id,
+                         victim.n_tokens)
+                self._clear_state(victim)
+                victim.published = False
+                self.c["idle_slot_evictions"] += 1
+                freed = True
+            short = self._blocks_short(batch)
+            if None in short:
+                break
+        return freed
 
     def _step(self, active: list[Slot]) -> None:
         cfg = self.cfg
@@ -701,19 +1072,20 @@ class Engine:
                 break
             left = len(s.pending) - s.i_pending
             n = max(1, min(left, cfg.n_ubatch, budget))
+            if s.ckpt_plan:  # stop the chunk at the next checkpoint position
+                pos = s.n_cached + s.i_pending
+                while s.ckpt_plan and s.ckpt_plan[0][0] <= pos:
+                    s.ckpt_plan.popleft()
+                if s.ckpt_plan:
+                    n = max(1, min(n, s.ckpt_plan[0][0] - pos))
             batch.append((s.state, s.pending[s.i_pending:s.i_pending + n]))
             owners.append((s, n))
             budget -= n
         if not batch:
             return
         self._set_threads(prefill=len(batch) > sum(1 for s in active if s.phase == "decode"))
-        t0 = time.perf_counter()
-        try:
-            logits = self.model.forward(batch)
-        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
-            log.exception("forward failed for %d segment(s)", len(batch))
-            for s, _ in owners:
-                self._fail(s, e, reset_state=True)
+        logits = self._forward(batch, owners, active)
+        if logits is None:
             return
         self.c["n_decode_total"] += 1
         self.c["n_busy_slots_total"] += len(owners)
@@ -725,6 +1097,8 @@ class Engine:
                 self.c["n_tokens_max"] = max(self.c["n_tokens_max"], s.n_tokens)
                 if s.phase == "prefill":
                     s.i_pending += n
+                    if s.ckpt_plan and s.ckpt_plan[0][0] == s.n_cached + s.i_pending:
+                        self._take_checkpoint(s, s.ckpt_plan.popleft()[1])
                     if s.i_pending < len(s.pending):
                         continue
                     s.t_prompt_done = t1
@@ -736,6 +1110,48 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, reset_state=False)
+        self._refresh_cache_numbers()
+
+    def _forward(self, batch: list, owners: list, active: list[Slot]):
+        """model.forward with KV-pressure handling: on a full pool free cached states, then
+        let prefilling slots wait (dropped from this step), then fail the youngest request
+        with ContextFullError. Shrinks `batch`/`owners` in place; None: nothing ran."""
+        while batch:
+            try:
+                logits = self.model.forward(batch)
+                return logits
+            except ContextFullError as e:
+                if self._make_room(batch, active):
+                    continue
+                pre = [i for i, (s, _) in enumerate(owners) if s.phase == "prefill"]
+                if pre and len(owners) > 1:
+                    # prefilling slots wait for memory: keep the oldest one if nothing decodes
+                    keep = set() if len(pre) < len(owners) else {pre[0]}
+                    drop = [i for i in pre if i not in keep]
+                    if drop:
+                        self.c["kv_full_waits"] += 1
+                        for i in reversed(drop):
+                            del batch[i]
+                            del owners[i]
+                        continue
+                # one request (or only decodes) that cannot fit: fail the youngest
+                victim_i = max(range(len(owners)), key=lambda i: owners[i][0].task.t_submit)
+                s, _ = owners[victim_i]
+                self.c["kv_full_failures"] += 1
+                err = ContextFullError(
+                    f"not enough KV memory for this request ({s.n_tokens} tokens held, "
+                    f"{len(batch[victim_i][1])} more needed; KV pool limit "
+                    f"{self._cache_numbers.get('kv_limit_bytes', 0) // 2**20} MiB, n_ctx {self.n_ctx}): {e}")
+                log.warning("slot %d: %s", s.id, err)
+                del batch[victim_i]
+                del owners[victim_i]
+                self._fail(s, err, reset_state=True)
+            except Exception as e:  # noqa: BLE001 - fail these requests, keep serving
+                log.exception("forward failed for %d segment(s)", len(batch))
+                for s, _ in owners:
+                    self._fail(s, e, reset_state=True)
+                return None
+        return None
 
     def _set_threads(self, prefill: bool) -> None:
         """-t for decode-only steps, -tb for steps that carry prompt tokens (llama.cpp)."""
@@ -807,6 +1223,8 @@ class Engine:
             prompt_ms=1e3 * (t_prompt_done - s.t_start),
             predicted_n=len(s.generated),
             predicted_ms=1e3 * (now - t_prompt_done) if s.t_prompt_done else 0.0,
+            cache_source=s.cache_source if s.n_cached else "none",
+            checkpoint_restores=s.n_ckpt_restored,
         )
         c = self.c
         c["requests_total"] += 1
@@ -822,9 +1240,10 @@ class Engine:
             task._put(FinalEvent(stop_type, word, s.n_prompt, len(s.generated), tm, s.id,
                                  truncated=False))
         td = tm.to_dict()
-        log.info("slot %d task %d %s: prompt %d tok (%d cached) %.1f tok/s, generated %d tok "
-                 "%.1f tok/s", s.id, task.id, stop_type, s.n_prompt, s.n_cached,
-                 td["prompt_per_second"], len(s.generated), td["predicted_per_second"])
+        log.info("slot %d task %d %s: prompt %d tok (%d cached from %s) %.1f tok/s, generated %d "
+                 "tok %.1f tok/s", s.id, task.id, stop_type, s.n_prompt, s.n_cached,
+                 tm.cache_source, td["prompt_per_second"], len(s.generated),
+                 td["predicted_per_second"])
         self._release_slot(s)
 
     def _fail(self, s: Slot, err: BaseException, reset_state: bool) -> None:
@@ -839,9 +1258,12 @@ class Engine:
             except Exception:  # noqa: BLE001
                 log.exception("releasing slot %d state failed", s.id)
             s.state = None
+            self.c["checkpoints_erased"] += s.checkpoints.clear()
         self._release_slot(s)
 
     def _release_slot(self, s: Slot) -> None:
+        s.ckpt_plan.clear()
+        s.published = False
         s.task = None
         s.phase = "idle"
         s.t_last_used = time.time()
@@ -851,6 +1273,25 @@ class Engine:
     # ---- synchronous helper ----------------------------------------------------------
     def generate_sync(self, prompt, params: GenParams | None = None) -> Completion:
         return self.submit(prompt, params, sync=True).collect_sync()
+
+
+def _host_memory() -> tuple[int, int]:
+    """(available, total) bytes of host RAM; (0, 0) when unknown."""
+    try:
+        info = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                info[k] = int(v.split()[0]) * 1024
+        return info.get("MemAvailable", info.get("MemFree", 0)), info.get("MemTotal", 0)
+    except (OSError, ValueError):
+        import os
+
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+        except (ValueError, OSError, AttributeError):
+            return 0, 0
 
 
 def load_engine(path: str | Path, cfg: EngineConfig | None = None, wait: bool = True) -> Engine:

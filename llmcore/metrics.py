@@ -25,6 +25,9 @@ class SlotStats:
     predicted_per_second: float = 0.0
     t_last_used: float = 0.0  # time.time() at release
     nbytes: int = 0  # bytes held by the slot's state
+    cache_source: str = "none"  # where the current/last task's cached prefix came from
+    n_checkpoints: int = 0  # context checkpoints the slot holds
+    checkpoint_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,34 @@ class EngineStats:
     n_decode_total: int = 0  # model.forward calls
     n_busy_slots_total: int = 0  # sum over forward calls of slots in the batch
     n_tokens_max: int = 0  # most tokens held by any slot so far
+    # cache layer 1: slot prefix reuse (per request: hit = some prefix reused from the slot)
+    slot_hits: int = 0
+    slot_misses: int = 0
+    # cache layer 2: RAM prompt cache
+    ram_hits: int = 0  # requests served (partly) from a cached state
+    ram_misses: int = 0  # requests for which the cache had nothing
+    cache_ram_bytes: int = 0  # bytes counted against the budget (shared blocks once)
+    cache_ram_limit_bytes: int = 0  # budget; -1 none, 0 cache off
+    cache_ram_entries: int = 0
+    cache_ram_tokens: int = 0
+    cache_ram_evictions: int = 0
+    cache_ram_inserts: int = 0
+    cache_save_failures: int = 0
+    cache_restore_failures: int = 0
+    # cache layer 3: context checkpoints
+    checkpoints_created: int = 0
+    checkpoints_restored: int = 0
+    checkpoints_erased: int = 0
+    checkpoint_failures: int = 0
+    checkpoints_count: int = 0  # held by slots now (entries' checkpoints are in cache_ram_bytes)
+    checkpoints_bytes: int = 0
+    forced_reprefills: int = 0  # prompts re-processed from 0 for lack of a checkpoint
+    # memory
+    kv_used_bytes: int = 0  # KV blocks in use (slots + cache)
+    kv_limit_bytes: int = 0
+    idle_slot_evictions: int = 0  # idle slots' states dropped for KV room
+    kv_full_waits: int = 0  # steps where prefilling requests waited for KV room
+    kv_full_failures: int = 0  # requests failed: no KV room even after evicting
     uptime_s: float = 0.0
     slots: tuple[SlotStats, ...] = ()
     cache: dict = field(default_factory=dict)  # extra numbers from cache layers (name -> number)
@@ -111,6 +142,53 @@ _METRICS = [
     ("llmcore:prompt_tokens_cached_total", "counter", "Prompt tokens reused from slot state.",
      lambda s: s.cache_tokens_total),
     ("llmcore:slots_total", "gauge", "Number of slots.", lambda s: s.n_slots),
+    ("llmcore:queue_length", "gauge", "Requests waiting for a slot.", lambda s: s.requests_deferred),
+    ("llmcore:slot_cache_hits_total", "counter", "Requests that reused a prefix from their slot.",
+     lambda s: s.slot_hits),
+    ("llmcore:slot_cache_misses_total", "counter", "Requests that reused nothing from their slot.",
+     lambda s: s.slot_misses),
+    ("llmcore:prompt_cache_hits_total", "counter", "Requests restored from the RAM prompt cache.",
+     lambda s: s.ram_hits),
+    ("llmcore:prompt_cache_misses_total", "counter", "Requests for which the RAM prompt cache had nothing.",
+     lambda s: s.ram_misses),
+    ("llmcore:prompt_cache_bytes", "gauge", "Bytes held by the RAM prompt cache (incl. checkpoints).",
+     lambda s: s.cache_ram_bytes),
+    ("llmcore:prompt_cache_budget_bytes", "gauge", "RAM prompt cache budget (-1 unbounded, 0 off).",
+     lambda s: s.cache_ram_limit_bytes),
+    ("llmcore:prompt_cache_entries", "gauge", "Entries in the RAM prompt cache.",
+     lambda s: s.cache_ram_entries),
+    ("llmcore:prompt_cache_tokens", "gauge", "Tokens in the RAM prompt cache.",
+     lambda s: s.cache_ram_tokens),
+    ("llmcore:prompt_cache_evictions_total", "counter", "RAM prompt cache evictions.",
+     lambda s: s.cache_ram_evictions),
+    ("llmcore:prompt_cache_inserts_total", "counter", "States saved to the RAM prompt cache.",
+     lambda s: s.cache_ram_inserts),
+    ("llmcore:prompt_cache_save_failures_total", "counter", "Failed saves (served as misses).",
+     lambda s: s.cache_save_failures),
+    ("llmcore:prompt_cache_restore_failures_total", "counter", "Failed restores (served as misses).",
+     lambda s: s.cache_restore_failures),
+    ("llmcore:checkpoints_created_total", "counter", "Context checkpoints created.",
+     lambda s: s.checkpoints_created),
+    ("llmcore:checkpoints_restored_total", "counter", "Context checkpoints restored.",
+     lambda s: s.checkpoints_restored),
+    ("llmcore:checkpoints_erased_total", "counter", "Context checkpoints erased.",
+     lambda s: s.checkpoints_erased),
+    ("llmcore:checkpoint_failures_total", "counter", "Failed checkpoint creations/restores.",
+     lambda s: s.checkpoint_failures),
+    ("llmcore:checkpoints", "gauge", "Context checkpoints held by slots.", lambda s: s.checkpoints_count),
+    ("llmcore:checkpoints_bytes", "gauge", "Bytes of context checkpoints held by slots.",
+     lambda s: s.checkpoints_bytes),
+    ("llmcore:forced_reprefills_total", "counter", "Prompts re-processed from 0 for lack of a checkpoint.",
+     lambda s: s.forced_reprefills),
+    ("llmcore:kv_used_bytes", "gauge", "KV blocks in use (slots and prompt cache).",
+     lambda s: s.kv_used_bytes),
+    ("llmcore:kv_limit_bytes", "gauge", "Most KV memory the pools may take.", lambda s: s.kv_limit_bytes),
+    ("llmcore:idle_slot_evictions_total", "counter", "Idle slots' states dropped for KV room.",
+     lambda s: s.idle_slot_evictions),
+    ("llmcore:kv_full_waits_total", "counter", "Steps where prefilling requests waited for KV room.",
+     lambda s: s.kv_full_waits),
+    ("llmcore:kv_full_failures_total", "counter", "Requests failed for lack of KV room.",
+     lambda s: s.kv_full_failures),
     ("llmcore:uptime_seconds", "gauge", "Seconds since the engine started.", lambda s: s.uptime_s),
 ]
 
