@@ -112,3 +112,39 @@ def test_batched_equals_alone(tiny):
     rb = model.forward([(sb.fork(), [5])])[0]
     got = model.forward([(sb, [5]), (sa, [3])])
     assert _rel(got[0], rb) < 1e-5 and _rel(got[1], ra) < 1e-5
+
+
+def _greedy(model, prompt, n):
+    st = model.new_state()
+    logits, out = model.forward([(st, np.asarray(prompt, np.int32))])[0], []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.forward([(st, [out[-1]])])[0]
+    return out
+
+
+@pytest.mark.parametrize("stem", ARCHS)
+def test_engine_checkpoint_on_divergence(conformance, stem):
+    """Through the engine: a request that diverges from the slot's tokens restores the
+    newest recurrent checkpoint before the divergence and generates what a fresh run does."""
+    from llmcore.engine import Engine, EngineConfig, GenParams
+    from llmcore.sampling import SamplingParams
+
+    path = conformance / "models" / f"{stem}.gguf"
+    eng = Engine.from_path(path, EngineConfig(n_parallel=1, checkpoint_every_n_tokens=16, cache_ram_mib=0))
+    eng.start()
+    try:
+        assert eng.wait_ready(60)
+        gp = GenParams(n_predict=4, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
+        p1 = _tokens(40, 20).tolist()
+        p2 = p1[:30] + _tokens(10, 21).tolist()
+        c1 = eng.generate_sync(p1, gp)
+        c2 = eng.generate_sync(p2, gp)
+        model = eng.model
+        assert c1.tokens == _greedy(model, p1, 4)
+        assert c2.tokens == _greedy(model, p2, 4)
+        s = eng.stats()
+        # resumed from the checkpoint at 16, not re-prefilled from 0
+        assert s.checkpoints_restored >= 1 and s.forced_reprefills == 0 and s.checkpoints_bytes > 0
+    finally:
+        eng.stop()
