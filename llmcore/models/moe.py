@@ -205,13 +205,24 @@ class MoE:
                  route: str | Callable = "softmax_norm", act: str | Callable = "silu",
                  router_bias=None, gate_bias=None, up_bias=None, down_bias=None,
                  shared: Callable | None = None, shared_gate=None, stats: MoEStats | None = None):
-        self.router = quant.Linear(router, bias=_f32(router_bias))
+        QT = gguf.GGMLQuantizationType
+        rtype = int(router.ggml_type)
+        self.router_bias = _f32(router_bias)
+        if rtype in (QT.F32, QT.F16, QT.BF16) and router.shape[0] <= 1024:
+            # a small float router (E x d) is one NumPy matvec: no kernel parallel region
+            self.router_w = np.ascontiguousarray(router.dequantize().T, dtype=np.float32)
+            self.router = None
+            n_out = self.router_w.shape[1]
+        else:
+            self.router_w = None
+            self.router = quant.Linear(router, bias=self.router_bias)
+            n_out = self.router.out_features
         # llama.cpp rounds activations to f16 before an F16 matmul; the float kernels don't.
         # Routing is a discrete choice, so do it here to pick the same experts on near-ties.
-        self.router_f16_act = int(router.ggml_type) == int(gguf.GGMLQuantizationType.F16)
+        self.router_f16_act = rtype == int(QT.F16)
         self.n_expert = int(gate.shape[0])
-        if self.router.out_features != self.n_expert:
-            raise ValueError(f"{router.name}: {self.router.out_features} router outputs for "
+        if n_out != self.n_expert:
+            raise ValueError(f"{router.name}: {n_out} router outputs for "
                              f"{self.n_expert} experts")
         self.n_used = int(n_used)
         if not 1 <= self.n_used <= self.n_expert:
@@ -244,7 +255,12 @@ class MoE:
         """(ids int32 (n, k), weights float32 (n, k)) for x (n, d)."""
         if self.router_f16_act:
             x = x.astype(np.float16).astype(np.float32)
-        logits = self.router(x)
+        if self.router is not None:
+            logits = self.router(x)
+        else:
+            logits = x @ self.router_w
+            if self.router_bias is not None:
+                logits += self.router_bias
         ids, w = self.route_fn(logits, self.n_used)
         return np.asarray(ids, dtype=np.int32), np.asarray(w, dtype=np.float32)
 
