@@ -746,7 +746,7 @@ class Engine:
         still = collections.deque()
         for task in self._waiting:
             slot = self._pick_slot(task)
-            if slot is None:
+            if slot is None or not self._admissible(task):
                 still.append(task)
                 continue
             try:
@@ -1125,15 +1125,13 @@ class Engine:
                     continue
                 pre = [i for i, (s, _) in enumerate(owners) if s.phase == "prefill"]
                 if pre and len(owners) > 1:
-                    # prefilling slots wait for memory: keep the oldest one if nothing decodes
-                    keep = set() if len(pre) < len(owners) else {pre[0]}
-                    drop = [i for i in pre if i not in keep]
-                    if drop:
-                        self.c["kv_full_waits"] += 1
-                        for i in reversed(drop):
-                            del batch[i]
-                            del owners[i]
-                        continue
+                    # the youngest prefilling request gives its memory back and waits again
+                    i = max(pre, key=lambda i: owners[i][0].task.t_submit)
+                    s, _ = owners[i]
+                    del batch[i]
+                    del owners[i]
+                    self._preempt(s)
+                    continue
                 # one request (or only decodes) that cannot fit: fail the youngest
                 victim_i = max(range(len(owners)), key=lambda i: owners[i][0].task.t_submit)
                 s, _ = owners[victim_i]
@@ -1152,6 +1150,39 @@ class Engine:
                     self._fail(s, e, reset_state=True)
                 return None
         return None
+
+    def _preempt(self, s: Slot) -> None:
+        """Put a prefilling request back at the head of the queue, releasing its state (it
+        has emitted nothing yet); it restarts when memory allows."""
+        task = s.task
+        self.c["kv_full_waits"] += 1
+        log.info("KV pool full: slot %d's request (task %d) waits for memory", s.id, task.id)
+        self._clear_state(s)
+        self._release_slot(s)
+        task.slot_id = None
+        self._waiting.appendleft(task)
+
+    def _admissible(self, task: Task) -> bool:
+        """Whether the task's prompt can get KV blocks now (free, or held by the RAM cache
+        or idle slots); always true when no other request runs (then it fits or fails)."""
+        active = [s for s in self.slots if s.task is not None]
+        pools = dict(getattr(self.model, "pools", {}) or {})
+        if not active or not pools:
+            return True
+        for pool in pools.values():
+            held = 0
+            window = 0
+            for s in active:
+                for c in getattr(s.state, "caches", {}).values():
+                    if getattr(c, "pool", None) is pool:
+                        held += int(getattr(c, "n_blocks", 0))
+                        window = max(window, int(getattr(c, "window", 0) or 0))
+            n = len(task.prompt) + 1
+            if window:
+                n = min(n, window + self.cfg.n_ubatch + pool.block_size)
+            if pool.blocks_for(n) > pool.n_free + pool.n_used - held:
+                return False
+        return True
 
     def _set_threads(self, prefill: bool) -> None:
         """-t for decode-only steps, -tb for steps that carry prompt tokens (llama.cpp)."""

@@ -134,6 +134,9 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._lru)
 
+    def __bool__(self) -> bool:  # an empty cache is still a cache
+        return True
+
     def __iter__(self):
         return iter(list(self._lru.values()))
 
