@@ -44,7 +44,8 @@ def friendly(fn):
 ModelOpt = typer.Option(None, "-m", "--model", help="GGUF path or known model name (default smollm2)")
 ThreadsOpt = typer.Option(0, "-t", "--threads", help="threads for generation (0 = all available)")
 ThreadsBatchOpt = typer.Option(0, "-tb", "--threads-batch", help="threads for prompt processing (0 = same as -t)")
-CtxOpt = typer.Option(0, "-c", "--ctx-size", help="context size in tokens (0 = the model's)")
+CtxOpt = typer.Option(0, "-c", "--ctx-size",
+                      help="total KV context in tokens shared by all slots, taken on demand (0 = the model's)")
 BatchOpt = typer.Option(2048, "-b", "--batch-size", help="most tokens per forward step (all slots)")
 UBatchOpt = typer.Option(512, "-ub", "--ubatch-size", help="most prompt tokens one slot adds per step")
 CtkOpt = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16, q8_0, q4_0")
@@ -52,8 +53,9 @@ CtvOpt = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V
 
 
 def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
-                   cache_type_k, cache_type_v, cache_ram=8192, ctx_checkpoints=8,
-                   checkpoint_every=8192, alias=None, sampling=None, n_predict=-1):
+                   cache_type_k, cache_type_v, cache_ram=8192, ctx_checkpoints=32,
+                   checkpoint_every=8192, alias=None, sampling=None, n_predict=-1,
+                   cache_idle_slots=True, slot_prompt_similarity=0.1):
     from .engine import EngineConfig
     from .sampling import SamplingParams
 
@@ -69,6 +71,7 @@ def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads
         n_threads=threads, n_threads_batch=threads_batch or threads,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, cache_ram_mib=cache_ram,
         ctx_checkpoints=ctx_checkpoints, checkpoint_every_n_tokens=checkpoint_every,
+        cache_idle_slots=cache_idle_slots, slot_prompt_similarity=slot_prompt_similarity,
         model_alias=alias, sampling=sampling or SamplingParams(), n_predict=n_predict,
     )
 
@@ -93,8 +96,14 @@ def serve(
     cache_type_k: str = CtkOpt,
     cache_type_v: str = CtvOpt,
     cache_ram: int = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)"),
-    ctx_checkpoints: int = typer.Option(8, "--ctx-checkpoints", help="context checkpoints per slot"),
-    checkpoint_every: int = typer.Option(8192, "--checkpoint-every-n-tokens", help="checkpoint every N prompt tokens"),
+    cache_idle_slots: bool = typer.Option(True, "--cache-idle-slots/--no-cache-idle-slots",
+                                          help="save idle slots to the prompt cache when a new task starts"),
+    ctx_checkpoints: int = typer.Option(32, "-ctxcp", "--ctx-checkpoints",
+                                        help="context checkpoints per slot (sliding-window/recurrent models; 0 off)"),
+    checkpoint_every: int = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
+                                         help="checkpoint every N prompt tokens during prefill (-1 off)"),
+    sps: float = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
+                              help="reuse a slot only when it holds more than this share of the prompt"),
     alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name shown by the API"),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)"),
     temp: float = typer.Option(0.8, "--temp", help="default temperature"),
@@ -115,7 +124,7 @@ def serve(
     cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                          cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
                          alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                         n_predict)
+                         n_predict, cache_idle_slots, sps)
     thr.set_num_threads(threads or None)
     engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
     typer.echo(f"llmcore: serving {path.name} on http://{host}:{port} ({parallel} slot(s))", err=True)

@@ -874,7 +874,7 @@ class Engine:
         """Cut the slot's state back to its first n tokens, restoring a checkpoint where
         trimming cannot; clears it when neither works. Returns (tokens kept, checkpoint used)."""
         st = slot.state
-        used = False
+        used = trying_ck = False
         n = max(0, min(n, st.n_tokens))
         try:
             if 0 < n < st.n_tokens:
@@ -886,6 +886,7 @@ class Engine:
                     if ck is None or ck.n_tokens == 0:
                         n = 0
                     else:
+                        trying_ck = True
                         self._fault("restore")
                         n = restore_checkpoint(st, ck)
                         used = True
@@ -894,7 +895,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a failed restore is a miss, never a crash
             log.warning("slot %d: restoring the cached state failed (%s); re-processing the prompt",
                         slot.id, e)
-            self.c["checkpoint_failures" if used or "checkpoint" in str(e) else "cache_restore_failures"] += 1
+            self.c["checkpoint_failures" if trying_ck else "cache_restore_failures"] += 1
             n, used = 0, False
         if n == 0 and st.n_tokens:
             self._clear_state(slot)

@@ -183,7 +183,7 @@ def test_save_and_restore_failures_are_misses(tiny_models, fresh_cache):
         eng.generate_sync(b, gp())  # saving a fails: warning + counter, b still served
         assert eng.stats().cache_save_failures >= 1
         fail.clear()
-        eng.generate_sync(a, gp())  # now a is saved when b's... (b saved on switch)
+        eng.generate_sync(a, gp())  # switching back saves b to RAM
         fail.add("restore")
         r = eng.generate_sync(b + [9], gp())  # b is in RAM, restoring it fails: cold prefill
         assert eng.stats().cache_restore_failures >= 1
@@ -323,5 +323,38 @@ def test_stats_feed_metrics_and_slots(tiny_models):
         assert m["llmcore:prompt_cache_budget_bytes"] == 64 << 20
         s = [x for x in st.slots if x.n_tokens][0]
         assert s.cache_source == "slot" and s.n_cached == len(a)
+    finally:
+        eng.stop()
+
+
+def test_checkpoint_at_last_user_message(fresh_cache):
+    path = conformance_model("tiny-gemma3-swa")
+    from llmcore.server.handlers.openai import last_user_start, render_chat
+
+    eng = start(path, n_parallel=1, checkpoint_every_n_tokens=-1, cache_ram_mib=0)
+    try:
+        if eng.chat_template is None:
+            pytest.skip("no chat template")
+        story = "tell me a very long story about " + " and ".join(f"cat number {i}" for i in range(12))
+
+        def body(last):
+            return {"messages": [
+                {"role": "system", "content": "You are terse. " * 20},
+                {"role": "user", "content": "hello there"},
+                {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": last}]}
+
+        b1 = body(story)
+        p1 = render_chat(eng, b1)
+        at = last_user_start(eng, b1, p1)
+        assert at is not None and 0 < at < len(p1) - 32
+        eng.generate_sync(p1, gp(checkpoint_at=at))
+        assert at in eng.slots[0].checkpoints.positions()
+        b2 = body(story.replace("very long", "short"))  # the client edits its last message
+        p2 = render_chat(eng, b2)
+        r = eng.generate_sync(p2, gp(checkpoint_at=last_user_start(eng, b2, p2)))
+        t = r.final.timings
+        assert t.cache_source == "checkpoint" and t.cache_n == at
+        same_output(r, fresh_cache(path, p2))
     finally:
         eng.stop()

@@ -53,6 +53,16 @@ async def props(request: web.Request) -> web.Response:
         "build_info": f"llmcore {__version__}",
         "is_sleeping": False,
         "status": eng.status,
+        "cache": {
+            "cache_prompt": True,
+            "cache_ram_mib": eng.cfg.cache_ram_mib,
+            "cache_idle_slots": eng.cfg.cache_idle_slots,
+            "ctx_checkpoints": eng.cfg.ctx_checkpoints,
+            "checkpoint_every_n_tokens": eng.cfg.checkpoint_every_n_tokens,
+            "slot_prompt_similarity": eng.cfg.slot_prompt_similarity,
+            "n_ctx_total": eng.n_ctx,
+            "memory": dict(getattr(eng, "memory_plan", {}) or {}),
+        },
     })
 
 
@@ -70,6 +80,12 @@ async def slots(request: web.Request) -> web.Response:
             "n_decoded": s.n_decoded, "prompt_per_second": s.prompt_per_second,
             "predicted_per_second": s.predicted_per_second, "nbytes": s.nbytes,
             "t_last_used": s.t_last_used,
+            # llama-server's names for the same numbers
+            "n_prompt_tokens": s.n_prompt, "n_prompt_tokens_cache": s.n_cached,
+            "n_prompt_tokens_processed": s.n_prefilled,
+            "next_token": [{"has_next_token": s.state != "idle", "n_decoded": s.n_decoded}],
+            "cache_source": s.cache_source, "n_checkpoints": s.n_checkpoints,
+            "checkpoint_bytes": s.checkpoint_bytes,
         })
     return web.json_response(out)
 

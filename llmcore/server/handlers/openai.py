@@ -56,6 +56,30 @@ def render_chat(eng, body: dict) -> list[int]:
     return dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
 
 
+def last_user_start(eng, body: dict, prompt: list[int]) -> int | None:
+    """Token position where the last user message starts (a context checkpoint goes there):
+    the common prefix of the prompt and the conversation rendered without that message.
+    Only computed for models that need checkpoints (sliding window, recurrent)."""
+    if not getattr(eng, "_needs_ckpt", False) or eng.chat_template is None:
+        return None
+    msgs = body.get("messages") or []
+    idx = max((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"),
+              default=None)
+    if not idx:
+        return None
+    try:
+        kwargs = body.get("chat_template_kwargs") or {}
+        text = eng.chat_template.render(msgs[:idx], add_generation_prompt=False,
+                                        tools=body.get("tools"), **kwargs)
+        head = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
+    except Exception:  # noqa: BLE001 - only a hint for checkpoint placement
+        return None
+    from ...engine import common_prefix
+
+    n = common_prefix(head, prompt)
+    return n if 0 < n < len(prompt) else None
+
+
 def _text(content) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -74,6 +98,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             raise RequestError("'echo', 'best_of' and 'suffix' are not supported")
         prompt = tokenize_prompt(eng, body["prompt"])
     params = gen_params(body, eng, oai=True)
+    if chat:
+        params.checkpoint_at = last_user_start(eng, body, prompt)
     stream = get_bool(body, "stream", False)
     want_lp = params.sampling.n_probs > 0
     task = eng.submit(prompt, params)
