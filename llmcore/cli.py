@@ -1,4 +1,4 @@
-"""`llmcore` command line: serve, generate, pull, info.
+"""`llmcore` command line: serve, tui, generate, pull, info.
 
 `-m` takes a path or a known model name (pulled when missing); the default is smollm2.
 Errors meant for the user (LLMCoreError) print one line and exit 1, no traceback.
@@ -129,6 +129,61 @@ def serve(
     engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
     typer.echo(f"llmcore: serving {path.name} on http://{host}:{port} ({parallel} slot(s))", err=True)
     run_server(engine, ServerConfig(host=host, port=port))
+
+
+@app.command()
+@friendly
+def tui(
+    model: Optional[str] = ModelOpt,
+    url: Optional[str] = typer.Option(None, "--url", help="attach to a running server instead of starting one"),
+    interval: float = typer.Option(1.0, "--interval", help="seconds between polls"),
+    no_tui: bool = typer.Option(False, "--no-tui", help="no dashboard: print a snapshot line every interval"),
+    once: bool = typer.Option(False, "--once", help="print one snapshot and exit"),
+    json_out: bool = typer.Option(False, "--json", help="with --once/--no-tui: JSON lines instead of text"),
+    mock: bool = typer.Option(False, "--mock", help="demo data, no server"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
+    port: int = typer.Option(8080, "--port", help="port to listen on"),
+    threads: int = ThreadsOpt,
+    threads_batch: int = ThreadsBatchOpt,
+    ctx_size: int = CtxOpt,
+    parallel: int = typer.Option(1, "-np", "--parallel", help="number of slots (concurrent requests)"),
+    batch_size: int = BatchOpt,
+    ubatch_size: int = UBatchOpt,
+    cache_type_k: str = CtkOpt,
+    cache_type_v: str = CtvOpt,
+    cache_ram: int = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)"),
+    ctx_checkpoints: int = typer.Option(8, "--ctx-checkpoints", help="context checkpoints per slot"),
+    checkpoint_every: int = typer.Option(8192, "--checkpoint-every-n-tokens", help="checkpoint every N prompt tokens"),
+    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name shown by the API"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)"),
+    temp: float = typer.Option(0.8, "--temp", help="default temperature"),
+    top_k: int = typer.Option(40, "--top-k", help="default top-k (0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", help="default top-p (1 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", help="default min-p (0 = off)"),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
+):
+    """Run the server with the live dashboard (or attach to one with --url)."""
+    from .tui.run import main as tui_main
+
+    engine = server_cfg = None
+    if not url and not mock:  # the same engine and server as `llmcore serve`
+        from . import threads as thr
+        from .engine import Engine
+        from .pull import resolve_model
+        from .sampling import SamplingParams
+        from .server import ServerConfig
+
+        path = resolve_model(model)
+        cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
+                             cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
+                             alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
+                             n_predict)
+        thr.set_num_threads(threads or None)
+        engine = Engine.from_path(path, cfg)
+        server_cfg = ServerConfig(host=host, port=port)
+    rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, interval=interval, no_tui=no_tui,
+                  once_=once, fmt="json" if json_out else "text", mock=mock, log_level=log_level)
+    raise typer.Exit(rc)
 
 
 @app.command()

@@ -1,0 +1,127 @@
+"""`llmcore tui` modes: the dashboard (beside an in-process server, or attached to a URL),
+`--no-tui` (one line per interval: text or JSON lines) and `--once` (one snapshot, exit).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import TextIO
+
+from .snapshot import History, Snapshot, to_json, to_text
+from .source import EngineSource, FakeSource, HttpSource
+
+log = logging.getLogger("llmcore.tui")
+
+
+class InProcessServer:
+    """The aiohttp app of `llmcore serve`, run on the caller's event loop (the dashboard's),
+    so engine, server and dashboard share one process."""
+
+    def __init__(self, engine, cfg=None):
+        from ..server import ServerConfig
+
+        self.engine = engine
+        self.cfg = cfg or ServerConfig()
+        self.runner = None
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        from ..server import create_app
+
+        runner = web.AppRunner(create_app(self.engine, self.cfg), handle_signals=False,
+                               shutdown_timeout=self.cfg.shutdown_timeout, access_log=None)
+        await runner.setup()  # starts the engine thread (the model loads there)
+        try:
+            await web.TCPSite(runner, self.cfg.host, self.cfg.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.runner = runner
+        log.info("serving on http://%s:%d", self.cfg.host, self.cfg.port)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()  # closes streams, stops the engine thread
+
+
+def make_source(url: str | None = None, engine=None, mock: bool = False, timeout: float = 3.0):
+    if mock:
+        return FakeSource(n_slots=4)
+    if url:
+        return HttpSource(url, timeout=timeout)
+    if engine is None:
+        raise ValueError("need a url, an engine or mock")
+    return EngineSource(engine)
+
+
+def _line(snap: Snapshot, fmt: str, history: History | None) -> str:
+    return to_json(snap) if fmt == "json" else to_text(snap, history)
+
+
+async def once(source, server: InProcessServer | None = None, fmt: str = "text",
+               out: TextIO | None = None, wait_s: float = 600.0) -> int:
+    """Print one snapshot. With an in-process server, wait until the model is loaded
+    (or failed) first. Exit status 1 when the source could not be read."""
+    out = out or sys.stdout
+    try:
+        if server is not None:
+            await server.start()
+            await asyncio.to_thread(server.engine.wait_ready, wait_s)
+        snap = await source.fetch()
+        print(_line(snap, fmt, None), file=out, flush=True)
+        return 0 if snap.connected and snap.get("status", "ok") != "error" else 1
+    finally:
+        await source.close()
+        if server is not None:
+            await server.stop()
+
+
+async def headless(source, server: InProcessServer | None = None, interval: float = 1.0,
+                   fmt: str = "text", out: TextIO | None = None, count: int | None = None) -> int:
+    """Print a snapshot every `interval` seconds (`count` times, or until cancelled)."""
+    out = out or sys.stdout
+    history = History()
+    try:
+        if server is not None:
+            await server.start()
+        n = 0
+        while count is None or n < count:
+            snap = await source.fetch()
+            history.add(snap)
+            print(_line(snap, fmt, history), file=out, flush=True)
+            n += 1
+            if count is None or n < count:
+                await asyncio.sleep(interval)
+        return 0
+    finally:
+        await source.close()
+        if server is not None:
+            await server.stop()
+
+
+def main(*, url: str | None = None, engine=None, server_cfg=None, interval: float = 1.0,
+         no_tui: bool = False, once_: bool = False, fmt: str = "text", mock: bool = False,
+         log_level: str = "info") -> int:
+    """Entry point of `llmcore tui` (see cli.py). Returns the exit status."""
+    source = make_source(url, engine, mock)
+    server = InProcessServer(engine, server_cfg) if engine is not None and not url and not mock else None
+    level = getattr(logging, log_level.upper(), logging.INFO)
+    if once_ or no_tui:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            stream=sys.stderr)
+        coro = once(source, server, fmt) if once_ else headless(source, server, interval, fmt)
+        try:
+            return asyncio.run(coro)
+        except KeyboardInterrupt:
+            return 130
+    from .app import Dashboard
+
+    # log records go to the event log, not to the terminal under the dashboard
+    logging.getLogger().setLevel(level)
+    app = Dashboard(source, interval=interval, startup=server.start if server else None,
+                    shutdown=server.stop if server else None, log_level=level)
+    app.run()
+    return app.return_code or 0
