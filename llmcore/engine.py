@@ -539,11 +539,12 @@ class Engine:
         npar = len(self.slots)
         bpb_total = sum(p.bytes_per_block for p in pools.values()) or 1
         extra = (cache_budget or 0) // bpb_total if self.pcache is not None else 0
-        kv_max = 0
+        kv_max = kv_live = 0
         for p in pools.values():
             if p.max_blocks is None:
                 p.max_blocks = p.blocks_for(self.n_ctx) + 2 * npar + extra
             kv_max += p.max_blocks * p.bytes_per_block
+            kv_live += min(p.max_blocks, p.blocks_for(self.n_ctx) + 2 * npar) * p.bytes_per_block
         # what one checkpoint of this model costs at most
         ck_bytes = 0
         for c in getattr(probe, "caches", {}).values():
@@ -554,15 +555,15 @@ class Engine:
         n_ck = max(0, cfg.ctx_checkpoints) if self._needs_ckpt else 0
         self.memory_plan = dict(
             kv_bytes_per_token=sum(p.bytes_per_token for p in pools.values()),
-            kv_max_bytes=kv_max, cache_ram_max_bytes=cache_budget if self.pcache else 0,
+            kv_max_bytes=kv_max, kv_slots_max_bytes=kv_live, cache_ram_max_bytes=cache_budget if self.pcache else 0,
             checkpoint_bytes=ck_bytes, checkpoints_max_bytes=n_ck * ck_bytes * npar,
             host_total_bytes=total, host_available_bytes=avail)
         mib = lambda b: "unbounded" if b is None else f"{b / 2**20:.0f} MiB"
-        log.info("memory: KV up to %s (%d tokens x %d B/token for %d slot(s), taken on demand, "
-                 "shared with the prompt cache); prompt cache %s; checkpoints %s (%d per slot x %s); "
-                 "host RAM %s total, %s available",
-                 mib(kv_max), self.n_ctx, self.memory_plan["kv_bytes_per_token"], npar,
-                 mib(cache_budget) if self.pcache else "off",
+        log.info("memory: KV for the slots up to %s (%d tokens x %d B/token over %d slot(s), taken "
+                 "on demand); prompt cache %s (its KV blocks live in the same pools, pool limit "
+                 "%s); checkpoints %s (%d per slot x %s); host RAM %s total, %s available",
+                 mib(kv_live), self.n_ctx, self.memory_plan["kv_bytes_per_token"], npar,
+                 mib(cache_budget) if self.pcache else "off", mib(kv_max),
                  mib(n_ck * ck_bytes * npar) if n_ck else "not needed" if not self._needs_ckpt else "off",
                  n_ck, mib(ck_bytes), mib(total), mib(avail))
         if avail and kv_max + (n_ck * ck_bytes * npar) > avail:
