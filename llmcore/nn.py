@@ -33,7 +33,10 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
   GQA: head h uses kv head h // (H // n_kv_heads). sinks (H,): an extra logit per head
   that takes part in the softmax with no value (gpt-oss). softcap > 0: scores become
   softcap * tanh(score / softcap) (after scaling). Block-table entries of -1 (freed
-  blocks) are never read; a query that sees no key gets zeros.
+  blocks) are never read; a query that sees no key gets zeros. With an f16 cache the
+  roundings of llama.cpp (flash attention off) are reproduced: q rounded to f16 before the
+  K.Q products, scale applied to the products, probabilities normalised then rounded to
+  f16 before the V products.
 
 Kernels live in llmcore/_kernels/nn (pyx/nn.pyx); when that module is not built the
 NumPy reference versions (``_ref_*``, also the test oracle) are used instead.
@@ -395,6 +398,9 @@ def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, s
         k = _ref_kv_load(k_pool, kv_type, block_tables[s], n)  # (n, KVH, D)
         v = _ref_kv_load(v_pool, kv_type, block_tables[s], n)
         j = np.arange(n)
+        # F16 cache: llama.cpp (flash attention off) rounds q to f16 for the K.Q matmul and
+        # the normalised probabilities to f16 for the V matmul
+        r16 = (lambda a: a.astype(np.float16).astype(np.float32)) if kv_type == KV_F16 else (lambda a: a)
         for i in range(r0, r1):
             p = q_pos[i]
             mask = j <= p
@@ -402,7 +408,7 @@ def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, s
                 mask &= (p - j) < window
             for h in range(H):
                 kh = h // group
-                sc = (k[:, kh, :] @ q[i, h]) * scale
+                sc = (k[:, kh, :] @ r16(q[i, h])) * np.float32(scale)
                 if softcap:
                     sc = softcap * np.tanh(sc / softcap)
                 sc = np.where(mask, sc, -np.inf)
@@ -413,5 +419,5 @@ def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, s
                     continue
                 e = np.exp(sc - m)
                 z = e.sum() + (np.exp(sinks[h] - m) if sinks is not None else 0.0)
-                out[i, h] = (e / z) @ v[:, kh, :]
+                out[i, h] = r16((e * np.float32(1.0 / z)).astype(np.float32)) @ v[:, kh, :]
     return out

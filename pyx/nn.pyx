@@ -32,6 +32,9 @@ cdef extern from "simd_nn.h" nogil:
                    float scale, float *s, int ldS)
     void nn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes)
     void nn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
+    void nn_f16_round_row(const float *x, float *y, int n)
+    float nn_max_sumexp(const float *s, int n, float *sum)
+    void nn_probs(const float *s, float *p, int n, float m, float inv, int r16)
 
 # KV storage type codes (nn.py maps the contract's strings to these)
 cdef enum:
@@ -276,6 +279,14 @@ def kv_load(const uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_he
 
 
 # ---- attention ---------------------------------------------------------------------------
+#
+# Exact softmax in two passes, like ggml with flash attention off: scores of a row for all
+# its keys first (scaled after the dot product, soft-capped, masked), then the probabilities
+# p = exp(s - max) * (1 / sum) -- rounded to f16 for an F16 cache, as ggml's V matmul
+# converts them -- and P.V. For an F16 cache the query is rounded to f16 too (the f32
+# operand of ggml's f16 K.Q matmul). Work items are (sequence, kv head, query tile, key
+# split); a split item stores its scores in a shared arena, the row max / sum are combined
+# over the splits, then each split accumulates its part of P.V and the parts are summed.
 
 ctypedef struct AttnArgs:
     const float *q          # (N, H, D)
@@ -292,65 +303,51 @@ ctypedef struct AttnArgs:
     float scale, softcap
     int window
     const float *sinks      # (H,) or NULL
-    float *partial          # split results: per slot R_max * (Dv + 2) floats
+    float *partial          # per split slot: R_max * Dv acc, R_max max, R_max sum
+    float *arena            # split slots' scores
+    const int64_t *slot_off # (n_slots,) offset of a slot's scores in arena
+    float *gstat            # per group: R_max max, R_max 1/sum
+    const int32_t *slot_grp # (n_slots,) group of a slot
     int R_max
+    Py_ssize_t loc_len      # per-thread scores buffer (floats) for unsplit items
 
 
-cdef void _finalize_row(const float *acc, float m, float l, const AttnArgs *a, int h,
-                        float *dst) noexcept nogil:
-    cdef float f = 1.0, sk
-    cdef int c
-    if a.sinks != NULL:
-        sk = a.sinks[h]
-        if sk > m:
-            f = expf(m - sk) if m != -INFINITY else 0.0
-            l = l * f
-            m = sk
-        l = l + expf(sk - m)
-    if l > 0:
-        f = f / l
-    else:
-        f = 0.0
-    for c in range(a.Dv):
-        dst[c] = acc[c] * f
+cdef inline void _row_range(const AttnArgs *a, int qp, int k0, int *jlo, int *jhi) noexcept nogil:
+    cdef int lo = (qp - a.window + 1 - k0) if a.window > 0 else 0
+    cdef int hi = qp - k0
+    if lo < 0:
+        lo = 0
+    if hi > a.bs - 1:
+        hi = a.bs - 1
+    jlo[0] = lo
+    jhi[0] = hi
 
 
-cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf) noexcept nogil:
-    """One (sequence, kv head, query tile, key split) work item with online softmax.
-
-    it = [seq, kvh, t0, t1, kb0, kb1, slot]; slot < 0: write normalised rows to out,
-    else store (acc, m, l) for the combine pass."""
-    cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5], slot = it[6]
-    cdef int G = a.G, D = a.D, Dv = a.Dv, bs = a.bs
-    cdef int R = (t1 - t0) * G
-    # scratch layout (sizes from R_max in the caller)
+cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS) noexcept nogil:
+    """Scores of the item's rows for keys [kb0*bs, kb1*bs): S[rr*ldS + j - kb0*bs], -inf where
+    masked. buf: per-thread scratch (Qt, Kt, tmp)."""
+    cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5]
+    cdef int G = a.G, D = a.D, bs = a.bs, R = (t1 - t0) * G
     cdef float *Qt = buf
-    cdef float *acc = Qt + a.R_max * D
-    cdef float *mm = acc + a.R_max * Dv
-    cdef float *ll = mm + a.R_max
-    cdef float *S = ll + a.R_max
-    cdef float *Kt = S + a.R_max * bs
-    cdef float *Vb = Kt + D * bs
-    cdef float *tmp = Vb + bs * Dv
-    cdef int rr, t, g, h, d, j, b, blk, jlo, jhi, lo_all, hi_all, qp, k0, n_vis
-    cdef float mb, mnew, f, lsum, sc
+    cdef float *Kt = Qt + a.R_max * D
+    cdef float *tmp = Kt + D * bs
+    cdef float *Sb
+    cdef int rr, t, h, j, b, blk, k0, jlo, jhi, lo_all, hi_all, nxt, c
     cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
     cdef const uint8_t *row
-    cdef float *srow
-
-    # gather the query tile (rows ordered t-major, head-minor), pre-scaled
+    cdef float sc = a.softcap
     for rr in range(R):
         t = t0 + rr // G
         h = kvh * G + rr % G
-        for d in range(D):
-            Qt[rr * D + d] = a.q[(<Py_ssize_t>t * a.H + h) * D + d] * a.scale
-        mm[rr] = -INFINITY
-        ll[rr] = 0.0
-        for d in range(Dv):
-            acc[rr * Dv + d] = 0.0
-
-    cdef int nxt
+        if a.kv_type == T_F16:
+            nn_f16_round_row(a.q + (<Py_ssize_t>t * a.H + h) * D, Qt + rr * D, D)
+        else:
+            memcpy(Qt + rr * D, a.q + (<Py_ssize_t>t * a.H + h) * D, D * sizeof(float))
     for b in range(kb0, kb1):
+        Sb = S + (b - kb0) * bs
+        for rr in range(R):
+            for j in range(bs):
+                Sb[rr * ldS + j] = -INFINITY
         blk = table[b]
         if blk < 0:
             continue  # freed block (outside every window): never read
@@ -358,18 +355,10 @@ cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf) noexcept 
         nxt = table[b + 1] if b + 1 < kb1 else -1
         if nxt >= 0:
             nn_prefetch_rows(a.k + nxt * a.k_bstride + kvh * a.k_row, a.KVH * a.k_row, bs, a.k_row)
-            nn_prefetch_rows(a.v + nxt * a.v_bstride + kvh * a.v_row, a.KVH * a.v_row, bs, a.v_row)
-        # keys of this block visible to at least one row of the tile
         lo_all = bs
         hi_all = -1
         for t in range(t0, t1):
-            qp = a.q_pos[t]
-            jhi = qp - k0
-            jlo = (qp - a.window + 1 - k0) if a.window > 0 else 0
-            if jlo < 0:
-                jlo = 0
-            if jhi > bs - 1:
-                jhi = bs - 1
+            _row_range(a, a.q_pos[t], k0, &jlo, &jhi)
             if jhi >= jlo:
                 if jlo < lo_all:
                     lo_all = jlo
@@ -381,82 +370,154 @@ cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf) noexcept 
             row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
             _load_row(row, a.kv_type, tmp, D)
             if R < SMALL_R:
-                # few rows (decode): dot products straight from the row, no transpose
                 for rr in range(R):
-                    S[rr * bs + j] = nn_dot(Qt + rr * D, tmp, D)
+                    Sb[rr * ldS + j] = nn_dot(Qt + rr * D, tmp, D) * a.scale
             else:
-                for d in range(D):
-                    Kt[d * bs + j] = tmp[d]
-            row = a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row
-            _load_row(row, a.kv_type, Vb + j * Dv, Dv)
+                for c in range(D):
+                    Kt[c * bs + j] = tmp[c]
         if R >= SMALL_R:
-            nn_scores(Qt, D, R, Kt, D, bs, 1.0, S, bs)
+            nn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
         for rr in range(R):
-            qp = a.q_pos[t0 + rr // G]
-            jhi = qp - k0
-            jlo = (qp - a.window + 1 - k0) if a.window > 0 else 0
-            if jlo < 0:
-                jlo = 0
-            if jhi > bs - 1:
-                jhi = bs - 1
-            if jhi < jlo:
-                continue
-            n_vis = jhi - jlo + 1
-            srow = S + rr * bs + jlo
-            if a.softcap > 0:
-                sc = a.softcap
-                for j in range(n_vis):
-                    srow[j] = sc * tanhf(srow[j] / sc)
-            mb = nn_max(srow, n_vis)
-            mnew = mb if mb > mm[rr] else mm[rr]
-            f = expf(mm[rr] - mnew) if mm[rr] != -INFINITY else 0.0
-            lsum = nn_exp_sub_sum(srow, srow, mnew, n_vis)
-            ll[rr] = ll[rr] * f + lsum
-            mm[rr] = mnew
-            nn_pv(acc + rr * Dv, f, srow, Vb + jlo * Dv, n_vis, Dv)
+            _row_range(a, a.q_pos[t0 + rr // G], k0, &jlo, &jhi)
+            for j in range(bs):
+                if j < jlo or j > jhi:
+                    Sb[rr * ldS + j] = -INFINITY
+                elif sc > 0:
+                    Sb[rr * ldS + j] = sc * tanhf(Sb[rr * ldS + j] / sc)
 
-    cdef float *dst
-    if slot < 0:
+
+cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS,
+                   const float *M, const float *inv, float *acc) noexcept nogil:
+    """acc[rr*Dv:...] = sum_j p[rr, j] v_j over the item's keys; p from S (overwritten)."""
+    cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5]
+    cdef int G = a.G, Dv = a.Dv, bs = a.bs, R = (t1 - t0) * G
+    cdef float *Vb = buf + a.R_max * a.D + a.D * bs + a.D + a.Dv
+    cdef float *Sb
+    cdef int rr, j, b, blk, nxt, lo, hi
+    cdef int r16 = a.kv_type == T_F16
+    cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
+    cdef Py_ssize_t n = (kb1 - kb0) * bs
+    for rr in range(R):
+        for j in range(Dv):
+            acc[rr * Dv + j] = 0.0
+        if M[rr] == -INFINITY:
+            for j in range(n):
+                S[rr * ldS + j] = 0.0
+        else:
+            nn_probs(S + rr * ldS, S + rr * ldS, <int>n, M[rr], inv[rr], r16)
+    for b in range(kb0, kb1):
+        blk = table[b]
+        if blk < 0:
+            continue
+        nxt = table[b + 1] if b + 1 < kb1 else -1
+        if nxt >= 0:
+            nn_prefetch_rows(a.v + nxt * a.v_bstride + kvh * a.v_row, a.KVH * a.v_row, bs, a.v_row)
+        Sb = S + (b - kb0) * bs
+        # keys of this block with a non-zero probability in some row
+        lo = bs
+        hi = -1
         for rr in range(R):
-            t = t0 + rr // G
-            h = kvh * G + rr % G
-            _finalize_row(acc + rr * Dv, mm[rr], ll[rr], a, h, a.out + (<Py_ssize_t>t * a.H + h) * Dv)
-    else:
-        dst = a.partial + <Py_ssize_t>slot * a.R_max * (Dv + 2)
-        memcpy(dst, acc, R * Dv * sizeof(float))
-        memcpy(dst + a.R_max * Dv, mm, R * sizeof(float))
-        memcpy(dst + a.R_max * Dv + a.R_max, ll, R * sizeof(float))
+            for j in range(bs):
+                if Sb[rr * ldS + j] != 0.0:
+                    if j < lo:
+                        lo = j
+                    if j > hi:
+                        hi = j
+        if hi < lo:
+            continue
+        for j in range(lo, hi + 1):
+            _load_row(a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row, a.kv_type,
+                      Vb + j * Dv, Dv)
+        for rr in range(R):
+            nn_pv(acc + rr * Dv, 1.0, Sb + rr * ldS + lo, Vb + lo * Dv, hi - lo + 1, Dv)
 
 
-cdef void _attn_combine(const AttnArgs *a, const int32_t *grp, float *buf) noexcept nogil:
-    """Merge the key splits of one (sequence, kv head, tile): grp = [kvh, t0, t1, slot0, n]."""
-    cdef int kvh = grp[0], t0 = grp[1], t1 = grp[2], slot0 = grp[3], ns = grp[4]
-    cdef int G = a.G, Dv = a.Dv, R = (t1 - t0) * G, rr, k, c, t, h
-    cdef Py_ssize_t stride = <Py_ssize_t>a.R_max * (Dv + 2)
-    cdef const float *p
-    cdef float m, l, mk, f
+cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, float l, float *M, float *inv) noexcept nogil:
+    """Row max M and 1/sum over all keys (and the sink of head h, if any)."""
+    cdef float sk
+    if a.sinks != NULL:
+        sk = a.sinks[h]
+        if sk > m:
+            l = l * expf(m - sk) if m != -INFINITY else 0.0
+            m = sk
+        l = l + expf(sk - m)
+    M[0] = m
+    inv[0] = <float>(1.0 / <double>l) if l > 0 else 0.0
+
+
+cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf, float *S) noexcept nogil:
+    """An unsplit item, start to end: scores, softmax, P.V, written to out."""
+    cdef int t0 = it[2], t1 = it[3], kvh = it[1], G = a.G, R = (t1 - t0) * G, rr, t, h
+    cdef int ldS = (it[5] - it[4]) * a.bs
+    cdef float *acc = buf + a.R_max * a.D + a.D * a.bs + a.D + a.Dv + a.bs * a.Dv
+    cdef float *M = acc + a.R_max * a.Dv
+    cdef float *inv = M + a.R_max
+    cdef float l
+    _attn_scores(a, it, buf, S, ldS)
+    for rr in range(R):
+        h = kvh * G + rr % G
+        M[rr] = nn_max_sumexp(S + rr * ldS, ldS, &l)
+        _softmax_stats(a, h, M[rr], l, M + rr, inv + rr)
+    _attn_pv(a, it, buf, S, ldS, M, inv, acc)
+    for rr in range(R):
+        t = t0 + rr // G
+        h = kvh * G + rr % G
+        memcpy(a.out + (<Py_ssize_t>t * a.H + h) * a.Dv, acc + rr * a.Dv, a.Dv * sizeof(float))
+
+
+cdef void _split_scores(const AttnArgs *a, const int32_t *it, float *buf) noexcept nogil:
+    cdef int slot = it[6], R = (it[3] - it[2]) * a.G, rr
+    cdef int ldS = (it[5] - it[4]) * a.bs
+    cdef float *S = a.arena + a.slot_off[slot]
+    cdef float *st = a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2) + a.R_max * a.Dv
+    _attn_scores(a, it, buf, S, ldS)
+    for rr in range(R):
+        st[rr] = nn_max_sumexp(S + rr * ldS, ldS, st + a.R_max + rr)
+
+
+cdef void _split_stats(const AttnArgs *a, const int32_t *grp, int gi) noexcept nogil:
+    """Combine the splits' (max, sum) of group gi = [kvh, t0, t1, slot0, n]."""
+    cdef int kvh = grp[0], slot0 = grp[3], ns = grp[4], R = (grp[2] - grp[1]) * a.G, rr, k
+    cdef Py_ssize_t stride = <Py_ssize_t>a.R_max * (a.Dv + 2)
+    cdef float m, l, mk
+    cdef const float *st
+    cdef float *gs = a.gstat + <Py_ssize_t>gi * 2 * a.R_max
     for rr in range(R):
         m = -INFINITY
         for k in range(ns):
-            mk = a.partial[(slot0 + k) * stride + a.R_max * Dv + rr]
+            mk = a.partial[(slot0 + k) * stride + a.R_max * a.Dv + rr]
             if mk > m:
                 m = mk
         l = 0.0
-        for c in range(Dv):
-            buf[c] = 0.0
         if m != -INFINITY:
             for k in range(ns):
-                p = a.partial + (slot0 + k) * stride
-                mk = p[a.R_max * Dv + rr]
-                if mk == -INFINITY:
-                    continue
-                f = expf(mk - m)
-                l = l + p[a.R_max * Dv + a.R_max + rr] * f
-                for c in range(Dv):
-                    buf[c] = buf[c] + p[rr * Dv + c] * f
+                st = a.partial + (slot0 + k) * stride + a.R_max * a.Dv
+                if st[rr] != -INFINITY:
+                    l = l + st[a.R_max + rr] * expf(st[rr] - m)
+        _softmax_stats(a, kvh * a.G + rr % a.G, m, l, gs + rr, gs + a.R_max + rr)
+
+
+cdef void _split_pv(const AttnArgs *a, const int32_t *it, float *buf) noexcept nogil:
+    cdef int slot = it[6]
+    cdef int ldS = (it[5] - it[4]) * a.bs
+    cdef const float *gs = a.gstat + <Py_ssize_t>a.slot_grp[slot] * 2 * a.R_max
+    _attn_pv(a, it, buf, a.arena + a.slot_off[slot], ldS, gs, gs + a.R_max,
+             a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2))
+
+
+cdef void _split_sum(const AttnArgs *a, const int32_t *grp) noexcept nogil:
+    cdef int kvh = grp[0], t0 = grp[1], t1 = grp[2], slot0 = grp[3], ns = grp[4]
+    cdef int G = a.G, Dv = a.Dv, R = (t1 - t0) * G, rr, k, c, t, h
+    cdef Py_ssize_t stride = <Py_ssize_t>a.R_max * (Dv + 2)
+    cdef float *dst
+    for rr in range(R):
         t = t0 + rr // G
         h = kvh * G + rr % G
-        _finalize_row(buf, m, l, a, h, a.out + (<Py_ssize_t>t * a.H + h) * Dv)
+        dst = a.out + (<Py_ssize_t>t * a.H + h) * Dv
+        memcpy(dst, a.partial + slot0 * stride + rr * Dv, Dv * sizeof(float))
+        for k in range(1, ns):
+            for c in range(Dv):
+                dst[c] = dst[c] + a.partial[(slot0 + k) * stride + rr * Dv + c]
 
 
 def attention(const float[:, :, ::1] q,          # IN (N, H, D)
@@ -504,6 +565,7 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
     # ---- work items: (seq, kvh, tile, key split). The split count depends only on the
     # shapes, never on the thread count, so results are identical for any n_threads.
     cdef int s, r0, r1, t0, t1, t, lo, hi, qp, kb0, kb1, nb, kvh, k, ns, n_tiles = 0
+    cdef int max_items = 0
     for s in range(S):
         r0 = seg_start[s]
         r1 = seg_start[s + 1]
@@ -511,15 +573,23 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
             n_tiles += (r1 - r0 + T - 1) // T
     cdef int base_items = n_tiles * n_kv_heads
     cdef int want = (SPLIT_MIN_ITEMS + base_items - 1) // base_items if base_items > 0 else 1
-    items = []
-    groups = []
+    max_items = base_items * (want if want > 1 else 1)
+    it_np = np.empty((max(1, max_items), 7), dtype=np.int32)
+    gr_np = np.empty((max(1, base_items), 5), dtype=np.int32)
+    so_np = np.empty(max(1, max_items), dtype=np.int64)
+    sg_np = np.empty(max(1, max_items), dtype=np.int32)
+    cdef int32_t[:, ::1] it_arr = it_np
+    cdef int32_t[:, ::1] gr_arr = gr_np
+    cdef int64_t[::1] slot_off = so_np
+    cdef int32_t[::1] slot_grp = sg_np
+    cdef Py_ssize_t n_items = 0, n_groups = 0, i, loc_len = 0, arena_len = 0, ln
     cdef int n_slots = 0
     for s in range(S):
         r0 = seg_start[s]
         r1 = seg_start[s + 1]
         t0 = r0
         while t0 < r1:
-            t1 = min(t0 + T, r1)
+            t1 = t0 + T if t0 + T < r1 else r1
             lo = 1 << 30
             hi = -1
             for t in range(t0, t1):
@@ -541,22 +611,56 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
                 ns = 1
             for kvh in range(n_kv_heads):
                 if ns == 1:
-                    items.append((s, kvh, t0, t1, kb0, kb1, -1))
+                    it_arr[n_items, 0] = s
+                    it_arr[n_items, 1] = kvh
+                    it_arr[n_items, 2] = t0
+                    it_arr[n_items, 3] = t1
+                    it_arr[n_items, 4] = kb0
+                    it_arr[n_items, 5] = kb1
+                    it_arr[n_items, 6] = -1
+                    n_items += 1
+                    ln = <Py_ssize_t>a.R_max * nb * bs
+                    if ln > loc_len:
+                        loc_len = ln
                 else:
-                    groups.append((kvh, t0, t1, n_slots, ns))
+                    gr_arr[n_groups, 0] = kvh
+                    gr_arr[n_groups, 1] = t0
+                    gr_arr[n_groups, 2] = t1
+                    gr_arr[n_groups, 3] = n_slots
+                    gr_arr[n_groups, 4] = ns
                     for k in range(ns):
-                        items.append((s, kvh, t0, t1, kb0 + nb * k // ns, kb0 + nb * (k + 1) // ns, n_slots))
+                        it_arr[n_items, 0] = s
+                        it_arr[n_items, 1] = kvh
+                        it_arr[n_items, 2] = t0
+                        it_arr[n_items, 3] = t1
+                        it_arr[n_items, 4] = kb0 + nb * k // ns
+                        it_arr[n_items, 5] = kb0 + nb * (k + 1) // ns
+                        it_arr[n_items, 6] = n_slots
+                        slot_off[n_slots] = arena_len
+                        slot_grp[n_slots] = <int32_t>n_groups
+                        arena_len += <Py_ssize_t>((t1 - t0) * G) * (it_arr[n_items, 5] - it_arr[n_items, 4]) * bs
+                        n_items += 1
                         n_slots += 1
+                    n_groups += 1
             t0 = t1
-    cdef int32_t[:, ::1] it_arr = np.asarray(items, dtype=np.int32).reshape(-1, 7)
-    cdef int32_t[:, ::1] gr_arr = np.asarray(groups, dtype=np.int32).reshape(-1, 5)
-    cdef Py_ssize_t n_items = it_arr.shape[0], n_groups = gr_arr.shape[0], i
-    partial = np.empty(max(1, n_slots) * a.R_max * (Dv + 2), dtype=np.float32)
-    cdef float[::1] pv = partial
-    a.partial = &pv[0]
-
-    cdef Py_ssize_t buf_len = (<Py_ssize_t>a.R_max * (D + Dv + 2 + bs) + <Py_ssize_t>D * bs
-                               + <Py_ssize_t>bs * Dv + D + Dv + 64)
+    a.loc_len = loc_len
+    cdef float[::1] pv, ar, gs
+    if n_slots > 0:
+        partial = np.empty(n_slots * a.R_max * (Dv + 2), dtype=np.float32)
+        arena = np.empty(max(1, arena_len), dtype=np.float32)
+        gstat = np.empty(n_groups * 2 * a.R_max, dtype=np.float32)
+        pv = partial
+        ar = arena
+        gs = gstat
+        a.partial = &pv[0]
+        a.arena = &ar[0]
+        a.gstat = &gs[0]
+        a.slot_off = &slot_off[0]
+        a.slot_grp = &slot_grp[0]
+    # per-thread scratch: Qt, Kt, tmp (D + Dv), Vb, acc, M, inv, then the local scores
+    cdef Py_ssize_t fixed = (<Py_ssize_t>a.R_max * (D + Dv + 2) + <Py_ssize_t>D * bs
+                             + <Py_ssize_t>bs * Dv + D + Dv + 64)
+    cdef Py_ssize_t buf_len = fixed + loc_len
     cdef float *buf = NULL
     cdef int nt = n_threads if n_threads > 0 else 1
     if nt > n_items:
@@ -564,16 +668,23 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
     if nt < 1:
         nt = 1
     with nogil, parallel(num_threads=nt):
-        buf = <float *>calloc(buf_len, sizeof(float))
+        buf = <float *>malloc(buf_len * sizeof(float))
         for i in prange(n_items, schedule='dynamic'):
-            _attn_item(&a, &it_arr[i, 0], buf)
+            if it_arr[i, 6] < 0:
+                _attn_item(&a, &it_arr[i, 0], buf, buf + fixed)
+            else:
+                _split_scores(&a, &it_arr[i, 0], buf)
         free(buf)
-    if n_groups > 0:
-        nt = n_threads if n_threads > 0 else 1
-        if nt > n_groups:
-            nt = <int>n_groups
-        with nogil, parallel(num_threads=nt):
-            buf = <float *>malloc((Dv + 16) * sizeof(float))
-            for i in prange(n_groups, schedule='static'):
-                _attn_combine(&a, &gr_arr[i, 0], buf)
-            free(buf)
+    if n_groups == 0:
+        return
+    nt = n_threads if n_threads > 0 else 1
+    with nogil, parallel(num_threads=nt):
+        buf = <float *>malloc(fixed * sizeof(float))
+        for i in prange(n_groups, schedule='static'):
+            _split_stats(&a, &gr_arr[i, 0], <int>i)
+        for i in prange(n_items, schedule='dynamic'):
+            if it_arr[i, 6] >= 0:
+                _split_pv(&a, &it_arr[i, 0], buf)
+        for i in prange(n_groups, schedule='static'):
+            _split_sum(&a, &gr_arr[i, 0])
+        free(buf)

@@ -365,4 +365,69 @@ static void nn_pv(float *acc, float f, const float *p, const float *v, int n, in
 #endif
 }
 
+
+/* ---- llama.cpp rounding emulation (F16 KV, flash attention off) ------------------------- */
+
+/* x[i] = f32(f16(x[i])): ggml converts the f32 operand of an f16 matmul to f16. */
+static inline void nn_f16_round_row(const float *x, float *y, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+#endif
+    for (; i < n; i++) y[i] = nn_h2f(nn_f2h(x[i]));
+}
+
+/* Max of s[0:n] and sum(exp(s - max)) (entries of -INFINITY contribute 0). */
+static inline float nn_max_sumexp(const float *s, int n, float *sum) {
+    float m = -INFINITY;
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (; i + 16 <= n; i += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + i));
+    m = _mm512_reduce_max_ps(vm);
+#endif
+    for (; i < n; i++) m = s[i] > m ? s[i] : m;
+    if (m == -INFINITY) { *sum = 0.0f; return m; }
+    float acc = 0.0f;
+    i = 0;
+#if defined(__AVX512F__)
+    __m512 va = _mm512_setzero_ps(), mm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
+    for (; i < n; i += 16) {
+        __mmask16 k = (n - i) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(k, s + i);
+        __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
+        va = _mm512_add_ps(va, _mm512_maskz_mov_ps(live, nn_v_exp(_mm512_sub_ps(v, mm))));
+    }
+    acc = _mm512_reduce_add_ps(va);
+#else
+    for (; i < n; i++) acc += s[i] == -INFINITY ? 0.0f : expf(s[i] - m);
+#endif
+    *sum = acc;
+    return m;
+}
+
+/* p[i] = exp(s[i] - m) * inv (0 where s is -INFINITY), rounded to f16 when r16
+ * (ggml: soft_max writes normalised f32 probabilities, the V matmul converts them to f16). */
+static inline void nn_probs(const float *s, float *p, int n, float m, float inv, int r16) {
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512 mm = _mm512_set1_ps(m), vi = _mm512_set1_ps(inv), ninf = _mm512_set1_ps(-INFINITY);
+    for (; i < n; i += 16) {
+        __mmask16 k = (n - i) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(k, s + i);
+        __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
+        __m512 e = _mm512_maskz_mov_ps(live, _mm512_mul_ps(nn_v_exp(_mm512_sub_ps(v, mm)), vi));
+        if (r16) e = _mm512_cvtph_ps(_mm512_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_mask_storeu_ps(p + i, k, e);
+    }
+#else
+    for (; i < n; i++) {
+        float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m) * inv;
+        p[i] = r16 ? nn_h2f(nn_f2h(e)) : e;
+    }
+#endif
+}
+
 #endif /* LLMCORE_SIMD_NN_H */

@@ -9,8 +9,8 @@
  * A dot product of a block is then sum_c dpbusd(w_c, broadcast(a[4c..4c+3])): no horizontal
  * reductions, 16 rows per accumulator. Weights are stored unsigned (q or q+offset), the
  * offset is folded in through the activation block sums:
- *     y_r += d_r * d_a * sum(u * a) + m_r * (moff * d_a * sum(a))
- * with m_r = d_r and moff = -8 / -16 / -128 for Q4_0 / Q5_0 / Q8_0, moff = 1 for Q4_1/Q5_1.
+ *     y_r += d_r * d_a * (sum(u * a) + moff * sum(a))   (moff = -8 / -16 / -128: Q4_0 / Q5_0 / Q8_0)
+ *     y_r += d_r * d_a * sum(u * a) + m_r * s_a          (Q4_1 / Q5_1, s_a = d_a * sum(a))
  *
  * Layout of qs per format:
  *   FMT4 (Q4_0/Q4_1): 4 chunks of 64 B; chunk c, row i, byte t holds q[4c+t] (low nibble) and
@@ -18,7 +18,11 @@
  *   FMT5 (Q5_0/Q5_1): FMT4 nibbles + H: row i byte t, bit c = bit 4 of q[4c+t],
  *                     bit 4+c = bit 4 of q[16+4c+t].
  *   FMT8 (Q8_0):      8 chunks of 64 B; chunk c, row i, byte t holds q[4c+t] + 128.
- * Activations are quantized per row to 32-int8 blocks with f32 scale (llama.cpp q8_1-like).
+ * Activations are quantized per row to 32-int8 blocks exactly like ggml's quantize_row_q8_0 /
+ * quantize_row_q8_1: q = round_half_even(x * 127/amax), d = amax/127 rounded to f16; for
+ * Q4_1/Q5_1 (q8_1) the sum term is s = f16(d_f32 * sum(q)) (the same f16 rounding as ggml);
+ * for the offset formats it is the exact integer moff * sum(q), added to the integer dot
+ * before scaling, so a block contributes d_w * d_a * sumi exactly as ggml's vec_dot does.
  *
  * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else portable C (same layout).
  */
@@ -82,6 +86,24 @@ static inline float lq_h2f(uint16_t h) {
 #endif
 }
 static inline float lq_bf2f(uint16_t h) { uint32_t r = (uint32_t)h << 16; float f; memcpy(&f, &r, 4); return f; }
+/* f32 -> f16 -> f32, round to nearest even (ggml's GGML_FP32_TO_FP16 on F16C machines). */
+static inline float lq_f16r(float f) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(f, 0));
+#else
+    const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
+    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
+    uint32_t w; memcpy(&w, &f, 4);
+    const uint32_t shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xff000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    uint32_t bb = (bias >> 1) + 0x07800000u; float bf; memcpy(&bf, &bb, 4);
+    base = bf + base;
+    uint32_t bits; memcpy(&bits, &base, 4);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007c00u, mantissa_bits = bits & 0x00000fffu;
+    return lq_h2f((uint16_t)((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : exp_bits + mantissa_bits)));
+#endif
+}
 static inline uint16_t lq_rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t lq_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -266,8 +288,8 @@ static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *
             q[b * LQ_QK + k] = (int8_t)v; sum += v;
         }
 #endif
-        d[b] = db;
-        s[b] = moff * db * (float)sum;
+        d[b] = lq_f16r(db);
+        s[b] = moff == 1.f ? lq_f16r(db * (float)sum) : moff * (float)sum;
     }
 }
 
@@ -302,7 +324,8 @@ static inline void lq_kernel_scalar(const lq_packed *P, int64_t g, const int8_t 
                             isum += lo * a[4 * c + u] + hi * a[16 + 4 * c + u];
                         }
                 }
-                acc[i] += lq_h2f(dd[i]) * dat * (float)isum + lq_h2f(mm[i]) * sat;
+                if (P->has_m) acc[i] += lq_h2f(dd[i]) * dat * (float)isum + lq_h2f(mm[i]) * sat;
+                else acc[i] += lq_h2f(dd[i]) * dat * ((float)isum + sat);
             }
         }
         for (int i = 0; i < nvalid; i++) y[t * ystride + i] = acc[i];
@@ -347,8 +370,13 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
             const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
             __m512i acc = _mm512_setzero_si512();
             for (int c = 0; c < 8; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32(aw[c]));
-            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b])), f[t]);
-            f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[t * nb + b]), f[t]);
+            if (HAS_M) {
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b])), f[t]);
+                f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[t * nb + b]), f[t]);
+            } else { /* integer offset correction: exact */
+                f[t] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sa[t * nb + b])),
+                                       _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b])), f[t]);
+            }
         }
     }
     const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
@@ -419,10 +447,14 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
                     }
                 }
                 const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 16 * h)));
-                f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[h]);
-                if (fmt != LQ_FMT8) {
-                    const __m256 mv = P->has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32 + 16 * h))) : dv;
+                if (P->has_m) {
+                    const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32 + 16 * h)));
+                    f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[h]);
                     f[h] = _mm256_fmadd_ps(mv, sat, f[h]);
+                } else if (fmt == LQ_FMT8) {
+                    f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[h]);
+                } else {
+                    f[h] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_cvtepi32_ps(acc), sat), _mm256_mul_ps(dv, dat), f[h]);
                 }
             }
         }

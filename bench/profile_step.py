@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Per-op CPU time of one SmolLM2 decode step and one prefill (min over N runs).
+
+    PYTHONPATH=. python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20]
+
+Times with the calling thread's CPU clock (robust to a loaded machine at -t 1); at -t 2
+the wall clock is reported too. Ops are wrapped at the Python level (nn.*, Linear.__call__
+by weight name, the head), so the remainder is Python overhead of the layer code.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=128, help="context length before the decode step")
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("-n", type=int, default=20)
+    a = ap.parse_args(argv)
+    from llmcore import nn, quant, threads
+    from llmcore.models import load_model
+    from llmcore.models import layers as L
+    from llmcore.pull import resolve_model
+
+    threads.set_num_threads(a.threads)
+    model = load_model(str(resolve_model(a.model)))
+    clock = time.thread_time_ns if a.threads == 1 else time.perf_counter_ns
+    acc = collections.defaultdict(int)
+    cnt = collections.Counter()
+
+    def wrap(obj, name, label=None):
+        f = getattr(obj, name)
+
+        def w(*args, **kw):
+            t0 = clock()
+            try:
+                return f(*args, **kw)
+            finally:
+                k = label or name
+                acc[k] += clock() - t0
+                cnt[k] += 1
+        setattr(obj, name, w)
+
+    for fn in ("rms_norm", "add_rms_norm", "rope", "silu_mul", "kv_store", "attention"):
+        if hasattr(nn, fn):
+            wrap(nn, fn)
+    lin_call = quant.Linear.__call__
+
+    def lin(self, x, out=None):
+        t0 = clock()
+        try:
+            return lin_call(self, x, out)
+        finally:
+            nm = self.name.split(".", 2)[-1] if self.name.startswith("blk.") else self.name
+            nm = "+".join(p.split(".")[-2] for p in nm.split("+")) if "+" in nm else nm
+            acc["lin " + nm] += clock() - t0
+            cnt["lin " + nm] += 1
+    quant.Linear.__call__ = lin
+    emb = L.Embedding.__call__
+
+    def embw(self, ids):
+        t0 = clock()
+        try:
+            return emb(self, ids)
+        finally:
+            acc["embedding"] += clock() - t0
+            cnt["embedding"] += 1
+    L.Embedding.__call__ = embw
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, 30000, max(a.pp, a.ctx)).astype(np.int32)
+
+    def run(kind):
+        best = None
+        for _ in range(a.n if kind == "decode" else max(2, a.n // 5)):
+            st = model.new_state()
+            if kind == "decode":
+                model.forward([(st, prompt[: a.ctx])])
+            acc.clear(); cnt.clear()
+            t0, w0 = clock(), time.perf_counter_ns()
+            if kind == "decode":
+                lg = model.forward([(st, prompt[a.ctx:a.ctx + 1])])
+                int(np.argmax(lg[0]))
+            else:
+                model.forward([(st, prompt[: a.pp])])
+            tot, wall = clock() - t0, time.perf_counter_ns() - w0
+            st.release()
+            if best is None or tot < best[0]:
+                best = (tot, wall, dict(acc), dict(cnt))
+        tot, wall, ac, cn = best
+        print(f"\n== {kind} ({'ctx %d' % a.ctx if kind == 'decode' else 'pp %d' % a.pp}), "
+              f"{a.threads} thread(s): total {tot / 1e6:.2f} ms (wall {wall / 1e6:.2f} ms)")
+        other = tot - sum(ac.values())
+        for k, v in sorted(ac.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:28s} {v / 1e6:8.3f} ms  {100 * v / tot:5.1f}%  x{cn[k]}")
+        print(f"  {'(python / other)':28s} {other / 1e6:8.3f} ms  {100 * other / tot:5.1f}%")
+
+    run("decode")
+    run("prefill")
+
+
+if __name__ == "__main__":
+    main()
