@@ -152,8 +152,14 @@ def tui(
     cache_type_k: str = CtkOpt,
     cache_type_v: str = CtvOpt,
     cache_ram: int = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)"),
-    ctx_checkpoints: int = typer.Option(8, "--ctx-checkpoints", help="context checkpoints per slot"),
-    checkpoint_every: int = typer.Option(8192, "--checkpoint-every-n-tokens", help="checkpoint every N prompt tokens"),
+    cache_idle_slots: bool = typer.Option(True, "--cache-idle-slots/--no-cache-idle-slots",
+                                          help="save idle slots to the prompt cache when a new task starts"),
+    ctx_checkpoints: int = typer.Option(32, "-ctxcp", "--ctx-checkpoints",
+                                        help="context checkpoints per slot (sliding-window/recurrent models; 0 off)"),
+    checkpoint_every: int = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
+                                         help="checkpoint every N prompt tokens during prefill (-1 off)"),
+    sps: float = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
+                              help="reuse a slot only when it holds more than this share of the prompt"),
     alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name shown by the API"),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)"),
     temp: float = typer.Option(0.8, "--temp", help="default temperature"),
@@ -177,7 +183,7 @@ def tui(
         cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                              cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
                              alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                             n_predict)
+                             n_predict, cache_idle_slots, sps)
         thr.set_num_threads(threads or None)
         engine = Engine.from_path(path, cfg)
         server_cfg = ServerConfig(host=host, port=port)

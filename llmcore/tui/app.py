@@ -20,7 +20,7 @@ from textual.containers import Horizontal
 from textual.widgets import Footer
 
 from .messages import LogEvent, StatsUpdated
-from .snapshot import History, Snapshot, diff_events
+from .snapshot import History, Snapshot, cache_numbers, diff_events
 from .source import StatsSource
 from .widgets import CacheGauges, EventLog, HelpScreen, RequestsPane, SlotTable, StatusBar, Throughput
 
@@ -165,7 +165,7 @@ class Dashboard(App):
         if snap.connected:
             self.slot_table.show(snap.slots)
             self.requests_pane.snapshot = snap
-            self.cache_gauges.cache = dict(snap.cache)
+            self.cache_gauges.cache = cache_numbers(snap)
             self.throughput.show(self.rates)
 
     def on_log_event(self, message: LogEvent) -> None:

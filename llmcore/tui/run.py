@@ -39,7 +39,15 @@ class InProcessServer:
             await runner.cleanup()
             raise
         self.runner = runner
-        log.info("serving on http://%s:%d", self.cfg.host, self.cfg.port)
+        log.info("serving on %s", self.url)
+
+    @property
+    def url(self) -> str:
+        """Where it listens (the real port when the config asked for port 0)."""
+        if self.runner is not None and self.runner.addresses:
+            host, port = self.runner.addresses[0][:2]
+            return f"http://{host}:{port}"
+        return f"http://{self.cfg.host}:{self.cfg.port}"
 
     async def stop(self) -> None:
         if self.runner is not None:

@@ -19,7 +19,9 @@ from typing import Any, Iterable, Mapping
 
 DASH = "-"
 
-# Prometheus name -> EngineStats field name (llmcore.metrics._METRICS).
+# Prometheus name -> EngineStats field name. Read from llmcore.metrics' own table (each
+# getter reads one attribute), so a metric added there shows up here; the static part
+# covers servers older than this client.
 PROM_FIELDS = {
     "llamacpp:prompt_tokens_total": "prompt_tokens_total",
     "llamacpp:prompt_seconds_total": "prompt_seconds_total",
@@ -40,6 +42,33 @@ PROM_FIELDS = {
     "llmcore:slots_total": "n_slots",
     "llmcore:uptime_seconds": "uptime_s",
 }
+
+
+def _fields_from_metrics() -> dict[str, str]:
+    class Probe:
+        name = None
+
+        def __getattr__(self, name):
+            self.name = name
+            return 0
+
+    out = {}
+    try:
+        from ..metrics import _METRICS
+    except Exception:  # noqa: BLE001 - the static table is enough
+        return out
+    for row in _METRICS:
+        try:
+            pr = Probe()
+            row[3](pr)
+            if pr.name:
+                out[row[0]] = pr.name
+        except Exception:  # noqa: BLE001
+            continue
+    return out
+
+
+PROM_FIELDS.update(_fields_from_metrics())
 CACHE_PREFIX = "llmcore:cache_"
 
 
@@ -159,17 +188,53 @@ def pick(cache: Mapping[str, float], *names: str):
     return None if k is None else cache[k]
 
 
+# Stats fields that belong to the cache layers and memory (EngineStats names).
+CACHE_FIELD_PREFIXES = ("slot_hits", "slot_misses", "ram_", "cache_ram", "cache_save", "cache_restore",
+                        "checkpoint", "forced_", "kv_", "idle_slot")
+
+
+def cache_numbers(snap: Snapshot) -> dict[str, float]:
+    """The cache layers' numbers: EngineStats cache fields plus the free-form `cache` dict."""
+    out = {k: v for k, v in snap.stats.items()
+           if k.startswith(CACHE_FIELD_PREFIXES) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for k, v in snap.cache.items():
+        out.setdefault(k, v)
+    return out
+
+
 GAUGES = (  # label, used keys, capacity keys, unit
+    ("KV memory", ("kv_used_bytes",), ("kv_limit_bytes",), "bytes"),
     ("KV blocks", ("kv_used_blocks", "kv_blocks_used", "used_blocks"),
      ("kv_capacity_blocks", "kv_blocks_capacity", "kv_max_blocks", "capacity_blocks", "max_blocks"), "n"),
-    ("RAM cache", ("prompt_cache_bytes", "cache_ram_bytes", "ram_bytes"),
-     ("prompt_cache_limit_bytes", "cache_ram_limit_bytes", "ram_limit_bytes", "limit_bytes"), "bytes"),
+    ("RAM cache", ("cache_ram_bytes", "prompt_cache_bytes"),
+     ("cache_ram_limit_bytes", "prompt_cache_limit_bytes", "prompt_cache_budget_bytes"), "bytes"),
 )
 
 
 def gauges(cache: Mapping[str, float]) -> list[tuple[str, float | None, float | None, str]]:
-    """(label, used, capacity, unit) for each gauge; capacity < 0 means no limit."""
-    return [(label, pick(cache, *used), pick(cache, *cap), unit) for label, used, cap, unit in GAUGES]
+    """(label, used, capacity, unit) for each gauge the numbers have; capacity < 0 means no
+    limit, 0 off (RAM cache) or unknown."""
+    out = []
+    for label, used, cap, unit in GAUGES:
+        u, c = pick(cache, *used), pick(cache, *cap)
+        if u is not None or c is not None or label != "KV blocks":
+            out.append((label, u, c, unit))
+    return out
+
+
+def gauge_text(label: str, used, cap, unit: str) -> tuple[str, float | None]:
+    """("used / capacity pct", fraction or None) for one gauge."""
+    f = fmt_bytes if unit == "bytes" else fmt_num
+    if cap is None:
+        cap_s = DASH
+    elif cap < 0:
+        cap_s = "no limit"
+    elif cap == 0:
+        cap_s = "off" if label == "RAM cache" else DASH
+    else:
+        cap_s = f(cap)
+    frac = float(used) / float(cap) if used is not None and cap is not None and cap > 0 else None
+    return f"{f(used)} / {cap_s}" + (f" ({100 * frac:.0f}%)" if frac is not None else ""), frac
 
 
 def gauge_keys(cache: Mapping[str, float]) -> set[str]:
@@ -186,6 +251,9 @@ def gauge_keys(cache: Mapping[str, float]) -> set[str]:
 _HM = re.compile(r"^(?P<layer>.*?)_?(?P<kind>hits|misses)(?:_total)?$")
 
 
+LAYER_NAMES = {"slot": "slot reuse", "ram": "RAM cache", "prompt_cache": "RAM cache", "checkpoint": "checkpoints"}
+
+
 def hit_table(cache: Mapping[str, float]) -> list[tuple[str, float | None, float | None]]:
     """(layer, hits, misses) for every layer reporting `<layer>_hits` / `<layer>_misses`."""
     rows: dict[str, list] = {}
@@ -194,7 +262,13 @@ def hit_table(cache: Mapping[str, float]) -> list[tuple[str, float | None, float
         if m:
             row = rows.setdefault(m.group("layer") or "cache", [None, None])
             row[0 if m.group("kind") == "hits" else 1] = v
-    return [(layer, h, mi) for layer, (h, mi) in sorted(rows.items())]
+    order = {"slot": 0, "ram": 1, "prompt_cache": 1}
+    return [(LAYER_NAMES.get(layer, layer), h, mi)
+            for layer, (h, mi) in sorted(rows.items(), key=lambda kv: (order.get(kv[0], 9), kv[0]))]
+
+
+def hit_keys(cache: Mapping[str, float]) -> set[str]:
+    return {k for k in cache if _HM.match(k)}
 
 
 # ---- formatting --------------------------------------------------------------------------
@@ -247,7 +321,8 @@ def slot_row(s: Mapping[str, Any]) -> tuple[str, ...]:
     """One slot as the table's cells (SLOT_COLUMNS); missing fields show as "-"."""
     g = s.get
     task = g("task_id")
-    prompt = f"{fmt_num(g('n_cached'))}/{fmt_num(g('n_prefilled'))}/{fmt_num(g('n_prompt'))}"
+    parts = (g("n_cached"), g("n_prefilled"), g("n_prompt"))
+    prompt = DASH if all(p is None for p in parts) else "/".join(fmt_num(p) for p in parts)
     return (fmt_num(g("id")), str(g("state") or DASH), DASH if task is None else str(task), prompt,
             str(g("cache_source") or DASH), fmt_num(g("n_decoded")), fmt_num(g("n_tokens")),
             fmt_num(g("n_checkpoints")), fmt_rate(g("prompt_per_second")),
@@ -293,10 +368,19 @@ class History:
 
 
 # ---- events: what changed between two polls -----------------------------------------------
-_EVENT_COUNTERS = (  # stats key, level, text
+_EVENT_COUNTERS = (  # field (stats or cache numbers), level, text ({d} = increase)
     ("requests_errors", "error", "{d} request(s) failed"),
     ("requests_cancelled", "warning", "{d} request(s) cancelled"),
+    ("cache_ram_evictions", "info", "RAM cache: {d} entr(ies) evicted"),
+    ("idle_slot_evictions", "info", "{d} idle slot state(s) dropped for KV room"),
+    ("checkpoints_restored", "info", "{d} context checkpoint(s) restored"),
+    ("forced_reprefills", "warning", "{d} prompt(s) re-processed from 0 (no checkpoint)"),
+    ("checkpoint_failures", "warning", "{d} checkpoint failure(s)"),
+    ("cache_save_failures", "warning", "RAM cache: {d} save failure(s), served as misses"),
+    ("cache_restore_failures", "warning", "RAM cache: {d} restore failure(s), served as misses"),
+    ("kv_full_failures", "error", "{d} request(s) failed: no KV room"),
 )
+_EVENT_KEYS = {k for k, _, _ in _EVENT_COUNTERS}
 
 
 def diff_events(prev: Snapshot | None, cur: Snapshot) -> list[tuple[str, str]]:
@@ -319,15 +403,16 @@ def diff_events(prev: Snapshot | None, cur: Snapshot) -> list[tuple[str, str]]:
     if (cur.get("uptime_s") or 0) + 1 < (prev.get("uptime_s") or 0):
         out.append(("warning", "server restarted"))
         return out
+    pc, cc = {**cache_numbers(prev), **prev.stats}, {**cache_numbers(cur), **cur.stats}
     for key, lvl, text in _EVENT_COUNTERS:
-        d = _delta(prev.get(key), cur.get(key))
+        d = _delta(pc.get(key), cc.get(key))
         if d > 0:
             out.append((lvl, text.format(d=fmt_num(d))))
-    for key in sorted(cur.cache):
-        if any(w in key for w in ("evictions", "restored", "release_errors", "forced", "errors", "skipped")):
+    for key in sorted(cur.cache):  # free-form numbers of a cache layer
+        if key not in _EVENT_KEYS and any(w in key for w in ("evict", "fail", "error", "forced")):
             d = _delta(prev.cache.get(key), cur.cache.get(key))
             if d > 0:
-                lvl = "warning" if "error" in key or "forced" in key else "info"
+                lvl = "info" if "evict" in key else "warning"
                 out.append((lvl, f"cache {key.replace('_', ' ')} +{fmt_num(d)}"))
     before = {s.get("id"): s for s in prev.slots}
     for s in cur.slots:
@@ -380,10 +465,10 @@ def to_text(snap: Snapshot, history: History | None = None) -> str:
     if history is not None and (history.prompt_tps or history.gen_tps):
         lines.append(f"now: prompt {fmt_rate(history.prompt_tps[-1] if history.prompt_tps else None)} t/s"
                      f"  gen {fmt_rate(history.gen_tps[-1] if history.gen_tps else None)} t/s")
-    for label, used, cap, unit in gauges(snap.cache):
-        f = fmt_bytes if unit == "bytes" else fmt_num
-        lines.append(f"{label}: {f(used)} / {f(cap) if cap is None or cap >= 0 else 'no limit'}")
-    hits = hit_table(snap.cache)
+    cache = cache_numbers(snap)
+    for label, used, cap, unit in gauges(cache):
+        lines.append(f"{label}: {gauge_text(label, used, cap, unit)[0]}")
+    hits = hit_table(cache)
     if hits:
         lines.append("hits/misses: " + "  ".join(f"{l} {fmt_num(h)}/{fmt_num(m)}" for l, h, m in hits))
     rows = [SLOT_COLUMNS] + [slot_row(s) for s in snap.slots]

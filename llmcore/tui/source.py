@@ -124,7 +124,7 @@ class FakeSource:
                 "n_prefilled": 64 * (i + 1) if busy else 0, "n_decoded": 4 * step if busy else 0,
                 "prompt_per_second": 100.0 + 10 * i if busy else 0.0,
                 "predicted_per_second": 20.0 + i if busy else 0.0,
-                "cache_source": "slot" if i % 2 == 0 else "ram",
+                "cache_source": "slot" if i % 2 == 0 else "ram", "n_checkpoints": i,
             })
         stats = {
             "status": "ok", "model": "fake-model.gguf", "n_ctx": 4096 * self.n_slots,
@@ -136,15 +136,18 @@ class FakeSource:
             "tokens_predicted_seconds_total": 2.0 * step, "cache_tokens_total": 32 * step,
             "prompt_tokens_seconds": 100.0, "predicted_tokens_seconds": 20.0,
         }
-        cache = {}
-        if self.with_cache:
-            cache = {
-                "kv_used_blocks": 10 + step, "kv_capacity_blocks": 100,
-                "prompt_cache_bytes": 2**20 * (1 + step), "prompt_cache_limit_bytes": 2**23,
-                "prompt_cache_entries": step, "prompt_cache_hits": step, "prompt_cache_misses": 1,
-                "prompt_cache_evictions": step // 3, "slot_hits": 2 * step, "slot_misses": 1,
-                "checkpoints_created": step, "checkpoints_restored": step // 2,
-            }
+        if self.with_cache:  # EngineStats cache fields, plus one free-form layer number
+            stats.update({
+                "slot_hits": 2 * step, "slot_misses": 1, "ram_hits": step, "ram_misses": 1,
+                "cache_ram_bytes": 2**20 * (1 + step), "cache_ram_limit_bytes": 2**23,
+                "cache_ram_entries": step, "cache_ram_tokens": 100 * step, "cache_ram_inserts": step,
+                "cache_ram_evictions": step // 3, "cache_save_failures": 0, "cache_restore_failures": 0,
+                "checkpoints_created": step, "checkpoints_restored": step // 2, "checkpoints_erased": 0,
+                "checkpoint_failures": 0, "checkpoints_count": 2, "checkpoints_bytes": 3 * 2**16,
+                "forced_reprefills": 0, "kv_used_bytes": 2**20 * (10 + step), "kv_limit_bytes": 2**20 * 100,
+                "idle_slot_evictions": 0, "kv_full_waits": 0, "kv_full_failures": 0,
+            })
+        cache = {"pool_grows": step} if self.with_cache else {}
         return Snapshot(time=t, stats=stats, slots=tuple(slots), cache=cache)
 
     async def fetch(self) -> Snapshot:
