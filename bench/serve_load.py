@@ -21,9 +21,10 @@ longer than the context, and a stream it drops after two chunks; each must get i
 answer (400, 400, cancellation) and the server must keep serving: a last request after
 the load must succeed and the process must still be alive.
 
-Memory: the server's RSS is sampled from /proc every 0.2 s. If the server announces a
-memory budget (GET /props or its start-up log; see `announced_memory`) the peak must stay
-within it; otherwise the peak is reported as is.
+Memory: the server's RSS is sampled from /proc every 0.2 s, and its KV in use from
+/metrics every second. The server announces at start-up (GET /props `cache.memory`, and
+its "memory:" log line) the most its caches may take; the RSS growth over the load (peak
+minus RSS after loading) must stay within that, plus a little slack for request buffers.
 
 The same code runs in CI on a small configuration (tests/test_load.py).
 """
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -135,7 +137,12 @@ class ServerProcess:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
                         return self
-            except Exception:  # noqa: BLE001 - not up yet (refused, 503 while loading)
+            except urllib.error.HTTPError as e:
+                if e.code != 503:  # 503 = still loading; anything else: the load failed
+                    self.stop()
+                    raise RuntimeError(f"server /health answered {e.code}: {e.read()[:500]!r}\n"
+                                       f"{self.log_text()[-3000:]}") from None
+            except Exception:  # noqa: BLE001 - not up yet (refused)
                 pass
             if time.time() - t0 > timeout:
                 self.stop()
@@ -183,19 +190,25 @@ _BUDGET_RE = re.compile(
 
 
 def announced_memory(props: dict | None, log_text: str = "") -> tuple[int, str] | None:
-    """The memory the server says it will use at most: (bytes, where it was found), or None.
+    """The most memory the server says its caches may take: (bytes, where it was found).
 
-    Looks in GET /props (keys such as `memory_budget_bytes`, also under a `memory` object)
-    and then in the start-up log for a line like "memory budget: 12.5 GiB"."""
+    llmcore's GET /props has `cache.memory` (the engine's memory plan): KV pools up to
+    `kv_max_bytes` (slots and RAM prompt cache share the pools) plus checkpoints up to
+    `checkpoints_max_bytes`; their sum is the announcement. Other shapes: a key such as
+    `memory_budget_bytes`, or a start-up log line like "memory budget: 12.5 GiB". This is
+    what the caches may add on top of the loaded model, so compare it with RSS growth."""
     def scan(d, path=""):
         if not isinstance(d, dict):
             return None
+        if isinstance(d.get("kv_max_bytes"), (int, float)):
+            total = int(d["kv_max_bytes"]) + int(d.get("checkpoints_max_bytes") or 0)
+            return total, f"/props {path}kv_max_bytes + checkpoints_max_bytes"
         for k in _BUDGET_KEYS:
             v = d.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
                 return int(v), f"/props {path}{k}"
         for k, v in d.items():
-            if isinstance(v, dict) and ("mem" in k.lower() or "budget" in k.lower()):
+            if isinstance(v, dict) and any(w in k.lower() for w in ("mem", "budget", "cache")):
                 hit = scan(v, f"{path}{k}.")
                 if hit:
                     return hit
@@ -209,6 +222,14 @@ def announced_memory(props: dict | None, log_text: str = "") -> tuple[int, str] 
         if m:
             return int(float(m.group(1).replace(",", "")) * _UNITS[m.group(2).lower()]), f"log: {line.strip()[-120:]}"
     return None
+
+
+def memory_line(log_text: str) -> str:
+    """The server's start-up memory report (log line "memory: ..."), if any."""
+    for line in log_text.splitlines()[:200]:
+        if "memory:" in line:
+            return line.split("memory:", 1)[1].strip()
+    return ""
 
 
 # ---------------------------------------------------------------------------------------
@@ -569,6 +590,9 @@ class LoadReport:
     rss_peak: int | None = None
     announced: tuple | None = None
     within_budget: bool | None = None
+    kv_used_peak: int | None = None  # llmcore:kv_used_bytes, polled from /metrics
+    host_total: int | None = None
+    memory_report: str = ""  # the server's start-up "memory:" log line
     n_ctx: int = 0
     total_slots: int = 0
     by_kind: dict = field(default_factory=dict)
@@ -630,16 +654,27 @@ async def run_load(base: str, n_clients: int = 64, prompt_tokens=(512, 1024), ge
                 pass
             return await misbehave(session, base, n_ctx, pm)
 
+        kv_peak = [None]
+
+        async def poll_kv() -> None:
+            while True:
+                v = await metric(session, base, "llmcore:kv_used_bytes")
+                if v is not None:
+                    kv_peak[0] = max(kv_peak[0] or 0, int(v))
+                await asyncio.sleep(1.0)
+
         with (RssSampler(pid) if pid else _Null()) as sampler:
             rss_start = rss_bytes(pid) if pid else None
             jobs = [asyncio.create_task(run_client(c)) for c in clients]
             bad = asyncio.create_task(bad_client()) if bad_input else None
+            poller = asyncio.create_task(poll_kv())
             await asyncio.gather(*jobs)
             wall = time.perf_counter() - t_load
             checks = await bad if bad else []
             # the server still serves
             final = await stream_chat(session, base, [{"role": "user", "content": "Say hello."}], 4, "final",
                                       timeout=request_timeout)
+            poller.cancel()
         ok_results = [r for r in results if r.ok]
         ttfts = [r.ttft for r in ok_results if r.ttft is not None]
         gen = sum(r.completion_tokens for r in results)
@@ -654,7 +689,11 @@ async def run_load(base: str, n_clients: int = 64, prompt_tokens=(512, 1024), ge
             k["ttft_p50"] = pct([r.ttft for r in ok_results if r.kind == kind and r.ttft is not None], 0.5)
         announced = announced_memory(props, log_text())
         peak = sampler.peak if pid else None
-        within = None if (announced is None or peak is None) else peak <= announced[0]
+        within = None
+        if announced is not None and peak is not None and rss_start is not None:
+            # caches may add `announced` on top of the loaded server; allow request buffers etc.
+            within = peak - rss_start <= announced[0] + max(256 << 20, announced[0] // 10)
+        plan = ((props.get("cache") or {}).get("memory") or {}) if isinstance(props.get("cache"), dict) else {}
         return LoadReport(
             clients=n_clients, requests=len(results), ok=len(ok_results), errors=len(results) - len(ok_results),
             error_samples=[f"{r.kind}: {r.error}" for r in results if not r.ok][:10], checks=checks,
@@ -664,6 +703,7 @@ async def run_load(base: str, n_clients: int = 64, prompt_tokens=(512, 1024), ge
             ttft_p50=pct(ttfts, 0.5), ttft_p90=pct(ttfts, 0.9), ttft_p99=pct(ttfts, 0.99),
             ttft_max=max(ttfts, default=None), alive_after=alive(), final_request_ok=final.ok,
             rss_start=rss_start, rss_peak=peak, announced=announced, within_budget=within,
+            kv_used_peak=kv_peak[0], host_total=plan.get("host_total_bytes"), memory_report=memory_line(log_text()),
             n_ctx=n_ctx, total_slots=int(props.get("total_slots") or 0), by_kind=by_kind,
         )
 
@@ -676,6 +716,10 @@ class _Null:
 
     def __exit__(self, *exc):
         return None
+
+
+def _sub(a, b):
+    return None if a is None or b is None else a - b
 
 
 def mib(b: int | None) -> str:
@@ -692,10 +736,14 @@ def format_report(rep: LoadReport) -> str:
         f"TTFT: p50 {f(rep.ttft_p50)}, p90 {f(rep.ttft_p90)}, p99 {f(rep.ttft_p99)}, max {f(rep.ttft_max)}",
         "by kind: " + ", ".join(f"{k} {v['ok']}/{v['n']} ok, {v['cached']}/{v['prompt']} prompt tok cached, "
                                 f"TTFT p50 {f(v['ttft_p50'])}" for k, v in sorted(rep.by_kind.items())),
-        f"server RSS: start {mib(rep.rss_start)}, peak {mib(rep.rss_peak)}; announced: "
-        + (f"{mib(rep.announced[0])} ({rep.announced[1]}) -> {'within' if rep.within_budget else 'EXCEEDED'}"
+        f"server RSS: start {mib(rep.rss_start)}, peak {mib(rep.rss_peak)} (+{mib(_sub(rep.rss_peak, rep.rss_start))}); "
+        f"KV in use peak {mib(rep.kv_used_peak)}; announced cache limit: "
+        + (f"{mib(rep.announced[0])} ({rep.announced[1]}) -> growth "
+           f"{'within' if rep.within_budget else 'EXCEEDED' if rep.within_budget is False else 'not compared'}"
            if rep.announced else "nothing announced (no memory budget in /props or the start-up log)"),
     ]
+    if rep.memory_report:
+        lines.append(f"server start-up memory report: {rep.memory_report}")
     for c in rep.checks:
         lines.append(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
     lines.append(f"server alive after: {rep.alive_after}; final request ok: {rep.final_request_ok}")

@@ -95,6 +95,8 @@ def test_announced_memory_parsing():
     b, src = announced_memory({}, "INFO llmcore.engine: memory budget: 1.5 GiB (KV pool + RAM cache)\n")
     assert b == int(1.5 * 2**30) and src.startswith("log")
     assert announced_memory({"n_ctx": 4096}, "INFO model loaded (n_ctx 4096, 4 slots)") is None
+    plan = {"cache": {"memory": {"kv_max_bytes": 1000, "checkpoints_max_bytes": 24, "host_total_bytes": 9}}}
+    assert announced_memory(plan)[0] == 1024
 
 
 @pytest.mark.realmodel
