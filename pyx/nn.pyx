@@ -25,7 +25,7 @@ cdef extern from "simd_nn.h" nogil:
     float nn_exp_sub_sum(const float *x, float *y, float m, int n)
     void nn_silu_row(const float *g, const float *u, float *y, int n)
     void nn_gelu_row(const float *g, const float *u, float *y, int n)
-    float nn_sumsq(const float *x, int n)
+    double nn_sumsq(const float *x, int n)
     float nn_max(const float *x, int n)
     float nn_dot(const float *a, const float *b, int n)
     void nn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
@@ -63,7 +63,8 @@ cdef inline void _rms_row(float *x, const float *add, const float *w, float eps,
     if add != NULL:
         for j in range(d):
             x[j] = x[j] + add[j]
-    cdef float sc = 1.0 / sqrtf(nn_sumsq(x, d) / d + eps)
+    cdef float mean = <float>(nn_sumsq(x, d) / d)
+    cdef float sc = 1.0 / sqrtf(mean + eps)
     if w != NULL:
         for j in range(d):
             y[j] = x[j] * sc * w[j]

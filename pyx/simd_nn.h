@@ -227,20 +227,21 @@ static inline void nn_gelu_row(const float *g, const float *u, float *y, int n) 
     }
 }
 
-static inline float nn_sumsq(const float *x, int n) {
+/* sum(x*x): f32 products summed in double, like ggml_compute_forward_rms_norm (ggml_float). */
+static inline double nn_sumsq(const float *x, int n) {
     int i = 0;
-    float s = 0.0f;
+    double s = 0.0;
 #if defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (; i + 32 <= n; i += 32) {
-        __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
-        a0 = _mm512_fmadd_ps(v0, v0, a0);
-        a1 = _mm512_fmadd_ps(v1, v1, a1);
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512 p = _mm512_mul_ps(v, v);
+        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+        a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
     }
-    for (; i + 16 <= n; i += 16) { __m512 v = _mm512_loadu_ps(x + i); a0 = _mm512_fmadd_ps(v, v, a0); }
-    s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    s = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 #endif
-    for (; i < n; i++) s += x[i] * x[i];
+    for (; i < n; i++) s += (double)(x[i] * x[i]);
     return s;
 }
 
