@@ -22,7 +22,8 @@ def available() -> str | None:
 
 
 class LlamaCpp:
-    def __init__(self, path: str, n_threads: int, n_ctx: int = 4096, n_batch: int = 512, n_seq: int = 1):
+    def __init__(self, path: str, n_threads: int, n_ctx: int = 4096, n_batch: int = 512, n_seq: int = 1,
+                 kv_unified: bool = True):
         import llama_cpp as L
 
         self.L = L
@@ -48,6 +49,7 @@ class LlamaCpp:
         cp.n_batch = n_batch
         cp.n_ubatch = n_batch
         cp.n_seq_max = n_seq
+        cp.kv_unified = kv_unified  # like llmcore (and llama-server's default): n_ctx shared by all sequences
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.no_perf = True
@@ -96,10 +98,12 @@ class LlamaCpp:
         L = self.L
         self.clear()
         n_seq = len(prompts)
+        nxt = []
         for s, toks in enumerate(prompts):
-            self._batch_decode([(t, p, s) for p, t in enumerate(toks)], last_only=True)
+            for i in range(0, len(toks), self.n_batch):
+                self._batch_decode([(t, i + p, s) for p, t in enumerate(toks[i:i + self.n_batch])], last_only=True)
+            nxt.append(int(np.argmax(self.logits())))  # greedy first token from the prompt's logits
         pos = [len(t) for t in prompts]
-        nxt = [1] * n_seq
         t0 = time.perf_counter()
         for _ in range(n_gen):
             self._batch_decode([(nxt[s], pos[s], s) for s in range(n_seq)], last_only=False)
