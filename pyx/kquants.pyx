@@ -42,6 +42,19 @@ cdef extern from "simd_kquants.h" nogil:
     void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
                               int64_t k, const int8_t *A, const float *DA, int64_t n,
                               float *Y, int64_t ldy, uint8_t *qbuf, float *dwbuf)
+    ctypedef struct kq_act:
+        const kq_q8k *q8k
+        const int8_t *aq
+        const float *ad
+        const int32_t *as_ "as"
+    int KQ_RP
+    int kq_rp_supported(int t)
+    int64_t kq_rp_group_bytes(int t, int64_t k)
+    void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows, int64_t k,
+                    int64_t g0, int64_t g1, uint8_t *out)
+    void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g,
+                     const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy)
+    void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
@@ -127,13 +140,25 @@ def get_rows(raw, int ggml_type, ids, out):
     return out
 
 
-cdef class Packed:
-    """A K-quant/MXFP4 weight (rows, cols) kept zero-copy in its GGUF block layout."""
-    cdef readonly int ggml_type
-    cdef readonly int64_t rows, cols, nbytes
-    cdef readonly object raw
+def _repack_enabled():
+    import os
+    return os.environ.get("LLMCORE_KQ_REPACK", "1") != "0"
 
-    def __init__(self, raw, int ggml_type):
+
+cdef class Packed:
+    """A K-quant/MXFP4 weight (rows, cols) prepared for matmul.
+
+    ``layout`` "repacked16": rows interleaved 16 at a time (see simd_kquants.h), built at
+    pack time (Q4_K, Q5_K, Q6_K, MXFP4 on AVX-512 VNNI builds; off with
+    ``LLMCORE_KQ_REPACK=0``); ``raw``: zero-copy GGUF block layout, the kq_matmul_rows path.
+    ``nbytes`` is the bytes one matmul reads."""
+    cdef readonly int ggml_type
+    cdef readonly int64_t rows, cols, nbytes, ngroups
+    cdef readonly object raw
+    cdef readonly object buf
+    cdef readonly str layout
+
+    def __init__(self, raw, int ggml_type, repack=None):
         bs, ts = block_info(ggml_type)
         r = np.asarray(raw)
         if r.ndim != 2:
@@ -143,24 +168,178 @@ cdef class Packed:
             r = np.ascontiguousarray(r)
         if r.shape[1] % ts:
             raise ValueError(f"kquants.pack: rows of {r.shape[1]} bytes are not whole {ts}-byte blocks")
-        self.raw = r
         self.ggml_type = ggml_type
         self.rows = r.shape[0]
         self.cols = r.shape[1] // ts * bs
-        self.nbytes = r.shape[0] * r.shape[1]
+        if repack is None:
+            repack = _repack_enabled()
+        self.ngroups = (self.rows + KQ_RP - 1) // KQ_RP
+        if repack and kq_rp_supported(ggml_type) and self.rows > 0 and self.cols > 0:
+            self.layout = "repacked16"
+            self.raw = None
+            self.buf = _repack(r, ggml_type, self.cols, self.ngroups)
+            self.nbytes = self.buf.shape[0]
+        else:
+            self.layout = "raw"
+            self.raw = r
+            self.buf = None
+            self.nbytes = r.shape[0] * r.shape[1]
+
+    def __reduce__(self):
+        raise TypeError("Packed weights are not picklable")
 
     def __repr__(self):
-        return f"kquants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols})"
+        return f"kquants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-def pack(raw, int ggml_type):
-    """Prepare a 2-D weight (rows, bytes_per_row) for matmul (kernel module interface)."""
-    return Packed(raw, ggml_type)
+cdef object _repack(r, int t, int64_t k, int64_t ngroups):
+    cdef const uint8_t[:, :] rv = r
+    cdef int64_t gb = kq_rp_group_bytes(t, k), size = gb * ngroups
+    arr = np.empty(size + 64, dtype=np.uint8)
+    off = (-arr.ctypes.data) % 64
+    arr = arr[off:off + size]
+    cdef uint8_t[::1] ov = arr
+    cdef int64_t stride = rv.strides[0], rows = rv.shape[0]
+    with nogil:
+        kq_rp_pack(t, &rv[0, 0], stride, rows, k, 0, ngroups, &ov[0])
+    return arr
+
+
+def pack(raw, int ggml_type, repack=None):
+    """Prepare a 2-D weight (rows, bytes_per_row) for matmul (kernel module interface).
+    repack: None = default (repack where supported), False = keep the GGUF layout."""
+    return Packed(raw, ggml_type, repack)
+
+
+cdef enum:
+    TOK_CHUNK = 64   # tokens per work item of the repacked kernels
+
+
+cdef object _quantize_acts(int t, const float[:, ::1] xv, int nt, kq_act *act):
+    """Quantize x once for the repacked kernels (one parallel region); returns the owners."""
+    cdef int64_t n = xv.shape[0], k = xv.shape[1], nb, i
+    cdef uint8_t[:, ::1] av
+    cdef int8_t[:, ::1] aq
+    cdef float[:, ::1] ad
+    cdef int32_t[:, ::1] asv
+    if t != MXFP4:
+        nb = k // 256
+        a = np.empty((n, nb * sizeof(kq_q8k)), dtype=np.uint8)
+        av = a
+        with nogil:
+            for i in prange(n, num_threads=min(nt, n), schedule="static"):
+                kq_quantize_q8k(&xv[i, 0], k, <kq_q8k *>&av[i, 0])
+        act.q8k = <const kq_q8k *>&av[0, 0]
+        return a
+    nb = k // 32
+    q_arr = np.empty((n, k), dtype=np.int8)
+    d_arr = np.empty((n, nb), dtype=np.float32)
+    s_arr = np.empty((n, nb), dtype=np.int32)
+    aq, ad, asv = q_arr, d_arr, s_arr
+    with nogil:
+        for i in prange(n, num_threads=min(nt, n), schedule="static"):
+            kq_quantize_q8_0_sums(&xv[i, 0], k, &aq[i, 0], &ad[i, 0], &asv[i, 0])
+    act.aq = &aq[0, 0]
+    act.ad = &ad[0, 0]
+    act.as_ = &asv[0, 0]
+    return (q_arr, d_arr, s_arr)
 
 
 def matmul(Packed packed, x, y, int n_threads=0):
     """y[...] = x @ W.T (kernel module interface): x (n, cols), y (n, rows) float32."""
-    matmul_raw(packed.raw, packed.ggml_type, x, y, n_threads)
+    if packed.layout == "raw":
+        matmul_raw(packed.raw, packed.ggml_type, x, y, n_threads)
+        return
+    cdef const float[:, ::1] xv = x
+    cdef float[:, ::1] yv = y
+    cdef int64_t n = xv.shape[0], k = packed.cols, rows = packed.rows
+    if xv.shape[1] != k or yv.shape[0] != n or yv.shape[1] != rows:
+        raise ValueError(f"kquants.matmul: x {tuple(xv.shape)[:2]}, y {tuple(yv.shape)[:2]} for weights {(rows, k)}")
+    if n == 0:
+        return
+    cdef int nt = _threads(n_threads)
+    cdef kq_act act
+    keep = _quantize_acts(packed.ggml_type, xv, nt, &act)
+    cdef const uint8_t[::1] pv = packed.buf
+    cdef int64_t ng = packed.ngroups, nchunks = (n + TOK_CHUNK - 1) // TOK_CHUNK
+    cdef int64_t nitems = ng * nchunks, it, g, c, t0, t1
+    cdef int t = packed.ggml_type
+    cdef const uint8_t *pp = &pv[0]
+    cdef float *yp = &yv[0, 0]
+    with nogil:
+        for it in prange(nitems, num_threads=min(nt, nitems), schedule="static"):
+            c = it // ng
+            g = it - c * ng
+            t0 = c * TOK_CHUNK
+            t1 = min(t0 + TOK_CHUNK, n)
+            kq_rp_group(t, pp, k, rows, g, &act, t0, t1 - t0, yp + t0 * rows, rows)
+    del keep
+
+
+def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0):
+    """MoE: rows offsets[i]:offsets[i+1] of y = those rows of x @ packs[i].T, one parallel
+    region over (expert, token chunk, 16-row group) work items, activations quantized once
+    (same type and shape, offsets[0] == 0, len(offsets) == len(packs) + 1)."""
+    cdef int64_t ne = len(packs), i, n
+    cdef Packed pk
+    if offsets.shape[0] != ne + 1:
+        raise ValueError("matmul_grouped: offsets must have len(packs) + 1 entries")
+    if ne == 0:
+        return
+    pk = packs[0]
+    cdef const float[:, ::1] xv = x
+    cdef float[:, ::1] yv = y
+    n = xv.shape[0]
+    if offsets[0] != 0 or offsets[ne] != n:
+        raise ValueError("matmul_grouped: offsets must run from 0 to len(x)")
+    if xv.shape[1] != pk.cols or yv.shape[0] != n or yv.shape[1] != pk.rows:
+        raise ValueError(f"matmul_grouped: x {tuple(xv.shape)[:2]}, y {tuple(yv.shape)[:2]} for weights {(pk.rows, pk.cols)}")
+    for i in range(ne):
+        if (<Packed>packs[i]).rows != pk.rows or (<Packed>packs[i]).cols != pk.cols \
+                or (<Packed>packs[i]).ggml_type != pk.ggml_type or (<Packed>packs[i]).layout != pk.layout:
+            raise ValueError("matmul_grouped: experts differ in type, shape or layout")
+        if offsets[i + 1] < offsets[i]:
+            raise ValueError("matmul_grouped: offsets must not decrease")
+    if n == 0:
+        return
+    if pk.layout == "raw":
+        xa, ya = np.asarray(xv), np.asarray(yv)
+        for i in range(ne):
+            if offsets[i + 1] > offsets[i]:
+                ya[offsets[i]:offsets[i + 1]] = matmul_raw(packs[i].raw, pk.ggml_type, xa[offsets[i]:offsets[i + 1]],
+                                                           n_threads=n_threads)
+        return
+    cdef int nt = _threads(n_threads)
+    cdef kq_act act
+    keep = _quantize_acts(pk.ggml_type, xv, nt, &act)
+    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1
+    for i in range(ne):
+        nitems += (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK * ng
+    items = np.empty((nitems, 3), dtype=np.int64)   # expert, group, first token
+    cdef int64_t[:, ::1] iv = items
+    ptrs = np.empty(ne, dtype=np.uintp)
+    cdef size_t[::1] pv = ptrs
+    cdef const uint8_t[::1] bv
+    it = 0
+    for i in range(ne):
+        bv = (<Packed>packs[i]).buf
+        pv[i] = <size_t>&bv[0]
+        nc = (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK
+        for c in range(nc):
+            for g in range(ng):
+                iv[it, 0] = i
+                iv[it, 1] = g
+                iv[it, 2] = offsets[i] + c * TOK_CHUNK
+                it += 1
+    cdef int t = pk.ggml_type
+    cdef float *yp = &yv[0, 0]
+    with nogil:
+        for it in prange(nitems, num_threads=min(nt, nitems), schedule="static"):
+            e = iv[it, 0]
+            t0 = iv[it, 2]
+            t1 = min(t0 + TOK_CHUNK, offsets[e + 1])
+            kq_rp_group(t, <const uint8_t *>pv[e], k, rows, iv[it, 1], &act, t0, t1 - t0, yp + t0 * rows, rows)
+    del keep
 
 
 def quantize_q8_k(x, int n_threads=0):

@@ -718,4 +718,342 @@ static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r
 #endif
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* repacked layout (AVX-512 VNNI): 16 rows interleaved per super-block                  */
+/* ---------------------------------------------------------------------------------- */
+/* Rows are taken 16 at a time (the last group padded with zero rows). One tile holds one
+ * super-block of 16 rows; a 64-byte chunk holds 4 bytes of each row, so one vpdpbusd
+ * with a broadcast 4-value activation gives 16 rows' partial sums in 16 int32 lanes and
+ * results are stored as 16 contiguous floats (no horizontal sums). A value index
+ * v = 4*J + i (J = 0..63 dot group, i = 0..3):
+ *   nibble chunk j (0..31): row r bytes i = q[4j+i] & 15 | (q[128+4j+i] & 15) << 4
+ *   Q5_K high-bit chunk h (0..7): bit k of byte i = bit 4 of q[4(h+8k)+i]
+ *   Q6_K high-bit chunk h (0..15): bits 2k..2k+1 of byte i = bits 4..5 of q[4(h+16k)+i]
+ * Scales come in pairs (g, g + NG/2) so that each nibble chunk (J = j and j + 32) feeds
+ * one pair: Q4_K/Q5_K per-32 groups (G, G+4), Q6_K per-16 groups (g, g+8).
+ * Tile bytes:
+ *   Q4_K  [0,32) d f16 x16 | [32,64) dmin f16 x16 | 4 x {32 sc pairs u8, 32 mn pairs u8}
+ *         | [320, 2368) 32 nibble chunks                                = 2368 (148/row)
+ *   Q5_K  Q4_K tile + [2368, 2880) 8 high-bit chunks                     = 2880 (180/row)
+ *   Q6_K  [0,32) d f16 x16 | pad | [64,320) 8 x 32 sc pairs i8 | [320,2368) nibbles
+ *         | [2368, 3392) 16 high-bit chunks                             = 3392 (212/row)
+ * MXFP4 per 16-row group: nblk x 16 e8m0 bytes (padded to 64), then per block 4 chunks
+ * (row r bytes 4c..4c+3 of its block: low nibble value 4c+i, high nibble 16+4c+i).
+ * Every output lane sees the same operations in the same order whatever the number of
+ * tokens, the token tile or the thread count, so results do not depend on batching. */
+#define KQ_RP 16
+
+static inline int64_t kq_rp_tile_bytes(int t) {
+    switch (t) {
+    case KQ_Q4_K: return 2368;
+    case KQ_Q5_K: return 2880;
+    case KQ_Q6_K: return 3392;
+    default: return 0;
+    }
+}
+
+static inline int kq_rp_supported(int t) {
+#if defined(KQ_AVX512)
+    return t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K || t == KQ_MXFP4;
+#else
+    (void)t;
+    return 0;
+#endif
+}
+
+/* bytes of one 16-row group (k values per row) */
+static inline int64_t kq_rp_group_bytes(int t, int64_t k) {
+    if (t == KQ_MXFP4) {
+        int64_t nblk = k / 32;
+        return ((nblk * 16 + 63) & ~(int64_t)63) + nblk * 256;
+    }
+    return (k / KQ_QK) * kq_rp_tile_bytes(t);
+}
+
+/* repack row groups [g0, g1) of W (rows x k, GGUF layout, rows at W + r*row_stride) */
+static void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows, int64_t k,
+                       int64_t g0, int64_t g1, uint8_t *out) {
+    const int ts = kq_type_size(t);
+    const int64_t gb = kq_rp_group_bytes(t, k);
+    if (t == KQ_MXFP4) {
+        const int64_t nblk = k / 32, qoff = (nblk * 16 + 63) & ~(int64_t)63;
+        for (int64_t g = g0; g < g1; g++) {
+            uint8_t *o = out + g * gb;
+            memset(o, 0, gb);
+            for (int r = 0; r < KQ_RP; r++) {
+                const int64_t row = g * KQ_RP + r;
+                if (row >= rows) break;
+                const uint8_t *src = W + row * row_stride;
+                for (int64_t i = 0; i < nblk; i++) {
+                    const uint8_t *b = src + i * ts;
+                    o[i * 16 + r] = b[0];
+                    for (int c = 0; c < 4; c++) memcpy(o + qoff + i * 256 + c * 64 + r * 4, b + 1 + 4 * c, 4);
+                }
+            }
+        }
+        return;
+    }
+    const int64_t nb = k / KQ_QK, tb = kq_rp_tile_bytes(t);
+    kq_sb sb;
+    for (int64_t g = g0; g < g1; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + g * gb + b * tb;
+            memset(o, 0, tb);
+            for (int r = 0; r < KQ_RP; r++) {
+                const int64_t row = g * KQ_RP + r;
+                if (row >= rows) break;
+                const uint8_t *blk = W + row * row_stride + b * ts;
+                kq_unpack(t, blk, &sb);
+                uint8_t *qs = o + 320;
+                if (t == KQ_Q6_K) {
+                    memcpy(o + 2 * r, blk + 208, 2);
+                    for (int p = 0; p < 8; p++) {
+                        o[64 + p * 32 + 2 * r] = (uint8_t)(int8_t)sb.sc[p];
+                        o[64 + p * 32 + 2 * r + 1] = (uint8_t)(int8_t)sb.sc[p + 8];
+                    }
+                    for (int h = 0; h < 16; h++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = 0;
+                            for (int kk = 0; kk < 4; kk++) v |= (uint8_t)(((sb.q[4 * (h + 16 * kk) + i] >> 4) & 3) << (2 * kk));
+                            o[2368 + h * 64 + r * 4 + i] = v;
+                        }
+                } else {
+                    memcpy(o + 2 * r, blk, 2);        /* d */
+                    memcpy(o + 32 + 2 * r, blk + 2, 2); /* dmin */
+                    for (int G = 0; G < 4; G++) {
+                        o[64 + G * 64 + 2 * r] = (uint8_t)sb.sc[2 * G];
+                        o[64 + G * 64 + 2 * r + 1] = (uint8_t)sb.sc[2 * (G + 4)];
+                        o[64 + G * 64 + 32 + 2 * r] = (uint8_t)sb.mn[2 * G];
+                        o[64 + G * 64 + 32 + 2 * r + 1] = (uint8_t)sb.mn[2 * (G + 4)];
+                    }
+                    if (t == KQ_Q5_K)
+                        for (int h = 0; h < 8; h++)
+                            for (int i = 0; i < 4; i++) {
+                                uint8_t v = 0;
+                                for (int kk = 0; kk < 8; kk++) v |= (uint8_t)(((sb.q[4 * (h + 8 * kk) + i] >> 4) & 1) << kk);
+                                o[2368 + h * 64 + r * 4 + i] = v;
+                            }
+                }
+                for (int j = 0; j < 32; j++)
+                    for (int i = 0; i < 4; i++)
+                        qs[j * 64 + r * 4 + i] = (uint8_t)((sb.q[4 * j + i] & 15) | ((sb.q[128 + 4 * j + i] & 15) << 4));
+            }
+        }
+    }
+}
+
+#if defined(KQ_AVX512)
+/* one 16-row group x NT tokens (NT compile-time after inlining), K-quants */
+static inline __attribute__((always_inline)) void
+kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q8k *const *A,
+             float *const *Y, __mmask16 store_mask) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int six = t == KQ_Q6_K;
+    __m512 acc[4];
+    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *tile = G + b * tb;
+        const uint8_t *qs = tile + 320, *qh = tile + 2368;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+        __m512i isum[4];
+        const kq_q8k *ab[4];
+        for (int u = 0; u < NT; u++) {
+            ab[u] = A[u] + b;
+            isum[u] = _mm512_setzero_si512();
+        }
+        if (!six) { /* mins: acc -= dmin*da * sum_G mn(G,G+4) . bs32(G,G+4) */
+            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+            int32_t bp[4][4];
+            for (int u = 0; u < NT; u++) {
+                __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)ab[u]->bsums),
+                                           _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8)));
+                _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(v, _mm_srli_si128(v, 8)));
+            }
+            __m512i ms[4];
+            for (int u = 0; u < NT; u++) ms[u] = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) {
+                const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64 + 32)));
+                for (int u = 0; u < NT; u++) ms[u] = _mm512_dpwssd_epi32(ms[u], mn, _mm512_set1_epi32(bp[u][p]));
+            }
+            for (int u = 0; u < NT; u++)
+                acc[u] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[u]), _mm512_mul_ps(dmv, _mm512_set1_ps(ab[u]->d)), acc[u]);
+        } else { /* Q6_K offset 32: isum -= 32 * sum_g sc(g,g+8) . bsum(g,g+8) */
+            int32_t bp[4][8];
+            for (int u = 0; u < NT; u++) {
+                __m128i lo = _mm_loadu_si128((const __m128i *)ab[u]->bsums);
+                __m128i hi = _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8));
+                _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(lo, hi));
+                _mm_storeu_si128((__m128i *)(bp[u] + 4), _mm_unpackhi_epi16(lo, hi));
+            }
+            for (int p = 0; p < 8; p++) {
+                const __m512i sc = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)));
+                for (int u = 0; u < NT; u++) isum[u] = _mm512_dpwssd_epi32(isum[u], sc, _mm512_set1_epi32(bp[u][p]));
+            }
+            for (int u = 0; u < NT; u++) isum[u] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[u], 5));
+        }
+        const int np = six ? 8 : 4, cpp = 32 / np;
+        for (int p = 0; p < np; p++) {
+            const __m512i sc = six
+                ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)))
+                : _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64)));
+            const __m512i sc_lo = _mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16), sc_hi = _mm512_srai_epi32(sc, 16);
+            __m512i lo[4], hi[4];
+            for (int u = 0; u < NT; u++) lo[u] = hi[u] = _mm512_setzero_si512();
+            for (int c = 0; c < cpp; c++) {
+                const int j = p * cpp + c;
+                const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
+                __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                if (t == KQ_Q5_K) {
+                    const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
+                    const int kl = j >> 3; /* bit kl -> low part, bit kl+4 -> high part */
+                    const __m512i b4 = _mm512_set1_epi8(0x10);
+                    wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
+                    wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
+                } else if (six) {
+                    const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
+                    const __m512i b45 = _mm512_set1_epi8(0x30);
+                    /* j < 16: fields 0 (low part) and 2 (high part); else fields 1 and 3 */
+                    if (j < 16) {
+                        wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
+                        wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
+                    } else {
+                        wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
+                        wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
+                    }
+                }
+                for (int u = 0; u < NT; u++) {
+                    int32_t a0, a1;
+                    memcpy(&a0, ab[u]->qs + 4 * j, 4);
+                    memcpy(&a1, ab[u]->qs + 128 + 4 * j, 4);
+                    lo[u] = _mm512_dpbusd_epi32(lo[u], wl, _mm512_set1_epi32(a0));
+                    hi[u] = _mm512_dpbusd_epi32(hi[u], wh, _mm512_set1_epi32(a1));
+                }
+            }
+            for (int u = 0; u < NT; u++)
+                isum[u] = _mm512_add_epi32(isum[u], _mm512_add_epi32(_mm512_mullo_epi32(lo[u], sc_lo),
+                                                                     _mm512_mullo_epi32(hi[u], sc_hi)));
+        }
+        for (int u = 0; u < NT; u++)
+            acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[u]), _mm512_mul_ps(dv, _mm512_set1_ps(ab[u]->d)), acc[u]);
+    }
+    for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(Y[u], store_mask, acc[u]);
+}
+
+/* MXFP4 group x NT tokens. A[u]: int8 row (k), DA[u]: nblk scales, AS[u]: nblk int sums */
+static inline __attribute__((always_inline)) void
+kq_rp_kernel_mxfp4(const int NT, const uint8_t *G, int64_t nblk, const int8_t *const *A,
+                   const float *const *DA, const int32_t *const *AS, float *const *Y, __mmask16 store_mask) {
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                             12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
+    const uint8_t *q = G + ((nblk * 16 + 63) & ~(int64_t)63);
+    __m512 acc[4];
+    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nblk; i++, q += 256) {
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(G + i * 16)));
+        const __mmask16 small = _mm512_cmplt_epi32_mask(e, two);
+        const __m512 dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(small,
+            _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23),
+            _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e)));
+        __m512i p[4];
+        for (int u = 0; u < NT; u++) p[u] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            const __m512i w = _mm512_loadu_si512((const void *)(q + c * 64));
+            const __m512i wl = _mm512_shuffle_epi8(tbl, _mm512_and_si512(w, m4));
+            const __m512i wh = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+            for (int u = 0; u < NT; u++) {
+                int32_t a0, a1;
+                memcpy(&a0, A[u] + i * 32 + 4 * c, 4);
+                memcpy(&a1, A[u] + i * 32 + 16 + 4 * c, 4);
+                p[u] = _mm512_dpbusd_epi32(p[u], wl, _mm512_set1_epi32(a0));
+                p[u] = _mm512_dpbusd_epi32(p[u], wh, _mm512_set1_epi32(a1));
+            }
+        }
+        for (int u = 0; u < NT; u++) {
+            const __m512i s = _mm512_sub_epi32(p[u], _mm512_set1_epi32(12 * AS[u][i]));
+            acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(DA[u][i])), acc[u]);
+        }
+    }
+    for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(Y[u], store_mask, acc[u]);
+}
+#endif
+
+/* Activations of one matmul call: K-quants use q8k (n x nb), MXFP4 uses aq/ad/as. */
+typedef struct {
+    const kq_q8k *q8k;
+    const int8_t *aq;
+    const float *ad;
+    const int32_t *as;
+} kq_act;
+
+/* Y[tok, g*16 + lane] for tokens tok0 + [0, n) of the activations, one 16-row group.
+ * ldy: Y row stride; rows: valid rows of the weight (for the last group's mask). */
+static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g,
+                        const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy) {
+#if defined(KQ_AVX512)
+    const uint8_t *G = P + g * kq_rp_group_bytes(t, k);
+    const int64_t nvalid = rows - g * KQ_RP;
+    const __mmask16 m = nvalid >= KQ_RP ? (__mmask16)0xFFFF : (__mmask16)((1u << nvalid) - 1);
+    float *y[4];
+    if (t == KQ_MXFP4) {
+        const int64_t nblk = k / 32;
+        const int8_t *a[4];
+        const float *d[4];
+        const int32_t *s[4];
+        for (int64_t j = 0; j < n;) {
+            const int64_t nt = n - j >= 4 ? 4 : n - j;
+            for (int u = 0; u < nt; u++) {
+                const int64_t tok = tok0 + j + u;
+                a[u] = act->aq + tok * k;
+                d[u] = act->ad + tok * nblk;
+                s[u] = act->as + tok * nblk;
+                y[u] = Y + (j + u) * ldy + g * KQ_RP;
+            }
+            switch (nt) {
+            case 4: kq_rp_kernel_mxfp4(4, G, nblk, a, d, s, y, m); break;
+            case 3: kq_rp_kernel_mxfp4(3, G, nblk, a, d, s, y, m); break;
+            case 2: kq_rp_kernel_mxfp4(2, G, nblk, a, d, s, y, m); break;
+            default: kq_rp_kernel_mxfp4(1, G, nblk, a, d, s, y, m); break;
+            }
+            j += nt;
+        }
+        return;
+    }
+    const int64_t nb = k / KQ_QK;
+    const kq_q8k *a[4];
+    for (int64_t j = 0; j < n;) {
+        const int64_t nt = n - j >= 4 ? 4 : n - j;
+        for (int u = 0; u < nt; u++) {
+            a[u] = act->q8k + (tok0 + j + u) * nb;
+            y[u] = Y + (j + u) * ldy + g * KQ_RP;
+        }
+#define KQ_RP_CASE(T)                                                                       \
+        switch (nt) {                                                                       \
+        case 4: kq_rp_kernel(T, 4, G, nb, a, y, m); break;                                  \
+        case 3: kq_rp_kernel(T, 3, G, nb, a, y, m); break;                                  \
+        case 2: kq_rp_kernel(T, 2, G, nb, a, y, m); break;                                  \
+        default: kq_rp_kernel(T, 1, G, nb, a, y, m); break;                                 \
+        }
+        if (t == KQ_Q4_K) { KQ_RP_CASE(KQ_Q4_K) }
+        else if (t == KQ_Q5_K) { KQ_RP_CASE(KQ_Q5_K) }
+        else { KQ_RP_CASE(KQ_Q6_K) }
+#undef KQ_RP_CASE
+        j += nt;
+    }
+#else
+    (void)t; (void)P; (void)k; (void)rows; (void)g; (void)act; (void)tok0; (void)n; (void)Y; (void)ldy;
+#endif
+}
+
+/* q8_0 activations for MXFP4 plus the per-block sums of the int8 values */
+static void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s) {
+    kq_quantize_q8_0(x, k, qs, d);
+    for (int64_t i = 0; i < k / 32; i++) {
+        int32_t t = 0;
+        for (int j = 0; j < 32; j++) t += qs[i * 32 + j];
+        s[i] = t;
+    }
+}
+
 #endif /* LLMCORE_SIMD_KQUANTS_H */

@@ -78,6 +78,12 @@ def emulated(x, W, qt):
     return xq @ W.T.astype(np.float64)
 
 
+def _mm(packed, x, n_threads=1):
+    y = np.empty((x.shape[0], packed.rows), np.float32)
+    kq.matmul(packed, np.ascontiguousarray(x, np.float32), y, n_threads)
+    return y
+
+
 # ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("qt", TYPES, ids=IDS)
 def test_dequantize_exact_random_blocks(qt):
@@ -183,7 +189,9 @@ def test_expert_slices_3d(qt):
     for e in range(n_exp):
         y = kq.matmul_raw(raw3[e], int(qt), x)
         assert nmse(y, x.astype(np.float64) @ W3[e].T.astype(np.float64)) <= 5e-4
-        np.testing.assert_array_equal(el(x, e), y)
+        # ExpertLinear uses the repacked kernel: same integers, float sums in another order
+        np.testing.assert_allclose(el(x, e), y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
+        np.testing.assert_array_equal(el(x, e), _mm(kq.pack(raw3[e], int(qt)), x))
     # a strided slice (every other row of an expert) works too
     y = kq.matmul_raw(raw3[1, ::2], int(qt), x)
     np.testing.assert_array_equal(y, kq.matmul_raw(raw3[1], int(qt), x)[:, ::2])
@@ -195,9 +203,11 @@ def test_linear_through_quant_dispatch(qt):
     raw = rand_weight(rng, qt, 40, 256)
     lin = quant.Linear(Tensor("w", int(qt), (40, 256), raw))
     assert isinstance(lin._packed, kq.Packed)
-    assert lin.nbytes == raw.nbytes
+    assert lin.nbytes == lin._packed.nbytes >= raw.nbytes
     x = rng.standard_normal((2, 256)).astype(np.float32)
-    np.testing.assert_array_equal(lin(x), kq.matmul_raw(raw, int(qt), x))
+    np.testing.assert_array_equal(lin(x), _mm(kq.pack(raw, int(qt)), x))
+    y = kq.matmul_raw(raw, int(qt), x)
+    np.testing.assert_allclose(lin(x), y, rtol=1e-5, atol=1e-5 * np.abs(y).max())
 
 
 def test_bad_inputs():
@@ -228,3 +238,85 @@ def test_conformance_model_tensors_dequantize_exactly(conformance):
             ref = gguf.quants.dequantize(np.ascontiguousarray(t.raw()), QT(t.ggml_type)).reshape(-1)
             np.testing.assert_array_equal(kq.dequantize(t.raw(), int(t.ggml_type)), ref, err_msg=t.name)
     assert {int(QT.Q4_K), int(QT.Q6_K), int(QT.MXFP4)} <= seen
+
+
+# --- repacked (16-row interleaved) layout and the grouped expert kernel ---------------
+REPACKED = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4]
+RP_IDS = [t.name for t in REPACKED]
+needs_repack = pytest.mark.skipif(kq.simd() != "avx512vnni", reason="repacked kernels need AVX-512 VNNI")
+
+
+@needs_repack
+@pytest.mark.parametrize("qt", REPACKED, ids=RP_IDS)
+@pytest.mark.parametrize("n", [1, 3, 6, 130])
+def test_repacked_matmul(qt, n):
+    """Repacked == llama.cpp-quantized activations x dequantized weights, ~= the raw-layout
+    kernel; rows not a multiple of 16, more tokens than one work item (64)."""
+    rng = np.random.default_rng(200 + n + int(qt))
+    rows, cols = 37, (768 if qt != QT.MXFP4 else 736)
+    w = rand_weight(rng, qt, rows, cols)
+    W = ref_dequant(w, qt, (rows, cols))
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    p = kq.pack(w, int(qt))
+    assert p.layout == "repacked16" and (p.rows, p.cols) == (rows, cols)
+    y = _mm(p, x)
+    ye = emulated(x, W, qt)
+    np.testing.assert_allclose(y, ye, rtol=2e-5, atol=2e-5 * np.abs(ye).max())
+    yr = kq.matmul_raw(w, int(qt), x)
+    np.testing.assert_allclose(y, yr, rtol=1e-5, atol=1e-5 * np.abs(yr).max())
+    raw_packed = kq.pack(w, int(qt), repack=False)
+    assert raw_packed.layout == "raw"
+    np.testing.assert_array_equal(_mm(raw_packed, x), yr)
+
+
+@needs_repack
+@pytest.mark.parametrize("qt", REPACKED, ids=RP_IDS)
+def test_repacked_threads_and_batch_invariant(qt):
+    rng = np.random.default_rng(41)
+    w = rand_weight(rng, qt, 53, 512)
+    x = rng.standard_normal((70, 512)).astype(np.float32)
+    p = kq.pack(w, int(qt))
+    y1 = _mm(p, x, 1)
+    np.testing.assert_array_equal(_mm(p, x, 2), y1)
+    for a, b in [(5, 6), (0, 3), (60, 70)]:  # a token's result does not depend on its batch
+        np.testing.assert_array_equal(_mm(p, x[a:b], 2), y1[a:b])
+
+
+@needs_repack
+def test_repacked_strided_expert_slice_and_env(monkeypatch):
+    rng = np.random.default_rng(43)
+    raw3 = rand_weight(rng, QT.Q6_K, 3 * 20, 512).reshape(3, 20, -1)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    np.testing.assert_array_equal(_mm(kq.pack(raw3[1, ::2], int(QT.Q6_K)), x),
+                                  _mm(kq.pack(raw3[1], int(QT.Q6_K)), x)[:, ::2])
+    monkeypatch.setenv("LLMCORE_KQ_REPACK", "0")
+    assert kq.pack(raw3[0], int(QT.Q6_K)).layout == "raw"
+
+
+@pytest.mark.parametrize("qt", REPACKED + [QT.Q3_K], ids=RP_IDS + ["Q3_K"])
+@pytest.mark.parametrize("repack", [True, False], ids=["repacked", "raw"])
+def test_matmul_grouped_equals_per_expert(qt, repack):
+    rng = np.random.default_rng(47)
+    n_exp, rows, cols = 5, 40, 512
+    raw3 = rand_weight(rng, qt, n_exp * rows, cols).reshape(n_exp, rows, -1)
+    packs = [kq.pack(raw3[e], int(qt), repack=repack) for e in range(n_exp)]
+    experts = [3, 0, 4, 1]
+    counts = [2, 0, 70, 1]          # an empty group and one over a 64-token work item
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    x = rng.standard_normal((int(offs[-1]), cols)).astype(np.float32)
+    for nt in (1, 2):
+        y = np.full((len(x), rows), np.nan, np.float32)
+        kq.matmul_grouped([packs[e] for e in experts], offs, x, y, nt)
+        for i, e in enumerate(experts):
+            a, b = offs[i], offs[i + 1]
+            np.testing.assert_array_equal(y[a:b], _mm(packs[e], x[a:b]))
+    # through quant.ExpertLinear.grouped (MoE dispatch)
+    t = Tensor("blk.0.ffn_up_exps.weight", int(qt), (n_exp, rows, cols), raw3)
+    el = quant.ExpertLinear(t)
+    yg = el.grouped(x, experts, offs)
+    for i, e in enumerate(experts):
+        a, b = offs[i], offs[i + 1]
+        if b > a:
+            np.testing.assert_array_equal(yg[a:b], el(x[a:b], e))
+    with pytest.raises(ValueError):
+        kq.matmul_grouped(packs[:2], np.array([0, 1], np.int64), x[:1], np.empty((1, rows), np.float32))
