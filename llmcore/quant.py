@@ -54,6 +54,20 @@ except ImportError:  # pragma: no cover - gguf is a hard dependency
 
 from .threads import get_num_threads
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before any kernel loads libgomp (see nn.py)
+
+# A parallel region costs a wake-up of the other threads (a futex round trip with the
+# passive wait policy below, far more when the machine is oversubscribed): a decode matmul
+# that streams fewer bytes than this per thread runs on fewer threads.
+MIN_BYTES_PER_THREAD = int(os.environ.get("LLMCORE_MIN_BYTES_PER_THREAD", str(512 * 1024)))
+
+
+def _threads_for(n_rows: int, nbytes: int) -> int:
+    nt = get_num_threads()
+    if nt > 1 and n_rows < 4:
+        nt = max(1, min(nt, nbytes // max(1, MIN_BYTES_PER_THREAD)))
+    return nt
+
 FLOAT_TYPES = {QT.F32, QT.F16, QT.BF16}
 
 # ggml type -> kernel module name in llmcore._kernels (see KERNEL MODULE INTERFACE).
@@ -208,7 +222,7 @@ class Linear:
             direct = (out is not None and out.dtype == np.float32 and out.flags.c_contiguous
                       and out.size == n * self.out_features)
             y = out.reshape(n, self.out_features) if direct else np.empty((n, self.out_features), np.float32)
-            self._kernel.matmul(self._packed, x2, y, get_num_threads())
+            self._kernel.matmul(self._packed, x2, y, _threads_for(n, self.nbytes))
         else:
             direct = False
             y = x2 @ self._w.T

@@ -51,6 +51,7 @@ cdef enum:
     SPLIT_MIN_BLOCKS = 8
     ACT_CHUNK = 4096
     SMALL_R = 8
+    MIN_PARALLEL_KV_BYTES = 256 * 1024
 
 F32, F16, Q8_0, Q4_0 = T_F32, T_F16, T_Q8_0, T_Q4_0
 
@@ -245,8 +246,13 @@ def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_head
         return 0
     if n_threads < 1 or n * n_kv_heads * D < 65536:
         n_threads = 1
-    seg = np.asarray(seg_start)
-    cdef const int32_t[::1] row_seq = np.repeat(np.arange(S, dtype=np.int32), np.diff(seg)).astype(np.int32)
+    cdef int32_t *row_seq = <int32_t *>malloc(n * sizeof(int32_t))
+    if row_seq == NULL:
+        raise MemoryError()
+    cdef Py_ssize_t r
+    for s in range(S):
+        for r in range(max(seg_start[s], 0), min(seg_start[s + 1], n)):
+            row_seq[r] = s
     with nogil:
         for i in prange(n, num_threads=n_threads, schedule='static'):
             p = positions[i]
@@ -258,6 +264,7 @@ def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_head
             for h in range(n_kv_heads):
                 _store_row(&values[i, h, 0], kv_type,
                            &pool[blk, ((p % block_size) * n_kv_heads + h) * row_nbytes], D)
+    free(row_seq)
     return bad
 
 
@@ -535,6 +542,20 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
     cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
     cdef int S = <int>seg_start.shape[0] - 1, bs = block_size
     cdef int G = H // n_kv_heads
+    cdef Py_ssize_t x, y
+    # checks (cheap C loops; nn.py leaves these to the kernel)
+    if S != block_tables.shape[0] or seg_start[0] != 0 or seg_start[S] != N:
+        raise ValueError("seg_start must be non-decreasing from 0 to N with one entry per block table + 1")
+    for x in range(S):
+        if seg_start[x + 1] < seg_start[x]:
+            raise ValueError("seg_start must be non-decreasing from 0 to N with one entry per block table + 1")
+    for x in range(N):
+        if q_pos[x] < 0 or q_pos[x] >= block_tables.shape[1] * bs:
+            raise ValueError("q_pos outside the range covered by the block tables")
+    for x in range(block_tables.shape[0]):
+        for y in range(block_tables.shape[1]):
+            if block_tables[x, y] >= k_pool.shape[0]:
+                raise ValueError("block id out of range of the pool")
     if N == 0 or S <= 0:
         return
     cdef AttnArgs a
@@ -664,6 +685,12 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
     cdef Py_ssize_t buf_len = fixed + loc_len
     cdef float *buf = NULL
     cdef int nt = n_threads if n_threads > 0 else 1
+    # a small decode (few short sequences) is not worth waking the other threads
+    cdef Py_ssize_t kv_bytes = 0
+    for i in range(n_items):
+        kv_bytes += <Py_ssize_t>(it_arr[i, 5] - it_arr[i, 4]) * bs * (k_row + v_row)
+    if N * H <= 64 and kv_bytes < MIN_PARALLEL_KV_BYTES:
+        nt = 1
     if nt > n_items:
         nt = <int>n_items
     if nt < 1:
