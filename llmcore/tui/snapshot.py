@@ -306,6 +306,13 @@ def fmt_duration(s) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
+def model_label(model) -> str:
+    """A model path shown by its file name."""
+    if not model:
+        return DASH
+    return str(model).replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def fmt_rate(v) -> str:
     return DASH if v is None else f"{float(v):.1f}"
 
@@ -354,11 +361,12 @@ class History:
         dt = snap.time - prev.time
         if dt <= 0:
             return
-        for key, dq in (("prompt_tokens_total", self.prompt_tps), ("tokens_predicted_total", self.gen_tps)):
-            a, b = prev.get(key), snap.get(key)
+        for key, live, dq in (("prompt_tokens_total", "n_prefilled", self.prompt_tps),
+                              ("tokens_predicted_total", "n_decoded", self.gen_tps)):
+            a, b = _progress(prev, key, live), _progress(snap, key, live)
             if a is None or b is None:
                 continue
-            dq.append(max(0.0, (float(b) - float(a)) / dt))  # a restarted server: no negative rate
+            dq.append(max(0.0, (b - a) / dt))  # a restarted server: no negative rate
 
     def clear(self) -> None:
         self.prompt_tps.clear()
@@ -367,8 +375,18 @@ class History:
         self._last = None
 
 
+def _progress(snap: Snapshot, counter: str, live: str) -> float | None:
+    """Tokens done so far: the server counts a request's tokens when it finishes, so add
+    what the busy slots have done already (otherwise the rate comes in bursts)."""
+    c = snap.get(counter)
+    if c is None:
+        return None
+    return float(c) + sum(float(s.get(live) or 0) for s in snap.slots if s.get("task_id") is not None)
+
+
 # ---- events: what changed between two polls -----------------------------------------------
 _EVENT_COUNTERS = (  # field (stats or cache numbers), level, text ({d} = increase)
+    ("requests_total", "info", "{d} request(s) finished"),
     ("requests_errors", "error", "{d} request(s) failed"),
     ("requests_cancelled", "warning", "{d} request(s) cancelled"),
     ("cache_ram_evictions", "info", "RAM cache: {d} entr(ies) evicted"),
@@ -453,7 +471,7 @@ def to_text(snap: Snapshot, history: History | None = None) -> str:
         return f"[{ts}] connection lost: {snap.error}"
     g = snap.get
     lines = [
-        f"[{ts}] {g('model') or DASH}  status {g('status') or DASH}  up {fmt_duration(g('uptime_s'))}"
+        f"[{ts}] {model_label(g('model'))}  status {g('status') or DASH}  up {fmt_duration(g('uptime_s'))}"
         f"  slots {fmt_num(g('n_slots'))}  n_ctx/slot {fmt_num(g('n_ctx_slot'))}",
         f"requests: processing {fmt_num(g('requests_processing'))}  queued {fmt_num(g('requests_deferred'))}"
         f"  done {fmt_num(g('requests_total'))}  errors {fmt_num(g('requests_errors'))}"

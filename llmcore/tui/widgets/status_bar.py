@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ..snapshot import DASH, Snapshot, fmt_duration, fmt_num
+from ..snapshot import Snapshot, fmt_duration, fmt_num, model_label
 
 
 class StatusBar(Static):
@@ -49,7 +49,7 @@ class StatusBar(Static):
             t.append(f" ({s.error})")
         t.append(f"  {self.source_name}")
         if s is not None and s.connected:
-            t.append(f"  {s.get('model') or DASH}", style="bold")
+            t.append(f"  {model_label(s.get('model'))}", style="bold")
             t.append(f"  up {fmt_duration(s.get('uptime_s'))}")
             t.append(f"  slots {fmt_num(s.get('n_slots'))}  ctx/slot {fmt_num(s.get('n_ctx_slot'))}")
             if s.get("status") == "error" and s.get("error"):
