@@ -5,11 +5,9 @@ import asyncio
 import io
 import json
 
-import pytest
-
 from fakes import FakeChatTemplate, FakeModel, FakeTokenizer
 from fixtures import tiny_models  # noqa: F401
-from llmcore.engine import Engine, EngineConfig, GenParams
+from llmcore.engine import Engine, EngineConfig
 from llmcore.sampling import SamplingParams
 from llmcore.server import ServerConfig, create_app
 from llmcore.tui import snapshot as S

@@ -71,7 +71,7 @@ class Dashboard(App):
         """
         super().__init__()
         self.stats_source = source
-        self.poll_interval = float(interval)
+        self.poll_interval = max(0.05, float(interval))  # 0 would poll in a busy loop
         self.rates = History(history)
         self.last: Snapshot | None = None
         self.n_polls = 0

@@ -114,6 +114,7 @@ def main(*, url: str | None = None, engine=None, server_cfg=None, interval: floa
          no_tui: bool = False, once_: bool = False, fmt: str = "text", mock: bool = False,
          log_level: str = "info") -> int:
     """Entry point of `llmcore tui` (see cli.py). Returns the exit status."""
+    interval = max(0.1, interval)
     source = make_source(url, engine, mock)
     server = InProcessServer(engine, server_cfg) if engine is not None and not url and not mock else None
     level = getattr(logging, log_level.upper(), logging.INFO)
