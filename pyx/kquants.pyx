@@ -63,6 +63,7 @@ assert Q8K_DTYPE.itemsize == sizeof(kq_q8k)
 
 cdef enum:
     ROW_TILE = 8   # rows per OpenMP work item
+    T_MXFP4 = 39
 
 
 def simd():
@@ -215,34 +216,33 @@ cdef enum:
     TOK_CHUNK = 64   # tokens per work item of the repacked kernels
 
 
-cdef object _quantize_acts(int t, const float[:, ::1] xv, int nt, kq_act *act):
-    """Quantize x once for the repacked kernels (one parallel region); returns the owners."""
-    cdef int64_t n = xv.shape[0], k = xv.shape[1], nb, i
+cdef object _alloc_acts(int t, int64_t n, int64_t k, kq_act *act):
+    """Buffers for x quantized once for the repacked kernels; returns their owners."""
     cdef uint8_t[:, ::1] av
     cdef int8_t[:, ::1] aq
     cdef float[:, ::1] ad
     cdef int32_t[:, ::1] asv
     if t != MXFP4:
-        nb = k // 256
-        a = np.empty((n, nb * sizeof(kq_q8k)), dtype=np.uint8)
+        a = np.empty((n, (k // 256) * sizeof(kq_q8k)), dtype=np.uint8)
         av = a
-        with nogil:
-            for i in prange(n, num_threads=min(nt, n), schedule="static"):
-                kq_quantize_q8k(&xv[i, 0], k, <kq_q8k *>&av[i, 0])
         act.q8k = <const kq_q8k *>&av[0, 0]
         return a
-    nb = k // 32
     q_arr = np.empty((n, k), dtype=np.int8)
-    d_arr = np.empty((n, nb), dtype=np.float32)
-    s_arr = np.empty((n, nb), dtype=np.int32)
+    d_arr = np.empty((n, k // 32), dtype=np.float32)
+    s_arr = np.empty((n, k // 32), dtype=np.int32)
     aq, ad, asv = q_arr, d_arr, s_arr
-    with nogil:
-        for i in prange(n, num_threads=min(nt, n), schedule="static"):
-            kq_quantize_q8_0_sums(&xv[i, 0], k, &aq[i, 0], &ad[i, 0], &asv[i, 0])
     act.aq = &aq[0, 0]
     act.ad = &ad[0, 0]
     act.as_ = &asv[0, 0]
     return (q_arr, d_arr, s_arr)
+
+
+cdef inline void _quantize_row(int t, const float *x, int64_t k, int64_t i, const kq_act *act) noexcept nogil:
+    if t != T_MXFP4:
+        kq_quantize_q8k(x, k, <kq_q8k *>&act.q8k[i * (k // 256)])
+    else:
+        kq_quantize_q8_0_sums(x, k, <int8_t *>&act.aq[i * k], <float *>&act.ad[i * (k // 32)],
+                              <int32_t *>&act.as_[i * (k // 32)])
 
 
 def matmul(Packed packed, x, y, int n_threads=0):
@@ -259,15 +259,18 @@ def matmul(Packed packed, x, y, int n_threads=0):
         return
     cdef int nt = _threads(n_threads)
     cdef kq_act act
-    keep = _quantize_acts(packed.ggml_type, xv, nt, &act)
+    keep = _alloc_acts(packed.ggml_type, n, k, &act)
     cdef const uint8_t[::1] pv = packed.buf
     cdef int64_t ng = packed.ngroups, nchunks = (n + TOK_CHUNK - 1) // TOK_CHUNK
     cdef int64_t nitems = ng * nchunks, it, g, c, t0, t1
     cdef int t = packed.ggml_type
     cdef const uint8_t *pp = &pv[0]
     cdef float *yp = &yv[0, 0]
-    with nogil:
-        for it in prange(nitems, num_threads=min(nt, nitems), schedule="static"):
+    cdef int64_t i
+    with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, rows
+        for i in prange(n, schedule="static"):
+            _quantize_row(t, &xv[i, 0], k, i, &act)
+        for it in prange(nitems, schedule="static"):
             c = it // ng
             g = it - c * ng
             t0 = c * TOK_CHUNK
@@ -311,8 +314,8 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0
         return
     cdef int nt = _threads(n_threads)
     cdef kq_act act
-    keep = _quantize_acts(pk.ggml_type, xv, nt, &act)
-    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1
+    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r
+    keep = _alloc_acts(pk.ggml_type, n, k, &act)
     for i in range(ne):
         nitems += (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK * ng
     items = np.empty((nitems, 3), dtype=np.int64)   # expert, group, first token
@@ -333,8 +336,10 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0
                 it += 1
     cdef int t = pk.ggml_type
     cdef float *yp = &yv[0, 0]
-    with nogil:
-        for it in prange(nitems, num_threads=min(nt, nitems), schedule="static"):
+    with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, items
+        for r in prange(n, schedule="static"):
+            _quantize_row(t, &xv[r, 0], k, r, &act)
+        for it in prange(nitems, schedule="static"):
             e = iv[it, 0]
             t0 = iv[it, 2]
             t1 = min(t0 + TOK_CHUNK, offsets[e + 1])
