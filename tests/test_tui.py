@@ -292,3 +292,11 @@ async def test_real_server_on_tiny_model_updates_slot_rows(tiny_models):
         assert app.last.get("tokens_predicted_total") == 6
         assert app.requests_pane.snapshot.get("requests_total") == 1
     assert server.runner is None  # stopped with the app
+
+
+def test_log_event_keeps_wall_clock_time():
+    # textual.Message sets its own monotonic `time`; the record's wall-clock time must survive
+    from llmcore.tui.messages import LogEvent
+
+    ev = LogEvent("info", "x", 1_700_000_000.0)
+    assert ev.when == 1_700_000_000.0

@@ -169,7 +169,7 @@ class Dashboard(App):
             self.throughput.show(self.rates)
 
     def on_log_event(self, message: LogEvent) -> None:
-        self.event_log.add(message.level, message.text, message.time)
+        self.event_log.add(message.level, message.text, message.when)
 
     # ---- actions ------------------------------------------------------------------------------
     def action_toggle_pause(self) -> None:

@@ -24,4 +24,4 @@ class LogEvent(Message):
 
     level: str  # debug | info | warning | error
     text: str
-    time: float
+    when: float  # wall-clock seconds (Message already has a monotonic `time`)
