@@ -175,6 +175,12 @@ def rope(x, positions, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
 
 def _act(kind, g, u):
     g = np.asarray(g, dtype=np.float32)
+    if (g.ndim == 2 and g.strides[1] == 4 and g.shape[1] and u is not None and isinstance(u, np.ndarray)
+            and u.dtype == np.float32 and u.shape == g.shape and u.strides[1] == 4
+            and hasattr(_k, "act_rows")):
+        out = np.empty(g.shape, dtype=np.float32)  # strided rows (fused gate/up slices): no copies
+        _k.act_rows(kind, g, u, out, get_num_threads())
+        return out
     gf = np.ascontiguousarray(g).reshape(-1)
     uf = None
     if u is not None:

@@ -186,6 +186,32 @@ def act(int kind,                     # 0 silu, 1 gelu (tanh approximation)
                 nn_gelu_row(gp + c0, up + c0 if up != NULL else NULL, op + c0, <int>m)
 
 
+def act_rows(int kind,                 # 0 silu, 1 gelu (tanh approximation)
+             const float[:, :] g,      # IN (n, d), last axis contiguous (e.g. a column slice)
+             const float[:, :] u,      # IN (n, d) multiplier, last axis contiguous, or None
+             float[:, ::1] out,        # OUT (n, d)
+             int n_threads=1):
+    """act(g) * u row by row, reading strided rows in place (no copy of fused-matmul slices)."""
+    cdef Py_ssize_t n = g.shape[0], i
+    cdef int d = <int>g.shape[1]
+    if n == 0 or d == 0:
+        return
+    if g.strides[1] != 4 or (u is not None and u.strides[1] != 4):
+        raise ValueError("act_rows: the last axis must be contiguous")
+    cdef const float *gp = &g[0, 0]
+    cdef const float *up = &u[0, 0] if u is not None else NULL
+    cdef Py_ssize_t gs = g.strides[0] // 4, us = u.strides[0] // 4 if u is not None else 0
+    cdef float *op = &out[0, 0]
+    if n_threads < 1 or n * d < 65536:
+        n_threads = 1
+    with nogil:
+        for i in prange(n, num_threads=n_threads, schedule='static'):
+            if kind == 0:
+                nn_silu_row(gp + i * gs, up + i * us if up != NULL else NULL, op + i * d, d)
+            else:
+                nn_gelu_row(gp + i * gs, up + i * us if up != NULL else NULL, op + i * d, d)
+
+
 def softmax_rows(const float[:, ::1] x,   # IN (n, d)
                  float[:, ::1] out,       # OUT (n, d), may alias x
                  int n_threads=1):
