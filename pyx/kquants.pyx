@@ -214,6 +214,16 @@ def pack(raw, int ggml_type, repack=None):
 
 cdef enum:
     TOK_CHUNK = 64   # tokens per work item of the repacked kernels
+    MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads
+
+
+cdef inline int _cap_threads(int nt, int64_t weight_bytes, int64_t n) noexcept nogil:
+    """A parallel region costs microseconds (much more when the cores are shared): give
+    each thread at least MIN_WORK. Results do not depend on the thread count."""
+    cdef int64_t w = weight_bytes * ((n + 3) // 4) // MIN_WORK
+    if w < 1:
+        w = 1
+    return <int>w if w < nt else nt
 
 
 cdef object _alloc_acts(int t, int64_t n, int64_t k, kq_act *act):
@@ -267,6 +277,7 @@ def matmul(Packed packed, x, y, int n_threads=0):
     cdef const uint8_t *pp = &pv[0]
     cdef float *yp = &yv[0, 0]
     cdef int64_t i
+    nt = _cap_threads(nt, packed.nbytes, n)
     with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, rows
         for i in prange(n, schedule="static"):
             _quantize_row(t, &xv[i, 0], k, i, &act)
@@ -336,6 +347,10 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0
                 it += 1
     cdef int t = pk.ggml_type
     cdef float *yp = &yv[0, 0]
+    cdef int64_t work = 0
+    for i in range(ne):
+        work += pk.nbytes * ((offsets[i + 1] - offsets[i] + 3) // 4)
+    nt = _cap_threads(nt, work, 4)
     with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, items
         for r in prange(n, schedule="static"):
             _quantize_row(t, &xv[r, 0], k, r, &act)
