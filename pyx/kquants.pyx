@@ -5,15 +5,21 @@ Public API (all arrays NumPy):
 
 - ``SUPPORTED``: set of ggml type ids handled here.
 - ``simd() -> str``: "avx512vnni", "avx2" or "c" (the path this build uses).
-- Kernel module interface of llmcore.quant (see its docstring): ``pack(raw, ggml_type)
-  -> Packed`` (rows, cols, nbytes; zero-copy, GGUF layout kept), ``matmul(packed, x, y,
-  n_threads)``, ``dequantize(raw, ggml_type, out=None)`` (equals
+- Kernel module interface of llmcore.quant (see its docstring): ``pack(raw, ggml_type,
+  repack=None) -> Packed`` (rows, cols, nbytes, layout): Q4_K, Q5_K, Q6_K and MXFP4 are
+  repacked at load into 16-row interleaved tiles ("repacked16", AVX-512 VNNI builds;
+  ``LLMCORE_KQ_REPACK=0`` or repack=False keeps the zero-copy GGUF layout, "raw"),
+  ``matmul(packed, x, y, n_threads)``, ``matmul_grouped(packs, offsets, x, y, n_threads)``
+  (MoE: rows offsets[i]:offsets[i+1] through packs[i], one parallel region, activations
+  quantized once; used by quant.ExpertLinear.grouped), ``dequantize(raw, ggml_type, out=None)`` (equals
   ``gguf.quants.dequantize`` bit for bit; returns a flat array when out is None),
   ``get_rows(raw, ggml_type, ids, out)``.
 - ``matmul_raw(w, ggml_type, x, out=None, n_threads=0) -> float32 (n, rows)``: y = x @ W.T.
   ``w`` is uint8 (rows, row_bytes) in GGUF block layout (rows may be strided, e.g. one
   expert's slice of a 3-D tensor); ``x`` float32 (n, in). Activations are quantized like
   llama.cpp (q8_K for K-quants, q8_0 for MXFP4), dots are integer (VNNI/AVX2/C).
+  Repacked and raw layouts compute the same integers; float sums differ in order only
+  (within float rounding). Results never depend on thread count or batch composition.
   ``n_threads <= 0``: llmcore.threads.get_num_threads(). The GIL is released.
 - ``quantize_q8_k(x) -> (d float32 (n, nb), qs int8 (n, nb, 256), bsums int16 (n, nb, 16))``
   for tests and references.
