@@ -133,3 +133,54 @@ class LlamaCpp:
     def close(self):
         self.L.llama_free(self.ctx)
         self.L.llama_model_free(self.model)
+
+
+def _main(argv=None) -> int:
+    """One measurement in a child process, so llama.cpp runs with its own OpenMP settings
+    (llmcore sets OMP_WAIT_POLICY=PASSIVE for itself; llama.cpp's default is to spin)."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    m = LlamaCpp(a.model, a.threads, n_ctx=a.pp + a.tg + 64)
+    rng = np.random.default_rng(a.seed)
+    prompt = rng.integers(100, min(m.n_vocab, 30000), a.pp).tolist()
+    m.prefill(prompt[:64])
+    m.generate(prompt[:16], 4)
+    out = {"pp": [], "tg": []}
+    for _ in range(a.reps):
+        out["pp"].append(a.pp / m.prefill(prompt))
+        out["tg"].append(a.tg / m.generate(prompt[:16], a.tg))
+    m.close()
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def measure_in_subprocess(model: str, threads: int, pp: int, tg: int, reps: int = 1, seed: int = 0) -> dict:
+    """Run `_main` in a fresh interpreter with the parent's environment minus llmcore's
+    OpenMP wait policy; returns {"pp": [t/s...], "tg": [t/s...]}."""
+    import json
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    if env.get("LLMCORE_SET_OMP_WAIT_POLICY") == "1":  # set by llmcore, not by the user
+        env.pop("OMP_WAIT_POLICY", None)
+    cmd = [sys.executable, os.path.abspath(__file__), model, "-t", str(threads), "--pp", str(pp),
+           "--tg", str(tg), "--reps", str(reps), "--seed", str(seed)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"llama.cpp peer failed: {res.stderr.strip()[-500:]}")
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

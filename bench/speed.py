@@ -3,7 +3,9 @@
 
     python bench/speed.py [-m smollm2] [-t 2] [--pp 512] [--tg 128] [--reps 5]
 
-Both engines run in this process, alternating, so they see the same machine load. Reports
+The two engines alternate rep by rep, so they see the same machine load; llama.cpp runs in a
+child process with its own OpenMP settings (llmcore makes its OpenMP threads sleep at
+barriers; llama.cpp's default is to spin, which is what its users get). Reports
 medians over --reps runs, the ratio llmcore / llama.cpp, and generation against the
 memory-bandwidth bound (bytes of weights read per token / measured read bandwidth).
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _peer_llamacpp import LlamaCpp, available  # noqa: E402
+from _peer_llamacpp import available, measure_in_subprocess  # noqa: E402
 
 
 def membw_gbs(n_threads: int, reps: int = 5) -> float:
@@ -102,19 +104,18 @@ def main(argv=None) -> int:
     short = prompt[:16]
     why = None if not a.no_peer else "--no-peer"
     why = why or available()
-    peer = None if why else LlamaCpp(path, a.threads, n_ctx=a.pp + a.tg + 64)
+    peer = why is None
 
     res = {"llmcore": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
     # one warm-up each (page in the mmap, JIT-free but caches cold)
     mine.prefill(prompt[:64]); mine.generate(short, 4)
-    if peer:
-        peer.prefill(prompt[:64]); peer.generate(short, 4)
     for r in range(a.reps):
         res["llmcore"]["pp"].append(a.pp / mine.prefill(prompt))
         res["llmcore"]["tg"].append(a.tg / mine.generate(short, a.tg))
         if peer:
-            res["llama.cpp"]["pp"].append(a.pp / peer.prefill(prompt))
-            res["llama.cpp"]["tg"].append(a.tg / peer.generate(short, a.tg))
+            got = measure_in_subprocess(path, a.threads, a.pp, a.tg)
+            res["llama.cpp"]["pp"] += got["pp"]
+            res["llama.cpp"]["tg"] += got["tg"]
         print(f"rep {r + 1}/{a.reps}: " + ", ".join(
             f"{k} pp {v['pp'][-1]:.1f} tg {v['tg'][-1]:.1f}" for k, v in res.items() if v["pp"]), flush=True)
     bw = membw_gbs(a.threads)
@@ -134,8 +135,6 @@ def main(argv=None) -> int:
         print(f"| llmcore / llama.cpp | {l['pp'] / p['pp']:.2f}x | {l['tg'] / p['tg']:.2f}x | |")
     else:
         print(f"(llama.cpp not measured: {why})")
-    if peer:
-        peer.close()
     return 0
 
 

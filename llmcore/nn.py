@@ -45,14 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import os
 
 from .threads import get_num_threads
-
-# Waiting OpenMP threads sleep instead of spinning: the cores are shared (other processes,
-# the event loop), and a spinning waiter descheduled at a barrier costs a time slice. Must
-# be set before the first kernel module loads libgomp; an explicit setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 try:
     from ._kernels import nn as _k

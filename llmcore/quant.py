@@ -54,8 +54,6 @@ except ImportError:  # pragma: no cover - gguf is a hard dependency
 
 from .threads import get_num_threads
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before any kernel loads libgomp (see nn.py)
-
 # A parallel region costs a wake-up of the other threads (a futex round trip with the
 # passive wait policy below, far more when the machine is oversubscribed): a decode matmul
 # that streams fewer bytes than this per thread runs on fewer threads.
