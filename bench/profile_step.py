@@ -75,7 +75,7 @@ def main(argv=None):
     L.Embedding.__call__ = embw
 
     rng = np.random.default_rng(0)
-    prompt = rng.integers(100, 30000, max(a.pp, a.ctx)).astype(np.int32)
+    prompt = rng.integers(100, 30000, max(a.pp, a.ctx + 1)).astype(np.int32)
 
     def run(kind):
         best = None

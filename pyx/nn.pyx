@@ -35,6 +35,10 @@ cdef extern from "simd_nn.h" nogil:
     void nn_f16_round_row(const float *x, float *y, int n)
     float nn_max_sumexp(const float *s, int n, float *sum)
     void nn_probs(const float *s, float *p, int n, float m, float inv, int r16)
+    int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
+                           float scale, float *s, int ldS)
+    int nn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
+                       long vstride, int n, int Dv)
 
 # KV storage type codes (nn.py maps the contract's strings to these)
 cdef enum:
@@ -357,6 +361,29 @@ cdef inline void _row_range(const AttnArgs *a, int qp, int k0, int *jlo, int *jh
     jhi[0] = hi
 
 
+cdef inline void _fill_ninf(float *Sb, int R, int ldS, int j0, int j1) noexcept nogil:
+    cdef int rr, j
+    for rr in range(R):
+        for j in range(j0, j1):
+            Sb[rr * ldS + j] = -INFINITY
+
+
+cdef inline void _scores_block(const AttnArgs *a, const float *Qt, int R, int blk, int kvh, int lo, int hi,
+                               float *tmp, float *Kt, float *Sb, int ldS) noexcept nogil:
+    """Scores of keys lo..hi of one block (R < SMALL_R: dots; else: Kt filled for nn_scores)."""
+    cdef int j, rr, c, D = a.D, bs = a.bs
+    cdef const uint8_t *row
+    for j in range(lo, hi + 1):
+        row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
+        _load_row(row, a.kv_type, tmp, D)
+        if R < SMALL_R:
+            for rr in range(R):
+                Sb[rr * ldS + j] = nn_dot(Qt + rr * D, tmp, D) * a.scale
+        else:
+            for c in range(D):
+                Kt[c * bs + j] = tmp[c]
+
+
 cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS) noexcept nogil:
     """Scores of the item's rows for keys [kb0*bs, kb1*bs): S[rr*ldS + j - kb0*bs], -inf where
     masked. buf: per-thread scratch (Qt, Kt, tmp)."""
@@ -379,11 +406,9 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
             memcpy(Qt + rr * D, a.q + (<Py_ssize_t>t * a.H + h) * D, D * sizeof(float))
     for b in range(kb0, kb1):
         Sb = S + (b - kb0) * bs
-        for rr in range(R):
-            for j in range(bs):
-                Sb[rr * ldS + j] = -INFINITY
         blk = table[b]
         if blk < 0:
+            _fill_ninf(Sb, R, ldS, 0, bs)
             continue  # freed block (outside every window): never read
         k0 = b * bs
         nxt = table[b + 1] if b + 1 < kb1 else -1
@@ -399,24 +424,25 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
                 if jhi > hi_all:
                     hi_all = jhi
         if hi_all < lo_all:
+            _fill_ninf(Sb, R, ldS, 0, bs)
             continue
-        for j in range(lo_all, hi_all + 1):
-            row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
-            _load_row(row, a.kv_type, tmp, D)
-            if R < SMALL_R:
-                for rr in range(R):
-                    Sb[rr * ldS + j] = nn_dot(Qt + rr * D, tmp, D) * a.scale
-            else:
-                for c in range(D):
-                    Kt[c * bs + j] = tmp[c]
+        if (R < SMALL_R and a.kv_type == T_F16 and nn_scores_f16_rows(
+                Qt, R, <const uint16_t *>(a.k + blk * a.k_bstride + (<Py_ssize_t>lo_all * a.KVH + kvh) * a.k_row),
+                a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS)):
+            pass  # decode: f16 keys read in place, 16 keys per reduction
+        else:
+            _scores_block(a, Qt, R, blk, kvh, lo_all, hi_all, tmp, Kt, Sb, ldS)
         if R >= SMALL_R:
             nn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
         for rr in range(R):
             _row_range(a, a.q_pos[t0 + rr // G], k0, &jlo, &jhi)
-            for j in range(bs):
-                if j < jlo or j > jhi:
-                    Sb[rr * ldS + j] = -INFINITY
-                elif sc > 0:
+            if jhi < jlo:
+                _fill_ninf(Sb + rr * ldS, 1, ldS, 0, bs)
+                continue
+            _fill_ninf(Sb + rr * ldS, 1, ldS, 0, jlo)
+            _fill_ninf(Sb + rr * ldS, 1, ldS, jhi + 1, bs)
+            if sc > 0:
+                for j in range(jlo, jhi + 1):
                     Sb[rr * ldS + j] = sc * tanhf(Sb[rr * ldS + j] / sc)
 
 
@@ -451,14 +477,23 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
         lo = bs
         hi = -1
         for rr in range(R):
-            for j in range(bs):
-                if Sb[rr * ldS + j] != 0.0:
-                    if j < lo:
-                        lo = j
-                    if j > hi:
-                        hi = j
+            j = 0
+            while j < lo and Sb[rr * ldS + j] == 0.0:
+                j += 1
+            if j < lo:
+                lo = j
+            j = bs - 1
+            while j > hi and Sb[rr * ldS + j] == 0.0:
+                j -= 1
+            if j > hi:
+                hi = j
         if hi < lo:
             continue
+        if (R < SMALL_R and r16 and nn_pv_f16_rows(
+                acc, Dv, R, Sb + lo, ldS,
+                <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
+                a.KVH * (a.v_row // 2), hi - lo + 1, Dv)):
+            continue  # decode: f16 values read in place
         for j in range(lo, hi + 1):
             _load_row(a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row, a.kv_type,
                       Vb + j * Dv, Dv)

@@ -431,4 +431,127 @@ static inline void nn_probs(const float *s, float *p, int n, float m, float inv,
 #endif
 }
 
+/* ---- decode fast path: few query rows against f16 K/V rows read in place ------------------ */
+
+#if defined(__AVX512F__)
+/* element k of the result = sum of the 16 lanes of v[k] (transpose-add tree). */
+static inline __m512 nn_hsum16x16(const __m512 *v) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
+static inline __attribute__((always_inline)) void nn_scores_f16_R(
+        const int R, const float *q, const uint16_t *k, long kstride, int n, int D, float scale,
+        float *s, int ldS) {
+    __m512 tmp[4][16];
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int m = (n - j0) < 16 ? (n - j0) : 16;
+        for (int jj = 0; jj < m; jj++) {
+            const uint16_t *kr = k + (size_t)(j0 + jj) * kstride;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < D; d += 16) {
+                const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, a0);
+                if (R > 1) a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + D + d), kv, a1);
+                if (R > 2) a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + d), kv, a2);
+                if (R > 3) a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + d), kv, a3);
+            }
+            tmp[0][jj] = a0;
+            if (R > 1) tmp[1][jj] = a1;
+            if (R > 2) tmp[2][jj] = a2;
+            if (R > 3) tmp[3][jj] = a3;
+        }
+        for (int r = 0; r < R; r++) {
+            for (int jj = m; jj < 16; jj++) tmp[r][jj] = _mm512_setzero_ps();
+            const __mmask16 km = m == 16 ? (__mmask16)0xffff : (__mmask16)((1u << m) - 1);
+            _mm512_mask_storeu_ps(s + (size_t)r * ldS + j0, km, _mm512_mul_ps(nn_hsum16x16(tmp[r]), vs));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void nn_pv_f16_R(
+        const int R, float *acc, int ldacc, const float *p, int ldp, const uint16_t *v, long vstride,
+        int n, int Dv) {
+    for (int c = 0; c < Dv; c += 64) {
+        const int w = (Dv - c) < 64 ? (Dv - c) : 64;   /* multiple of 16 */
+        const int nv = w / 16;
+        __m512 a[4][4];
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < 4; i++)
+                a[r][i] = i < nv ? _mm512_loadu_ps(acc + (size_t)r * ldacc + c + 16 * i) : _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vr = v + (size_t)j * vstride + c;
+            __m512 vv[4];
+            for (int i = 0; i < 4; i++)
+                vv[i] = i < nv ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * i))) : _mm512_setzero_ps();
+            for (int r = 0; r < R; r++) {
+                const __m512 pj = _mm512_set1_ps(p[(size_t)r * ldp + j]);
+                for (int i = 0; i < 4; i++) a[r][i] = _mm512_fmadd_ps(pj, vv[i], a[r][i]);
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < nv; i++) _mm512_storeu_ps(acc + (size_t)r * ldacc + c + 16 * i, a[r][i]);
+    }
+}
+#define NN_HAVE_F16_ROWS 1
+#else
+#define NN_HAVE_F16_ROWS 0
+#endif
+
+/* s[r*ldS + j] = scale * q_r . k_j for r < R, j < n; q (R, D) contiguous, key j = f16 row at
+ * k + j*kstride (elements). Needs D % 16 == 0; rows are done 4 at a time. Returns 0 (and
+ * does nothing) when this build has no fast path. */
+static int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
+                              float scale, float *s, int ldS) {
+#if NN_HAVE_F16_ROWS
+    if (D % 16) return 0;
+    for (int r = 0; r < R; r += 4) {
+        const float *qr = q + (size_t)r * D;
+        float *sr = s + (size_t)r * ldS;
+        switch (R - r) {
+            case 1: nn_scores_f16_R(1, qr, k, kstride, n, D, scale, sr, ldS); break;
+            case 2: nn_scores_f16_R(2, qr, k, kstride, n, D, scale, sr, ldS); break;
+            case 3: nn_scores_f16_R(3, qr, k, kstride, n, D, scale, sr, ldS); break;
+            default: nn_scores_f16_R(4, qr, k, kstride, n, D, scale, sr, ldS); break;
+        }
+    }
+    return 1;
+#else
+    (void)q; (void)R; (void)k; (void)kstride; (void)n; (void)D; (void)scale; (void)s; (void)ldS;
+    return 0;
+#endif
+}
+
+/* acc[r*ldacc + c] += sum_j p[r*ldp + j] * v_j[c] for r < R, c < Dv; value j = f16 row at
+ * v + j*vstride. Needs Dv % 16 == 0. Returns 0 when this build has no fast path. */
+static int nn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
+                          long vstride, int n, int Dv) {
+#if NN_HAVE_F16_ROWS
+    if (Dv % 16) return 0;
+    for (int r = 0; r < R; r += 4) {
+        float *ar = acc + (size_t)r * ldacc;
+        const float *pr = p + (size_t)r * ldp;
+        switch (R - r) {
+            case 1: nn_pv_f16_R(1, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
+            case 2: nn_pv_f16_R(2, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
+            case 3: nn_pv_f16_R(3, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
+            default: nn_pv_f16_R(4, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
+        }
+    }
+    return 1;
+#else
+    (void)acc; (void)ldacc; (void)R; (void)p; (void)ldp; (void)v; (void)vstride; (void)n; (void)Dv;
+    return 0;
+#endif
+}
+
 #endif /* LLMCORE_SIMD_NN_H */
