@@ -100,10 +100,10 @@ def test_announced_memory_parsing():
 
 
 @pytest.mark.realmodel
-def test_load_smollm2_subprocess(smollm2_path):
+def test_load_smollm2_subprocess(smollm2_path, tmp_path):
     """`llmcore serve` on SmolLM2, -np 4, q4_0 KV, all caches on: 12 concurrent clients."""
     srv = ServerProcess(["-m", str(smollm2_path), "-np", "4", "-c", "8192", "-ctk", "q4_0", "-ctv", "q4_0",
-                         "-n", "64"])
+                         "-n", "64"], log_path=tmp_path / "serve.log")
     with srv:
         rep = asyncio.run(asyncio.wait_for(
             run_load(srv.url, n_clients=12, prompt_tokens=(48, 96), gen_tokens=(4, 8), seed=3,
