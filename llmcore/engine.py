@@ -66,6 +66,9 @@ from .sampling import Sample, Sampler, SamplingParams
 
 log = logging.getLogger("llmcore.engine")
 
+# share of the RAM available at start-up that the KV pools (slots + prompt cache) may take
+KV_RAM_FRACTION = 0.75
+
 
 # ---------------------------------------------------------------------------------------
 # configuration and request parameters
@@ -545,6 +548,18 @@ class Engine:
                 p.max_blocks = p.blocks_for(self.n_ctx) + 2 * npar + extra
             kv_max += p.max_blocks * p.bytes_per_block
             kv_live += min(p.max_blocks, p.blocks_for(self.n_ctx) + 2 * npar) * p.bytes_per_block
+        # -c is a ceiling, not a reservation; but a ceiling beyond the machine's RAM would be
+        # a promise the process cannot keep: cap the pools at most of what is available now
+        # (the model is already loaded), so a full pool means "wait or refuse", never OOM.
+        ram_cap = int(avail * KV_RAM_FRACTION) if avail else 0
+        capped = bool(ram_cap and kv_max > ram_cap)
+        if capped:
+            scale = ram_cap / kv_max
+            kv_max = kv_live = 0
+            for p in pools.values():
+                p.max_blocks = max(2 * npar, int(p.max_blocks * scale))
+                kv_max += p.max_blocks * p.bytes_per_block
+                kv_live += min(p.max_blocks, p.blocks_for(self.n_ctx) + 2 * npar) * p.bytes_per_block
         # what one checkpoint of this model costs at most
         ck_bytes = 0
         for c in getattr(probe, "caches", {}).values():
@@ -566,6 +581,12 @@ class Engine:
                  mib(cache_budget) if self.pcache else "off", mib(kv_max),
                  mib(n_ck * ck_bytes * npar) if n_ck else "not needed" if not self._needs_ckpt else "off",
                  n_ck, mib(ck_bytes), mib(total), mib(avail))
+        if capped:
+            log.warning("memory: -c %d and the prompt cache would need more than %.0f%% of the %s "
+                        "available; KV pools capped at %s (%d tokens): requests beyond that wait "
+                        "or are refused with the numbers", self.n_ctx, KV_RAM_FRACTION * 100,
+                        mib(avail), mib(kv_max), kv_max // max(1, self.memory_plan["kv_bytes_per_token"]))
+        self.memory_plan["kv_capped_by_ram"] = capped
         if avail and kv_max + (n_ck * ck_bytes * npar) > avail:
             log.warning("KV + checkpoints may use up to %s, more than the %s available: requests "
                         "will wait or be refused when memory runs out", mib(kv_max + n_ck * ck_bytes * npar),

@@ -358,3 +358,27 @@ def test_checkpoint_at_last_user_message(fresh_cache):
         same_output(r, fresh_cache(path, p2))
     finally:
         eng.stop()
+
+
+def test_kv_pools_capped_by_available_ram(tiny_models, monkeypatch):
+    """-c far beyond the machine: the pools are capped at a share of the RAM available at
+    start-up, the plan says so, and a request beyond the cap is refused cleanly."""
+    import llmcore.engine as engine_mod
+
+    path = tiny_models["llama-f32"]
+    monkeypatch.setattr(engine_mod, "_host_memory", lambda: (4 << 20, 8 << 20))  # 4 MiB free
+    eng = start(path, n_ctx=4_500_000, n_parallel=4, cache_ram_mib=8192)
+    try:
+        plan = eng.memory_plan
+        assert plan["kv_capped_by_ram"]
+        assert plan["kv_max_bytes"] <= engine_mod.KV_RAM_FRACTION * (4 << 20)
+        pool_bytes = sum(p.max_blocks * p.bytes_per_block for p in eng.model.pools.values())
+        assert pool_bytes == plan["kv_max_bytes"]
+        per_tok = plan["kv_bytes_per_token"]
+        too_long = int(plan["kv_max_bytes"] // per_tok) + 64
+        with pytest.raises(ContextFullError):
+            eng.generate_sync(toks(70, too_long), gp(n_predict=1))
+        c = eng.generate_sync(toks(71, 40), gp())
+        assert len(c.tokens) == 4
+    finally:
+        eng.stop()
