@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from aiohttp import web
 
@@ -72,13 +73,38 @@ async def error_middleware(request: web.Request, handler):
         return web.json_response(body, status=status)
 
 
+_SURROGATE_ESC = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _fix_surrogates(v):
+    """Lone UTF-16 surrogates (JSON escapes like \\ud83d without their pair, e.g. from a
+    client that cut a string mid-emoji) cannot be encoded: replace them with U+FFFD."""
+    if isinstance(v, str):
+        return _SURROGATE.sub("\ufffd", v)
+    if isinstance(v, list):
+        return [_fix_surrogates(x) for x in v]
+    if isinstance(v, dict):
+        return {_fix_surrogates(k): _fix_surrogates(x) for k, x in v.items()}
+    return v
+
+
 async def read_json(request: web.Request) -> dict:
     """The JSON object body, or RequestError (HTTP 400)."""
     try:
         raw = await request.read()
+    except web.RequestPayloadError as e:  # e.g. a body that is not valid gzip
+        raise RequestError("cannot read the request body: " + " ".join(str(e).split())) from None
+    except ConnectionError:
+        raise ClientGone() from None
+    try:
         body = json.loads(raw) if raw else None
+        if body is not None and _SURROGATE_ESC.search(raw):
+            body = _fix_surrogates(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(f"invalid JSON in request body: {e}") from None
+    except RecursionError:
+        raise RequestError("invalid JSON in request body: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     return body

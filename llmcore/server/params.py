@@ -106,13 +106,13 @@ def sampling_params(body: dict, engine: Engine, oai: bool = False) -> SamplingPa
                 n_probs = lpi
         elif top is not None:
             raise RequestError("'top_logprobs' requires 'logprobs': true")
-    rp = body.get("repeat_penalty", body.get("repetition_penalty"))
+    rp_key = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
     sp = SamplingParams(
         temperature=get_float(body, "temperature", d.temperature),
         top_k=get_int(body, "top_k", d.top_k),
         top_p=get_float(body, "top_p", d.top_p),
         min_p=get_float(body, "min_p", d.min_p),
-        repeat_penalty=get_float({"r": rp}, "r", d.repeat_penalty),
+        repeat_penalty=get_float(body, rp_key, d.repeat_penalty),
         repeat_last_n=get_int(body, "repeat_last_n", d.repeat_last_n),
         presence_penalty=get_float(body, "presence_penalty", d.presence_penalty),
         frequency_penalty=get_float(body, "frequency_penalty", d.frequency_penalty),

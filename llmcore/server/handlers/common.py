@@ -39,9 +39,13 @@ async def events(request: web.Request, task: Task, sse: SSEWriter | None):
                 elif client_gone(request):
                     raise ClientGone() from None
                 continue
-            yield ev
             if isinstance(ev, FinalEvent):
+                yield ev
                 return
+            if sse is None and client_gone(request):
+                # a plain response whose client left: stop generating for nobody
+                raise ClientGone()
+            yield ev
     finally:
         task.close()
 

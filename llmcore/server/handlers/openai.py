@@ -42,18 +42,32 @@ def render_chat(eng, body: dict) -> list[int]:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object")
+    kwargs = {k: v for k, v in kwargs.items() if isinstance(k, str) and k not in ("messages", "tools")}
+    add_gen = kwargs.pop("add_generation_prompt", True)
     tmpl = eng.chat_template
     if tmpl is None:
         text = "".join(f"<|im_start|>{m['role']}\n{_text(m.get('content'))}<|im_end|>\n" for m in msgs)
         text += "<|im_start|>assistant\n"
     else:
         try:
-            text = tmpl.render(msgs, add_generation_prompt=True, tools=tools, **kwargs)
+            text = _render(tmpl, msgs, add_gen, tools, kwargs)
         except RequestError:
             raise
         except Exception as e:  # noqa: BLE001 - template errors are the request's fault here
             raise RequestError(f"chat template error: {e}") from e
     return dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
+
+
+def _render(tmpl, msgs, add_gen, tools, kwargs) -> str:
+    """Render; a template that concatenates `content` fails on the null content of an
+    assistant turn that only made tool calls (valid OpenAI input): retry with "" there."""
+    try:
+        return tmpl.render(msgs, add_generation_prompt=add_gen, tools=tools, **kwargs)
+    except RequestError:
+        if not any(isinstance(m, dict) and m.get("content") is None for m in msgs):
+            raise
+    msgs = [{**m, "content": ""} if m.get("content") is None else m for m in msgs]
+    return tmpl.render(msgs, add_generation_prompt=add_gen, tools=tools, **kwargs)
 
 
 def last_user_start(eng, body: dict, prompt: list[int]) -> int | None:
