@@ -64,6 +64,8 @@ def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads
             raise LLMCoreError(f"--{name} {v!r}: expected f16, f32, q8_0 or q4_0")
     if parallel < 1:
         raise LLMCoreError("-np must be >= 1")
+    if ctx_size < 0:
+        raise LLMCoreError("-c must be >= 0 (0 = the model's context length)")
     if ubatch_size < 1 or batch_size < 1:
         raise LLMCoreError("-b and -ub must be >= 1")
     return EngineConfig(
@@ -120,15 +122,38 @@ def serve(
     from .server import ServerConfig, run_server
 
     _setup_logging(log_level)
+    if not 0 <= port <= 65535:
+        raise LLMCoreError(f"--port {port}: expected 0..65535")
     path = resolve_model(model)
     cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                          cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
                          alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
                          n_predict, cache_idle_slots, sps)
+    _check_model(path)
     thr.set_num_threads(threads or None)
     engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
     typer.echo(f"llmcore: serving {path.name} on http://{host}:{port} ({parallel} slot(s))", err=True)
-    run_server(engine, ServerConfig(host=host, port=port))
+    try:
+        run_server(engine, ServerConfig(host=host, port=port))
+    except OSError as e:  # address in use, no permission, unknown host
+        raise LLMCoreError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    finally:
+        engine.stop()
+    if engine.status == "error":
+        raise LLMCoreError(f"cannot load {path}: {engine.load_error}")
+
+
+def _check_model(path) -> None:
+    """Fail in one line before the server starts when the file cannot be a model we run:
+    not GGUF, truncated, unsupported architecture, no tokenizer."""
+    from .errors import ModelLoadError
+    from .gguf_file import GGUFFile
+    from .models import get_model_class
+
+    gf = GGUFFile(path)
+    get_model_class(gf.arch)
+    if "tokenizer.ggml.model" not in gf.meta:
+        raise ModelLoadError(f"{path}: no tokenizer in this GGUF (tokenizer.ggml.model missing)")
 
 
 @app.command()
@@ -223,6 +248,7 @@ def generate(
     path = resolve_model(model)
     cfg = _engine_config(ctx_size, 1, batch_size, ubatch_size, threads, threads_batch,
                          cache_type_k, cache_type_v)
+    _check_model(path)
     thr.set_num_threads(threads or None)
     t0 = time.perf_counter()
     eng = load_engine(path, cfg)

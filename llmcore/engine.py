@@ -718,7 +718,10 @@ class Engine:
                 log.info("model loaded: %s (n_ctx %d, %d slots)", self.model_name, self.n_ctx,
                          len(self.slots))
             except Exception as e:  # noqa: BLE001 - report, don't die silently
-                log.exception("model load failed")
+                if isinstance(e, LLMCoreError):  # the user's file: one line, no traceback
+                    log.error("model load failed: %s", e)
+                else:
+                    log.exception("model load failed")
                 self.status = "error"
                 self.load_error = str(e)
                 self._ready.set()

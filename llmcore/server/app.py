@@ -1,6 +1,7 @@
 """App factory: `create_app(engine, cfg)`; `run_server` for the CLI."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from dataclasses import dataclass
@@ -51,9 +52,27 @@ def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Applicati
     return app
 
 
+_WATCHERS: set = set()
+
+
+async def _exit_on_load_error(app: web.Application) -> None:
+    """A server whose model cannot load serves nothing: stop it (the CLI reports why)."""
+    eng = app[ENGINE]
+
+    async def watch():
+        while eng.status == "loading":
+            await asyncio.sleep(0.1)
+        if eng.status == "error":
+            raise web.GracefulExit()  # leaves run_app like Ctrl-C, cleanup included
+
+    _WATCHERS.add(asyncio.get_running_loop().create_task(watch()))  # keep a reference
+
+
 def run_server(engine: Engine, cfg: ServerConfig | None = None) -> None:
+    """Serve until interrupted, or until the model fails to load (engine.status "error")."""
     cfg = cfg or ServerConfig()
     app = create_app(engine, cfg)
+    app.on_startup.append(_exit_on_load_error)
     log.info("listening on http://%s:%d", cfg.host, cfg.port)
     web.run_app(app, host=cfg.host, port=cfg.port, shutdown_timeout=cfg.shutdown_timeout,
                 print=lambda *a: None)
