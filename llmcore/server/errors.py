@@ -66,7 +66,10 @@ async def error_middleware(request: web.Request, handler):
         return web.Response(status=499)
     except (RequestError, LLMCoreError) as exc:
         status, body = exception_body(exc)
-        return web.json_response(body, status=status)
+        resp = web.json_response(body, status=status)
+        if getattr(exc, "close_connection", False):
+            resp.force_close()
+        return resp
     except Exception as exc:  # noqa: BLE001 - the server keeps serving
         log.exception("unhandled error on %s %s", request.method, request.path)
         status, body = exception_body(exc)
@@ -94,7 +97,12 @@ async def read_json(request: web.Request) -> dict:
     try:
         raw = await request.read()
     except web.RequestPayloadError as e:  # e.g. a body that is not valid gzip
-        raise RequestError("cannot read the request body: " + " ".join(str(e).split())) from None
+        # the rest of the body cannot be parsed: answer, then close this connection (a
+        # client that reused it would read garbage; aiohttp would log an unhandled error)
+        request.content.feed_eof()
+        err = RequestError("cannot read the request body: " + " ".join(str(e).split()))
+        err.close_connection = True
+        raise err from None
     except ConnectionError:
         raise ClientGone() from None
     try:
