@@ -298,6 +298,126 @@ def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_head
     return bad
 
 
+cdef inline void _rope_cs(float p, int n_rot, float theta_scale, float freq_scale, float *cs) noexcept nogil:
+    """cos/sin table of one position, exactly as _rope_row builds it."""
+    cdef int i
+    cdef float theta = p, t
+    for i in range(n_rot // 2):
+        t = theta * freq_scale
+        cs[2 * i] = cosf(t)
+        cs[2 * i + 1] = sinf(t)
+        theta = theta * theta_scale
+
+
+cdef inline void _rope_apply(float *xh, int n_rot, bint neox, const float *cs) noexcept nogil:
+    cdef int half = n_rot // 2, i
+    cdef float c, s, x0, x1
+    if neox:
+        for i in range(half):
+            c = cs[2 * i]
+            s = cs[2 * i + 1]
+            x0 = xh[i]
+            x1 = xh[i + half]
+            xh[i] = x0 * c - x1 * s
+            xh[i + half] = x0 * s + x1 * c
+    else:
+        for i in range(half):
+            c = cs[2 * i]
+            s = cs[2 * i + 1]
+            x0 = xh[2 * i]
+            x1 = xh[2 * i + 1]
+            xh[2 * i] = x0 * c - x1 * s
+            xh[2 * i + 1] = x0 * s + x1 * c
+
+
+def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv), last axis contiguous
+             float[:, :, ::1] q_out,             # OUT (N, H, D)
+             uint8_t[:, ::1] k_pool,             # IN/OUT (n_blocks, bs * KVH * k_row) bytes
+             uint8_t[:, ::1] v_pool,             # IN/OUT (n_blocks, bs * KVH * v_row) bytes
+             int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
+             const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
+             const int32_t[::1] seg_start,       # IN (S + 1,)
+             const int32_t[::1] positions,       # IN (N,)
+             int n_rot, float base, bint neox, float freq_scale,
+             const float[::1] q_norm,            # IN (D,) or None: per-head RMS norm of q
+             const float[::1] k_norm,            # IN (D,) or None
+             float eps,
+             int n_threads=1):
+    """After the fused q/k/v projection, in one pass per token: q (and k) per-head RMS norm,
+    rope on q and k (one cos/sin table per position), q written contiguous to q_out, k and v
+    stored (quantized) into their block slots. Same arithmetic as rms_norm + rope + kv_store.
+    Returns the number of tokens whose position maps to no block; then nothing is written."""
+    cdef Py_ssize_t N = q_out.shape[0], i
+    cdef int H = <int>q_out.shape[1], D = <int>q_out.shape[2], KVH = n_kv_heads
+    cdef int S = <int>seg_start.shape[0] - 1, nb_seq = <int>block_tables.shape[1], nb = <int>k_pool.shape[0]
+    cdef int h, p, s, bad = 0
+    cdef Py_ssize_t r
+    if N == 0:
+        return 0
+    if qkv.shape[0] != N or qkv.shape[1] != H * D + KVH * D + KVH * Dv or qkv.strides[1] != 4:
+        raise ValueError("qkv_post: qkv must be (N, H*D + KVH*D + KVH*Dv) with a contiguous last axis")
+    if positions.shape[0] != N or S <= 0 or seg_start[0] != 0 or seg_start[S] != N:
+        raise ValueError("qkv_post: positions / seg_start do not match q")
+    if n_rot > D or n_rot % 2:
+        raise ValueError("qkv_post: n_rot must be even and <= head_dim")
+    cdef int32_t *blk = <int32_t *>malloc(N * sizeof(int32_t))
+    if blk == NULL:
+        raise MemoryError()
+    for s in range(S):
+        if seg_start[s + 1] < seg_start[s]:
+            free(blk)
+            raise ValueError("qkv_post: seg_start must be non-decreasing")
+        for r in range(seg_start[s], seg_start[s + 1]):
+            p = positions[r]
+            blk[r] = block_tables[s, p // block_size] if 0 <= p < nb_seq * block_size else -1
+            if blk[r] < 0 or blk[r] >= nb:
+                bad += 1
+    if bad:
+        free(blk)
+        return bad
+    cdef float theta_scale = powf(base, -2.0 / n_rot) if n_rot > 0 else 1.0
+    cdef const float *qn = &q_norm[0] if q_norm is not None else NULL
+    cdef const float *kn = &k_norm[0] if k_norm is not None else NULL
+    cdef const float *src
+    cdef float *qo
+    cdef float *tmp = NULL
+    cdef float *cs
+    cdef Py_ssize_t qs = qkv.strides[0] // 4
+    cdef const float *base_p = &qkv[0, 0]
+    cdef float *qop = &q_out[0, 0, 0]
+    cdef uint8_t *kp = &k_pool[0, 0]
+    cdef uint8_t *vp = &v_pool[0, 0]
+    cdef Py_ssize_t kbs = k_pool.strides[0], vbs = v_pool.strides[0]
+    cdef int nt = n_threads if N * (H + KVH) * D >= 32768 and n_threads > 1 else 1
+    with nogil, parallel(num_threads=nt):
+        tmp = <float *>malloc((D + n_rot + 16) * sizeof(float))
+        cs = tmp + D
+        for i in prange(N, schedule='static'):
+            src = base_p + i * qs
+            p = positions[i]
+            if n_rot > 0:
+                _rope_cs(<float>p, n_rot, theta_scale, freq_scale, cs)
+            qo = qop + i * H * D
+            memcpy(qo, src, H * D * sizeof(float))
+            for h in range(H):
+                if qn != NULL:
+                    _rms_row(qo + h * D, NULL, qn, eps, qo + h * D, D)
+                if n_rot > 0:
+                    _rope_apply(qo + h * D, n_rot, neox, cs)
+            for h in range(KVH):
+                memcpy(tmp, src + H * D + h * D, D * sizeof(float))
+                if kn != NULL:
+                    _rms_row(tmp, NULL, kn, eps, tmp, D)
+                if n_rot > 0:
+                    _rope_apply(tmp, n_rot, neox, cs)
+                _store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
+                _store_row(src + H * D + KVH * D + h * Dv, kv_type,
+                           vp + blk[i] * vbs + ((p % block_size) * KVH + h) * v_row, Dv)
+        free(tmp)
+    free(blk)
+    return 0
+
+
 def kv_load(const uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_heads, int row_nbytes,
             const int32_t[::1] block_table,  # IN (n_blocks_seq,)
             float[:, :, ::1] out):           # OUT (n, n_kv_heads, head_dim): tokens 0..n-1

@@ -434,18 +434,24 @@ static inline void nn_probs(const float *s, float *p, int n, float m, float inv,
 /* ---- decode fast path: few query rows against f16 K/V rows read in place ------------------ */
 
 #if defined(__AVX512F__)
-/* element k of the result = sum of the 16 lanes of v[k] (transpose-add tree). */
+/* Sums of the 16 lanes of 16 vectors at once, each grouped exactly like GCC's
+ * _mm512_reduce_add_ps (lanes i+8, then i+4, i+2, i+1), so a score equals nn_dot's bit for
+ * bit. v is in transposed order: element 4k+e of the result is the sum of v[4e+k]. */
 static inline __m512 nn_hsum16x16(const __m512 *v) {
-    __m512 a[8], b[4];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    __m512 a[8], b[4], e[2];
+    for (int i = 0; i < 8; i++)   /* i, i+8: 256-bit halves; a[i] = [v2i | v2i+1] */
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)   /* i, i+4: 128-bit lanes; lane k of b[i] = v[4i+k] */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++) { /* i, i+2 within a lane */
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        e[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
-    __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+    /* i, i+1 */
+    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 static inline __attribute__((always_inline)) void nn_scores_f16_R(
@@ -465,13 +471,14 @@ static inline __attribute__((always_inline)) void nn_scores_f16_R(
                 if (R > 2) a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + d), kv, a2);
                 if (R > 3) a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + d), kv, a3);
             }
-            tmp[0][jj] = a0;
-            if (R > 1) tmp[1][jj] = a1;
-            if (R > 2) tmp[2][jj] = a2;
-            if (R > 3) tmp[3][jj] = a3;
+            const int slot = 4 * (jj & 3) + (jj >> 2);  /* transposed order for nn_hsum16x16 */
+            tmp[0][slot] = a0;
+            if (R > 1) tmp[1][slot] = a1;
+            if (R > 2) tmp[2][slot] = a2;
+            if (R > 3) tmp[3][slot] = a3;
         }
         for (int r = 0; r < R; r++) {
-            for (int jj = m; jj < 16; jj++) tmp[r][jj] = _mm512_setzero_ps();
+            for (int jj = m; jj < 16; jj++) tmp[r][4 * (jj & 3) + (jj >> 2)] = _mm512_setzero_ps();
             const __mmask16 km = m == 16 ? (__mmask16)0xffff : (__mmask16)((1u << m) - 1);
             _mm512_mask_storeu_ps(s + (size_t)r * ldS + j0, km, _mm512_mul_ps(nn_hsum16x16(tmp[r]), vs));
         }

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 from typing import Sequence
 
 import numpy as np
 
 from .. import nn, quant
+from ..threads import get_num_threads
 from ..gguf_file import Tensor
 from .base import ForwardBatch
 
@@ -19,6 +21,53 @@ try:
     _BATCHED_KV_STORE = "seg_start" in inspect.signature(nn.kv_store).parameters
 except (TypeError, ValueError):  # pragma: no cover
     _BATCHED_KV_STORE = False
+
+_K = nn._k  # the nn kernel module, or None (NumPy fallback)
+_FUSED_QKV = _K is not None and hasattr(_K, "qkv_post")
+
+# Decode and batched decode (a few rows per step) reuse per-thread scratch activations
+# instead of allocating them at every layer; larger batches (prefill) allocate as before,
+# so the scratch stays small. Scratch never escapes a layer call.
+SCRATCH_MAX_ROWS = 64
+_tls = threading.local()
+
+
+def scratch(tag: str, n: int, *dims: int) -> np.ndarray:
+    """A float32 (n, *dims) work array, reused across calls with the same tag and dims
+    while n <= SCRATCH_MAX_ROWS (contents undefined); a fresh array otherwise."""
+    if n > SCRATCH_MAX_ROWS:
+        return np.empty((n, *dims), dtype=np.float32)
+    bufs = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    key = (tag, dims)
+    b = bufs.get(key)
+    if b is None:
+        b = bufs[key] = np.empty((SCRATCH_MAX_ROWS, *dims), dtype=np.float32)
+    return b[:n]
+
+
+def matmul_into(lin: quant.Linear, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """y = lin(x) for C-contiguous float32 x (n, in) and y (n, out), straight to the kernel."""
+    packed = lin._packed
+    if packed is None:
+        return lin(x, out=y)
+    lin._kernel.matmul(packed, x, y, quant._threads_for(x.shape[0], lin.nbytes))
+    if lin.bias is not None:
+        y += lin.bias
+    return y
+
+
+def rms_norm_into(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray,
+                  add: np.ndarray | None = None) -> np.ndarray:
+    """out = rms_norm(x (+= add)) * weight for float32 (n, d) arrays with contiguous rows
+    (x updated in place when `add` is given): one kernel call, no wrapper checks."""
+    if _K is None:
+        if add is not None:
+            x += add
+        return nn.rms_norm(x, weight, eps, out=out)
+    _K.rms_norm(x, weight, eps, out, add, get_num_threads())
+    return out
 
 
 def concat_tensors(tensors: Sequence[Tensor], name: str) -> Tensor | None:
@@ -147,8 +196,55 @@ class Attention:
             k = nn.rope(k, fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale)
         return q, k, v
 
-    def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None) -> np.ndarray:
+    def _fused_ok(self, x: np.ndarray) -> bool:
+        f = self.qkv.fused
+        return (_FUSED_QKV and f is not None and x.dtype == np.float32 and x.ndim == 2
+                and x.flags.c_contiguous and f.in_features == x.shape[1]
+                and (self.q_norm is None or self.q_norm.weight is not None)
+                and (self.k_norm is None or self.k_norm.weight is not None))
+
+    def _pool_views(self, pool):
+        """Byte views of this layer's K/V pools (rebuilt when the pool has grown)."""
+        kp, vp = pool.k[self.layer_idx], pool.v[self.layer_idx]
+        c = getattr(self, "_pv_cache", None)
+        if c is None or c[0] is not kp or c[1] is not vp:
+            kt = pool.kv_type
+            c = (kp, vp, nn._pool_bytes(kp), nn._pool_bytes(vp), nn._KV_CODE[kt], kp.shape[1],
+                 nn.kv_row_bytes(kt, self.head_dim), nn.kv_row_bytes(kt, self.head_dim_v))
+            self._pv_cache = c
+        return c
+
+    def _fused(self, x: np.ndarray, fb: ForwardBatch, pool, out: np.ndarray | None) -> np.ndarray:
+        """q/k/v matmul, then one kernel for norms + rope + KV store, one attention call,
+        output projection; activations in scratch."""
+        n = x.shape[0]
+        H, D, Dv = self.n_head, self.head_dim, self.head_dim_v
+        f = self.qkv.fused
+        qkv = matmul_into(f, x, scratch("attn.qkv", n, f.out_features))
+        q = scratch("attn.q", n, H * D).reshape(n, H, D)
+        _, _, kb, vb, code, bs, krow, vrow = self._pool_views(pool)
+        tables = fb.tables_for(self.group)
+        nt = get_num_threads()
+        bad = _K.qkv_post(qkv, q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start,
+                          fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale,
+                          None if self.q_norm is None else self.q_norm.weight,
+                          None if self.k_norm is None else self.k_norm.weight,
+                          self.q_norm.eps if self.q_norm is not None else
+                          (self.k_norm.eps if self.k_norm is not None else 0.0), nt)
+        if bad:
+            raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
+        o = scratch("attn.o", n, H * Dv)
+        _K.attention(q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start, fb.positions,
+                     self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt)
+        y = out if out is not None else np.empty((n, self.wo.out_features), dtype=np.float32)
+        return matmul_into(self.wo, o, y)
+
+    def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None, out: np.ndarray | None = None) -> np.ndarray:
+        """Attention output projection (n, n_embd); written into `out` when given."""
         pool = self.pool if pool is None else pool
+        if self._fused_ok(x) and (self.q_norm is None or self.k_norm is None
+                                  or self.q_norm.eps == self.k_norm.eps):
+            return self._fused(x, fb, pool, out)
         q, k, v = self.project(x, fb)
         kp, vp = pool.k[self.layer_idx], pool.v[self.layer_idx]
         kv_type = pool.kv_type
@@ -171,7 +267,7 @@ class Attention:
                 nn.kv_store(vp, kv_type, table, pos[r0:r1], v[r0:r1])
         o = nn.attention(q, kp, vp, kv_type, fb.tables_for(g), ss, pos, self.scale,
                          window=self.window, softcap=self.softcap, sinks=self.sinks)
-        return self.wo(o.reshape(x.shape[0], self.n_head * self.head_dim_v))
+        return self.wo(o.reshape(x.shape[0], self.n_head * self.head_dim_v), out=out)
 
 
 class GatedFFN:
@@ -181,10 +277,22 @@ class GatedFFN:
         self.gate_up = FusedLinear([gate, up])
         self.down = quant.Linear(down)
         self.act = nn.silu_mul if act == "silu" else nn.gelu_mul
+        self.act_kind = 0 if act == "silu" else 1
+        f = self.gate_up.fused
+        self._fast = (_K is not None and hasattr(_K, "act_rows") and f is not None
+                      and len(self.gate_up.sizes) == 2 and self.gate_up.sizes[0] == self.gate_up.sizes[1])
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(n, n_embd) output; written into `out` when given."""
+        if self._fast and x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous:
+            n, F = x.shape[0], self.gate_up.sizes[0]
+            gu = matmul_into(self.gate_up.fused, x, scratch("ffn.gu", n, 2 * F))
+            a = scratch("ffn.act", n, F)
+            _K.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
+            y = out if out is not None else np.empty((n, self.down.out_features), dtype=np.float32)
+            return matmul_into(self.down, a, y)
         g, u = self.gate_up(x)
-        return self.down(self.act(g, u))
+        return self.down(self.act(g, u), out=out)
 
 
 class OutputHead:
