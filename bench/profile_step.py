@@ -51,6 +51,26 @@ def main(argv=None):
     for fn in ("rms_norm", "add_rms_norm", "rope", "silu_mul", "kv_store", "attention"):
         if hasattr(nn, fn):
             wrap(nn, fn)
+    if nn._k is not None:  # kernels called directly by the layers' fused decode path
+        for fn in ("qkv_post", "act_rows"):
+            if hasattr(nn._k, fn):
+                wrap(nn._k, fn)
+        wrap(nn._k, "attention", "attention (kernel)")
+    if hasattr(L, "rms_norm_into"):
+        wrap(L, "rms_norm_into", "rms_norm (+add)")
+    if hasattr(L, "matmul_into"):
+        mm = L.matmul_into
+
+        def mmw(lin, x, y):
+            t0 = clock()
+            try:
+                return mm(lin, x, y)
+            finally:
+                nm = lin.name.split(".", 2)[-1] if lin.name.startswith("blk.") else lin.name
+                nm = "+".join(p.split(".")[-2] for p in nm.split("+")) if "+" in nm else nm
+                acc["lin " + nm] += clock() - t0
+                cnt["lin " + nm] += 1
+        L.matmul_into = mmw
     lin_call = quant.Linear.__call__
 
     def lin(self, x, out=None):

@@ -14,6 +14,7 @@ import numpy as np
 from ..gguf_file import GGUFFile
 from . import register
 from .base import ForwardBatch, Model, ModelArgs
+from . import layers as L
 from .layers import Attention, Embedding, GatedFFN, OutputHead, RMSNorm
 
 
@@ -74,8 +75,34 @@ class Llama(Model):
 
     def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
         x = self.embed(fb.tokens)
-        for blk in self.blocks:
-            x = blk(x, fb)
-        if not all_logits:
+        blocks = self.blocks
+        if not all(isinstance(b, Block) and b.attn_norm.weight is not None and b.ffn_norm.weight is not None
+                   for b in blocks):
+            for blk in blocks:
+                x = blk(x, fb)
+        else:
+            # residual stream with fused (x += y; h = rms_norm(x)) steps; h and the block
+            # outputs y live in scratch for decode-sized batches
+            n, d = x.shape
+            h = L.scratch("llama.h", n, d)
+            y = L.scratch("llama.y", n, d)
+            b0 = blocks[0]
+            L.rms_norm_into(x, b0.attn_norm.weight, b0.attn_norm.eps, h)
+            last = len(blocks) - 1
+            for i, blk in enumerate(blocks):
+                blk.attn(h, fb, out=y)
+                L.rms_norm_into(x, blk.ffn_norm.weight, blk.ffn_norm.eps, h, add=y)
+                ffn = blk.ffn
+                if isinstance(ffn, GatedFFN):
+                    ffn(h, out=y)
+                    yy = y
+                else:
+                    yy = ffn(h)
+                if i < last:
+                    nxt = blocks[i + 1].attn_norm
+                    L.rms_norm_into(x, nxt.weight, nxt.eps, h, add=yy)
+                else:
+                    x += yy
+        if not all_logits and fb.n_tokens != fb.n_seqs:
             x = x[fb.last_rows]
         return self.head(x)
