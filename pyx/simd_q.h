@@ -547,6 +547,9 @@ static int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, in
     (void)use_vnni;
     if (nt > ng && n == 1) nt = (int)ng;
     if (nt < 1) nt = 1;
+    /* Q8_0 keeps 8 weight vectors live: more than 4 token accumulators spill (2x slower per
+     * token at 5..8 tokens); its group of weights is re-read from L1 per 4-token tile instead */
+    const int64_t tt = LQ_VNNI && use_vnni && P->fmt == LQ_FMT8 ? 4 : LQ_TT;
 #pragma omp parallel num_threads(nt)
     {
         int64_t i, g;
@@ -555,8 +558,8 @@ static int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, in
 #pragma omp for schedule(static)
         for (g = 0; g < ng; g++) {
             const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
-            for (int64_t t0 = 0; t0 < n; t0 += LQ_TT) {
-                const int T = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
+            for (int64_t t0 = 0; t0 < n; t0 += tt) {
+                const int T = (int)(n - t0 < tt ? n - t0 : tt);
                 const int8_t *q = qa + t0 * K;
                 const float *dd = da + t0 * nb, *ss = sa + t0 * nb;
                 float *yo = y + t0 * R + g * LQ_G;
