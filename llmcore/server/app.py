@@ -63,9 +63,16 @@ async def _exit_on_load_error(app: web.Application) -> None:
         while eng.status == "loading":
             await asyncio.sleep(0.1)
         if eng.status == "error":
-            raise web.GracefulExit()  # leaves run_app like Ctrl-C, cleanup included
+            # raised from a loop callback it leaves run_app like Ctrl-C, cleanup included
+            asyncio.get_running_loop().call_soon(_graceful_exit)
 
-    _WATCHERS.add(asyncio.get_running_loop().create_task(watch()))  # keep a reference
+    task = asyncio.get_running_loop().create_task(watch())
+    _WATCHERS.add(task)  # keep a reference while it runs
+    task.add_done_callback(_WATCHERS.discard)
+
+
+def _graceful_exit() -> None:
+    raise web.GracefulExit()
 
 
 def run_server(engine: Engine, cfg: ServerConfig | None = None) -> None:
