@@ -10,7 +10,7 @@ from ...errors import RequestError
 from ...metrics import to_prometheus
 from ..errors import error_response, exception_body, read_json
 from ..keys import ENGINE
-from ..params import gen_params, get_bool, tokenize_prompt
+from ..params import BIG_TEXT, gen_params, get_bool, off_loop, prompt_size, tokenize_prompt
 from ..sse import ClientGone, SSEWriter
 from .common import events, native_probs, piece, ready_engine
 
@@ -136,7 +136,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     if "prompt" not in body:
         raise RequestError("'prompt' is required")
-    prompt = tokenize_prompt(eng, body["prompt"])
+    prompt = await off_loop(prompt_size(body["prompt"]) > BIG_TEXT, tokenize_prompt, eng, body["prompt"])
     params = gen_params(body, eng)
     stream = get_bool(body, "stream", False)
     return_tokens = get_bool(body, "return_tokens", False)

@@ -8,7 +8,8 @@ from ...engine import FinalEvent, TokenEvent
 from ...errors import RequestError
 from ..errors import exception_body, read_json
 from ..keys import ENGINE
-from ..params import dedupe_bos, gen_params, get_bool, tokenize_prompt
+from ..params import (BIG_TEXT, check_text_fits, dedupe_bos, gen_params, get_bool, off_loop,
+                      prompt_size, tokenize_prompt)
 from ..sse import ClientGone, SSEWriter
 from .common import events, new_id, now, oai_chat_logprobs, ready_engine, usage
 
@@ -55,6 +56,7 @@ def render_chat(eng, body: dict) -> list[int]:
             raise
         except Exception as e:  # noqa: BLE001 - template errors are the request's fault here
             raise RequestError(f"chat template error: {e}") from e
+    check_text_fits(eng, text)
     return dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
 
 
@@ -104,13 +106,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     eng = ready_engine(request)
     body = await read_json(request)
     if chat:
-        prompt = render_chat(eng, body)
+        big = len(await request.read()) > BIG_TEXT
+        prompt = await off_loop(big, render_chat, eng, body)
     else:
         if "prompt" not in body:
             raise RequestError("'prompt' is required")
         if body.get("echo") or body.get("best_of") not in (None, 1) or body.get("suffix"):
             raise RequestError("'echo', 'best_of' and 'suffix' are not supported")
-        prompt = tokenize_prompt(eng, body["prompt"])
+        big = prompt_size(body["prompt"]) > BIG_TEXT
+        prompt = await off_loop(big, tokenize_prompt, eng, body["prompt"])
     params = gen_params(body, eng, oai=True)
     if chat:
         params.checkpoint_at = last_user_start(eng, body, prompt)
