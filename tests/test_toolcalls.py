@@ -63,3 +63,144 @@ async def test_big_prompt_tokenized_off_the_loop(aiohttp_client, monkeypatch):
     r = await gen
     assert r.status == 200 and (await r.json())["choices"][0]["text"] == "bc"
     assert seen["thread"] and orig is not None
+
+
+# ---- parsers --------------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+from llmcore.toolcalls import OutputParser, detect_format, parse_output, prompt_ends_in_think  # noqa: E402
+
+TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"location": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "run", "parameters": {
+        "type": "object", "properties": {"cmd": {"type": "string"}, "env": {"type": "object"}}}}},
+]
+
+QWEN3 = ('<think>\nThe user wants the file. I should call read_file.\n</think>\n\n'
+         'Let me read it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py", "limit": 50}}\n'
+         '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris, FR"}}\n</tool_call>')
+QWEN3_CODER = ('I will run it.\n<tool_call>\n<function=run>\n<parameter=cmd>\nprint("a")\nprint(\'b\')\n</parameter>\n'
+               '<parameter=env>\n{"X": 1}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=read_file>\n'
+               '<parameter=path>\na.py\n</parameter>\n<parameter=limit>\n10\n</parameter>\n</function>\n</tool_call>')
+HERMES_RAW_NL = ('<tool_call>\n{"name": "run", "arguments": {"cmd": "line1\nline2\t\\"q\\""}}\n</tool_call>')
+LLAMA3 = '{"name": "get_weather", "parameters": {"location": "Berlin"}}'
+LLAMA3_TAG = '<|python_tag|>{"name": "read_file", "parameters": {"path": "x"}}; {"name": "get_weather", "parameters": {"location": "Rome"}}'
+MISTRAL = 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"location": "Oslo"}}, {"name": "read_file", "arguments": {"path": "b"}}]'
+MISTRAL_V11 = '[TOOL_CALLS]get_weather[ARGS]{"location": "Lima"}[TOOL_CALLS]read_file[ARGS]{"path": "c.txt"}'
+HARMONY = ('<|channel|>analysis<|message|>Need weather. Call tool.<|end|><|start|>assistant<|channel|>commentary '
+           'to=functions.get_weather <|constrain|>json<|message|>{"location":"San Francisco"}<|call|>')
+HARMONY_FINAL = '<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>Hello there!<|return|>'
+
+CASES = [
+    ("hermes", QWEN3, "Let me read it.\n", "The user wants the file. I should call read_file.",
+     [("read_file", {"path": "src/main.py", "limit": 50}), ("get_weather", {"location": "Paris, FR"})]),
+    ("qwen3coder", QWEN3_CODER, "I will run it.\n", "",
+     [("run", {"cmd": "print(\"a\")\nprint('b')", "env": {"X": 1}}), ("read_file", {"path": "a.py", "limit": 10})]),
+    ("hermes", HERMES_RAW_NL, "", "", [("run", {"cmd": "line1\nline2\t\"q\""})]),
+    ("llama3", LLAMA3, "", "", [("get_weather", {"location": "Berlin"})]),
+    ("llama3", LLAMA3_TAG, "", "", [("read_file", {"path": "x"}), ("get_weather", {"location": "Rome"})]),
+    ("mistral", MISTRAL, "Sure.", "", [("get_weather", {"location": "Oslo"}), ("read_file", {"path": "b"})]),
+    ("mistral", MISTRAL_V11, "", "", [("get_weather", {"location": "Lima"}), ("read_file", {"path": "c.txt"})]),
+    ("harmony", HARMONY, "", "Need weather. Call tool.", [("get_weather", {"location": "San Francisco"})]),
+    ("harmony", HARMONY_FINAL, "Hello there!", "Simple.", []),
+]
+
+
+def stream(fmt, pieces, **kw):
+    p = OutputParser(fmt, tools=TOOLS, **kw)
+    ds = []
+    for x in pieces:
+        ds += p.feed(x)
+    ds += p.finish()
+    r = {"content": "", "reasoning": "", "calls": []}
+    for d in ds:
+        if d.kind in ("content", "reasoning"):
+            r[d.kind] += d.text
+        elif d.kind == "call":
+            assert d.index == len(r["calls"]) and d.id.startswith("call_") and d.name
+            r["calls"].append([d.name, ""])
+        else:
+            r["calls"][d.index][1] += d.text
+    return r, p
+
+
+@pytest.mark.parametrize("fmt,text,content,reasoning,calls", CASES)
+def test_parse_whole(fmt, text, content, reasoning, calls):
+    p = parse_output(text, fmt, tools=TOOLS)
+    assert p.content == content
+    assert p.reasoning == reasoning
+    assert [(c.name, json.loads(c.arguments)) for c in p.calls] == calls
+    assert len({c.id for c in p.calls}) == len(calls)
+    for marker in ("<tool_call>", "<function", "[TOOL_CALLS]", "<|", "python_tag", "[ARGS]"):
+        assert marker not in p.content
+
+
+@pytest.mark.parametrize("fmt,text,content,reasoning,calls", CASES)
+def test_stream_every_split(fmt, text, content, reasoning, calls):
+    want = parse_output(text, fmt, tools=TOOLS)
+    want = {"content": want.content, "reasoning": want.reasoning,
+            "calls": [[c.name, c.arguments] for c in want.calls]}
+    for k in range(len(text) + 1):
+        got, _ = stream(fmt, [text[:k], text[k:]])
+        assert got == want, k
+    got, _ = stream(fmt, list(text))  # one character at a time
+    assert got == want
+
+
+def test_no_tools_keeps_markup_as_content_but_splits_think():
+    p = parse_output(QWEN3, "hermes", tools=None)
+    assert p.calls == [] and p.content.startswith("Let me read it.\n<tool_call>")
+    assert p.reasoning.startswith("The user wants")
+
+
+def test_think_forced_open_and_unclosed():
+    p = parse_output("still thinking\n</think>\n\nAnswer.", "hermes", start_in_reasoning=True)
+    assert (p.reasoning, p.content) == ("still thinking", "Answer.")
+    p = parse_output("<think>\nnever ends", "hermes")
+    assert (p.reasoning, p.content) == ("never ends", "")
+    assert prompt_ends_in_think("<|im_start|>assistant\n<think>\n")
+    assert not prompt_ends_in_think("<|im_start|>assistant\n")
+
+
+def test_broken_call_falls_back_to_content():
+    text = "<tool_call>\nnot json at all\n</tool_call> ok"
+    p = parse_output(text, "hermes", tools=TOOLS)
+    assert p.calls == [] and "not json at all" in p.content
+    got, _ = stream("hermes", list(text))
+    assert got["calls"] == [] and got["content"] == p.content
+
+
+def test_unclosed_call_at_eos_is_repaired():
+    p = parse_output('<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"', "hermes", tools=TOOLS)
+    assert [(c.name, json.loads(c.arguments)) for c in p.calls] == [("read_file", {"path": "a.py"})]
+
+
+def test_not_parallel_keeps_first_call():
+    p = OutputParser("hermes", tools=TOOLS, parallel=False).parse_all(QWEN3)
+    assert [c.name for c in p.calls] == ["read_file"]
+
+
+def test_streamed_args_are_fragments():
+    _, p = stream("hermes", list(QWEN3))
+    # split char by char: the arguments arrive in several fragments, the name once
+    ds = []
+    q = OutputParser("hermes", tools=TOOLS)
+    for ch in QWEN3:
+        ds += q.feed(ch)
+    ds += q.finish()
+    assert sum(1 for d in ds if d.kind == "call") == 2
+    assert sum(1 for d in ds if d.kind == "args" and d.index == 0) > 5
+
+
+def test_detect_format():
+    assert detect_format("{% for m in messages %}<tool_call>{% endfor %}") == "hermes"
+    assert detect_format("<tool_call>\n<function=x>\n<parameter=y>") == "qwen3coder"
+    assert detect_format("<|start|>{{ m }}<|channel|>") == "harmony"
+    assert detect_format("", "gpt-oss") == "harmony"
+    assert detect_format("[AVAILABLE_TOOLS] [TOOL_CALLS]") == "mistral"
+    assert detect_format("<|python_tag|> ipython") == "llama3"
+    assert detect_format(None) == "hermes"
