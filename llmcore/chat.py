@@ -12,7 +12,8 @@ Extra keyword arguments become template variables (e.g. enable_thinking=False).
 Messages are OpenAI-style dicts. A content given as a list of parts is flattened: the
 text parts are joined with newlines (other part types are refused). Tool-call arguments
 given as a JSON string are handed to the template as an object, because templates
-render them with `| tojson`.
+render them with `| tojson`. An assistant turn's reasoning (`reasoning_content`, or
+`reasoning`) reaches the template as `reasoning_content` and `thinking`.
 
 A GGUF without `tokenizer.chat_template` (or with one that does not compile) gets ChatML,
 and a line on the "llmcore" logger says so. Every template error is a RequestError.
@@ -127,6 +128,15 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         msg["content"] = flatten_content(m.get("content"), where=f"messages[{i}]")
         if "tool_calls" in msg:
             msg["tool_calls"] = _normalize_tool_calls(msg["tool_calls"])
+        if role == "assistant":
+            # reasoning sent back (interleaved thinking): `reasoning_content` (Qwen3, DeepSeek
+            # templates) or `reasoning`; gpt-oss templates read `thinking`
+            r = msg.get("reasoning_content")
+            if not isinstance(r, str) or not r:
+                r = msg.get("reasoning") if isinstance(msg.get("reasoning"), str) else None
+            if r:
+                msg["reasoning_content"] = r
+                msg.setdefault("thinking", r)
         out.append(msg)
     return out
 

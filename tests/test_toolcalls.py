@@ -204,3 +204,117 @@ def test_detect_format():
     assert detect_format("[AVAILABLE_TOOLS] [TOOL_CALLS]") == "mistral"
     assert detect_format("<|python_tag|> ipython") == "llama3"
     assert detect_format(None) == "hermes"
+
+
+# ---- through the server (a model scripted to emit given text) -----------------------------
+
+from fakes import EOS, N_SPECIAL, FakeModel as _FM  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+MARK = [b + N_SPECIAL for b in b"<|assistant|>"]
+
+
+class ScriptedModel(_FM):
+    """Greedy output = the script (bytes), after the last '<|assistant|>' in the context."""
+
+    def __init__(self, script: str, **kw):
+        super().__init__(**kw)
+        self.script = [b + N_SPECIAL for b in script.encode()] + [EOS]
+
+    def forward(self, batch):
+        out = np.full((len(batch), self.n_vocab), -10.0, dtype=np.float32)
+        for i, (state, toks) in enumerate(batch):
+            state.tokens.extend(int(t) for t in toks)
+            t = state.tokens
+            start = max((j + len(MARK) for j in range(len(t) - len(MARK) + 1) if t[j:j + len(MARK)] == MARK), default=len(t))
+            k = len(t) - start
+            out[i, self.script[min(k, len(self.script) - 1)]] = 10.0
+        self.forward_calls += 1
+        return out
+
+
+def scripted_app(script, n_ctx=0):
+    return make_app(model=ScriptedModel(script, n_ctx_train=4096), n_ctx=n_ctx)
+
+
+async def sse(resp):
+    frames = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            frames.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    return frames
+
+
+CHAT = {"messages": [{"role": "user", "content": "read main.py"}], "tools": TOOLS, "max_tokens": 1000}
+
+
+async def test_chat_tool_calls_non_stream(aiohttp_client):
+    client = await aiohttp_client(scripted_app(QWEN3))
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    d = await r.json()
+    assert r.status == 200, d
+    ch = d["choices"][0]
+    msg = ch["message"]
+    assert ch["finish_reason"] == "tool_calls"
+    assert msg["content"] == "Let me read it.\n"
+    assert msg["reasoning_content"] == "The user wants the file. I should call read_file."
+    assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == \
+        [("function", "read_file", {"path": "src/main.py", "limit": 50}), ("function", "get_weather", {"location": "Paris, FR"})]
+    assert all(c["id"].startswith("call_") for c in msg["tool_calls"])
+    u = d["usage"]
+    assert 0 < u["completion_tokens_details"]["reasoning_tokens"] < u["completion_tokens"]
+
+
+async def test_chat_tool_calls_stream(aiohttp_client):
+    client = await aiohttp_client(scripted_app(QWEN3))
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    frames = await sse(r)
+    assert frames[-1] == "[DONE]"
+    chunks = [f for f in frames[:-1] if f["choices"]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks)
+    assert content == "Let me read it.\n" and "<tool_call>" not in content and "<think>" not in content
+    assert reasoning == "The user wants the file. I should call read_file."
+    calls = {}
+    for c in chunks:
+        for tc in c["choices"][0]["delta"].get("tool_calls") or []:
+            if "id" in tc:
+                assert tc["index"] not in calls and tc["type"] == "function"
+                calls[tc["index"]] = [tc["id"], tc["function"]["name"], tc["function"]["arguments"]]
+            else:
+                assert "name" not in tc["function"]
+                calls[tc["index"]][2] += tc["function"]["arguments"]
+    assert [(n, json.loads(a)) for _, n, a in calls.values()] == \
+        [("read_file", {"path": "src/main.py", "limit": 50}), ("get_weather", {"location": "Paris, FR"})]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    usage = frames[-2]["usage"]
+    assert usage["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+async def test_chat_tool_choice_none_and_no_tools(aiohttp_client):
+    client = await aiohttp_client(scripted_app(QWEN3))
+    for body in ({**CHAT, "tool_choice": "none"}, {k: v for k, v in CHAT.items() if k != "tools"}):
+        d = await (await client.post("/v1/chat/completions", json=body)).json()
+        m = d["choices"][0]["message"]
+        assert "tool_calls" not in m and "<tool_call>" in m["content"]
+        assert d["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_chat_named_tool_choice_and_parallel(aiohttp_client):
+    client = await aiohttp_client(scripted_app(QWEN3))
+    d = await (await client.post("/v1/chat/completions", json={**CHAT, "parallel_tool_calls": False})).json()
+    assert [c["function"]["name"] for c in d["choices"][0]["message"]["tool_calls"]] == ["read_file"]
+    r = await client.post("/v1/chat/completions", json={**CHAT, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert r.status == 400
+
+
+def test_reasoning_on_input_reaches_template():
+    from llmcore.chat import ChatTemplate
+
+    t = ChatTemplate("{% for m in messages %}[{{ m.reasoning_content }}|{{ m.thinking }}|{{ m.content }}]{% endfor %}")
+    out = t.render([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": "r1"},
+                    {"role": "assistant", "content": "b", "reasoning_content": "r2"}])
+    assert "[r1|r1|a]" in out and "[r2|r2|b]" in out

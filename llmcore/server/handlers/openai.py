@@ -11,6 +11,7 @@ from ..keys import ENGINE
 from ..params import (BIG_TEXT, check_text_fits, dedupe_bos, gen_params, get_bool, off_loop,
                       prompt_size, tokenize_prompt)
 from ..sse import ClientGone, SSEWriter
+from .chatcore import ChatRun, make_setup, tool_setup, usage_with_reasoning
 from .common import events, new_id, now, oai_chat_logprobs, ready_engine, usage
 
 FINGERPRINT = f"llmcore-{__version__}"
@@ -28,6 +29,22 @@ async def models(request: web.Request) -> web.Response:
 
 
 def render_chat(eng, body: dict) -> list[int]:
+    return render_chat_text(eng, body)[1]
+
+
+def template_kwargs(body: dict) -> dict:
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("'chat_template_kwargs' must be an object")
+    kwargs = {k: v for k, v in kwargs.items() if isinstance(k, str) and k not in ("messages", "tools")}
+    for key in ("reasoning_effort", "enable_thinking"):  # top-level shortcuts some clients send
+        if key in body and key not in kwargs and body[key] is not None:
+            kwargs[key] = body[key]
+    return kwargs
+
+
+def render_chat_text(eng, body: dict) -> tuple[str, list[int]]:
+    """The rendered prompt text and its tokens (the template gets the request's tools)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise RequestError("'messages' must be a non-empty list")
@@ -37,13 +54,8 @@ def render_chat(eng, body: dict) -> list[int]:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise RequestError("message 'content' must be a string, a list of parts, or null")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise RequestError("'tools' must be a list")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise RequestError("'chat_template_kwargs' must be an object")
-    kwargs = {k: v for k, v in kwargs.items() if isinstance(k, str) and k not in ("messages", "tools")}
+    tools, _, _ = tool_setup(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    kwargs = template_kwargs(body)
     add_gen = kwargs.pop("add_generation_prompt", True)
     tmpl = eng.chat_template
     if tmpl is None:
@@ -57,7 +69,7 @@ def render_chat(eng, body: dict) -> list[int]:
         except Exception as e:  # noqa: BLE001 - template errors are the request's fault here
             raise RequestError(f"chat template error: {e}") from e
     check_text_fits(eng, text)
-    return dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
+    return text, dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
 
 
 def _render(tmpl, msgs, add_gen, tools, kwargs) -> str:
@@ -84,9 +96,10 @@ def last_user_start(eng, body: dict, prompt: list[int]) -> int | None:
     if not idx:
         return None
     try:
-        kwargs = body.get("chat_template_kwargs") or {}
-        text = eng.chat_template.render(msgs[:idx], add_generation_prompt=False,
-                                        tools=body.get("tools"), **kwargs)
+        tools, _, _ = tool_setup(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+        kwargs = template_kwargs(body)
+        kwargs.pop("add_generation_prompt", None)
+        text = eng.chat_template.render(msgs[:idx], add_generation_prompt=False, tools=tools, **kwargs)
         head = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
     except Exception:  # noqa: BLE001 - only a hint for checkpoint placement
         return None
@@ -107,7 +120,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     body = await read_json(request)
     if chat:
         big = len(await request.read()) > BIG_TEXT
-        prompt = await off_loop(big, render_chat, eng, body)
+        text, prompt = await off_loop(big, render_chat_text, eng, body)
+        run = ChatRun(eng, make_setup(eng, body, text, prompt))
     else:
         if "prompt" not in body:
             raise RequestError("'prompt' is required")
@@ -140,12 +154,26 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         text, samples = "", []
         async for ev in events(request, task, None):
             if isinstance(ev, TokenEvent):
-                text += ev.text
+                if chat:
+                    text += run.text_of(ev)
+                    run.count(ev)
+                else:
+                    text += ev.text
                 samples += ev.samples
                 continue
             if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "logprobs": lp_obj(samples), "finish_reason": ev.finish_reason}
+                run.parser.parse_all(text)
+                msg = {"role": "assistant", "content": run.parser.content}
+                if run.parser.reasoning:
+                    msg["reasoning_content"] = run.parser.reasoning
+                if run.parser.calls:
+                    msg["tool_calls"] = [c.openai() for c in run.parser.calls]
+                    msg["content"] = run.parser.content or None
+                choice = {"index": 0, "message": msg, "logprobs": lp_obj(samples),
+                          "finish_reason": run.finish_reason(ev)}
+                return web.json_response({**base, "object": obj, "choices": [choice],
+                                          "usage": usage_with_reasoning(usage(ev), run),
+                                          "timings": ev.timings.to_dict()})
             else:
                 choice = {"index": 0, "text": text, "logprobs": lp_obj(samples),
                           "finish_reason": ev.finish_reason}
@@ -164,12 +192,18 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                     if not ev.text and not (want_lp and ev.samples):
                         continue
                     if chat:
-                        delta = {"content": ev.text}
-                        if first:
-                            delta = {"role": "assistant", "content": ev.text}
-                            first = False
-                        choice = {"index": 0, "delta": delta, "logprobs": lp_obj(ev.samples),
-                                  "finish_reason": None}
+                        deltas = [_oai_delta(d) for d in run.feed(ev)]
+                        if not deltas and want_lp and ev.samples:
+                            deltas = [{"content": ""}]
+                        for i, delta in enumerate(deltas):
+                            if first:
+                                delta = {"role": "assistant", **delta}
+                                first = False
+                            choice = {"index": 0, "delta": delta,
+                                      "logprobs": lp_obj(ev.samples) if i == 0 else None,
+                                      "finish_reason": None}
+                            await sse.send({**base, "object": chunk_obj, "choices": [choice]})
+                        continue
                     else:
                         choice = {"index": 0, "text": ev.text, "logprobs": lp_obj(ev.samples),
                                   "finish_reason": None}
@@ -177,13 +211,22 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                     continue
                 assert isinstance(ev, FinalEvent)
                 if chat:
+                    for d in run.finish():
+                        delta = _oai_delta(d)
+                        if first:
+                            delta = {"role": "assistant", **delta}
+                            first = False
+                        await sse.send({**base, "object": chunk_obj, "choices": [
+                            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]})
                     delta = {"role": "assistant", "content": ""} if first else {}
-                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": ev.finish_reason}
+                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": run.finish_reason(ev)}
+                    use = usage_with_reasoning(usage(ev), run)
                 else:
                     choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}
+                    use = usage(ev)
                 await sse.send({**base, "object": chunk_obj, "choices": [choice]})
                 # usage always (clients' context meters and benchmarks rely on it)
-                await sse.send({**base, "object": chunk_obj, "choices": [], "usage": usage(ev),
+                await sse.send({**base, "object": chunk_obj, "choices": [], "usage": use,
                                 "timings": ev.timings.to_dict()})
                 await sse.done()
         except ClientGone:
@@ -194,6 +237,17 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     except ClientGone:
         task.close()
     return await sse.close()
+
+
+def _oai_delta(d) -> dict:
+    if d.kind == "content":
+        return {"content": d.text}
+    if d.kind == "reasoning":
+        return {"reasoning_content": d.text}
+    if d.kind == "call":
+        return {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
+                                "function": {"name": d.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
