@@ -36,9 +36,9 @@ cdef extern from "simd_nn.h" nogil:
     float nn_max_sumexp(const float *s, int n, float *sum)
     void nn_probs(const float *s, float *p, int n, float m, float inv, int r16)
     int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                           float scale, float *s, int ldS)
+                           float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes)
     int nn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
-                       long vstride, int n, int Dv)
+                       long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes)
 
 # KV storage type codes (nn.py maps the contract's strings to these)
 cdef enum:
@@ -56,6 +56,7 @@ cdef enum:
     ACT_CHUNK = 4096
     SMALL_R = 8
     MIN_PARALLEL_KV_BYTES = 256 * 1024
+    PF_BLOCKS = 2  # K/V blocks prefetched ahead of the one being read
 
 F32, F16, Q8_0, Q4_0 = T_F32, T_F16, T_Q8_0, T_Q4_0
 
@@ -514,6 +515,8 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
     cdef float *tmp = Kt + D * bs
     cdef float *Sb
     cdef int rr, t, h, j, b, blk, k0, jlo, jhi, lo_all, hi_all, nxt, c
+    cdef bint fast
+    cdef const uint8_t *pf = NULL
     cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
     cdef const uint8_t *row
     cdef float sc = a.softcap
@@ -531,9 +534,15 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
             _fill_ninf(Sb, R, ldS, 0, bs)
             continue  # freed block (outside every window): never read
         k0 = b * bs
-        nxt = table[b + 1] if b + 1 < kb1 else -1
-        if nxt >= 0:
-            nn_prefetch_rows(a.k + nxt * a.k_bstride + kvh * a.k_row, a.KVH * a.k_row, bs, a.k_row)
+        fast = R < SMALL_R and a.kv_type == T_F16
+        for c in range(1 if b == kb0 else PF_BLOCKS, PF_BLOCKS + 1):  # PF_BLOCKS blocks ahead
+            nxt = table[b + c] if b + c < kb1 else -1
+            pf = NULL
+            if nxt >= 0:
+                pf = a.k + nxt * a.k_bstride + kvh * a.k_row
+                if not fast or c < PF_BLOCKS:
+                    nn_prefetch_rows(pf, a.KVH * a.k_row, bs, a.k_row)
+                    pf = NULL
         lo_all = bs
         hi_all = -1
         for t in range(t0, t1):
@@ -546,9 +555,10 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
         if hi_all < lo_all:
             _fill_ninf(Sb, R, ldS, 0, bs)
             continue
-        if (R < SMALL_R and a.kv_type == T_F16 and nn_scores_f16_rows(
+        if (fast and nn_scores_f16_rows(
                 Qt, R, <const uint16_t *>(a.k + blk * a.k_bstride + (<Py_ssize_t>lo_all * a.KVH + kvh) * a.k_row),
-                a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS)):
+                a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS,
+                pf, a.KVH * a.k_row, a.k_row)):
             pass  # decode: f16 keys read in place, 16 keys per reduction
         else:
             _scores_block(a, Qt, R, blk, kvh, lo_all, hi_all, tmp, Kt, Sb, ldS)
@@ -573,7 +583,9 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
     cdef int G = a.G, Dv = a.Dv, bs = a.bs, R = (t1 - t0) * G
     cdef float *Vb = buf + a.R_max * a.D + a.D * bs + a.D + a.Dv
     cdef float *Sb
-    cdef int rr, j, b, blk, nxt, lo, hi
+    cdef int rr, j, b, blk, nxt, lo, hi, c
+    cdef bint fast
+    cdef const uint8_t *pf = NULL
     cdef int r16 = a.kv_type == T_F16
     cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
     cdef Py_ssize_t n = (kb1 - kb0) * bs
@@ -589,9 +601,15 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
         blk = table[b]
         if blk < 0:
             continue
-        nxt = table[b + 1] if b + 1 < kb1 else -1
-        if nxt >= 0:
-            nn_prefetch_rows(a.v + nxt * a.v_bstride + kvh * a.v_row, a.KVH * a.v_row, bs, a.v_row)
+        fast = R < SMALL_R and r16
+        for c in range(1 if b == kb0 else PF_BLOCKS, PF_BLOCKS + 1):
+            nxt = table[b + c] if b + c < kb1 else -1
+            pf = NULL
+            if nxt >= 0:
+                pf = a.v + nxt * a.v_bstride + kvh * a.v_row
+                if not fast or c < PF_BLOCKS:
+                    nn_prefetch_rows(pf, a.KVH * a.v_row, bs, a.v_row)
+                    pf = NULL
         Sb = S + (b - kb0) * bs
         # keys of this block with a non-zero probability in some row
         lo = bs
@@ -609,10 +627,10 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
                 hi = j
         if hi < lo:
             continue
-        if (R < SMALL_R and r16 and nn_pv_f16_rows(
+        if (fast and nn_pv_f16_rows(
                 acc, Dv, R, Sb + lo, ldS,
                 <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
-                a.KVH * (a.v_row // 2), hi - lo + 1, Dv)):
+                a.KVH * (a.v_row // 2), hi - lo + 1, Dv, pf, a.KVH * a.v_row, a.v_row)):
             continue  # decode: f16 values read in place
         for j in range(lo, hi + 1):
             _load_row(a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row, a.kv_type,
@@ -786,7 +804,7 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
     cdef int64_t[::1] slot_off = so_np
     cdef int32_t[::1] slot_grp = sg_np
     cdef Py_ssize_t n_items = 0, n_groups = 0, i, loc_len = 0, arena_len = 0, ln
-    cdef int n_slots = 0
+    cdef int n_slots = 0, slot
     for s in range(S):
         r0 = seg_start[s]
         r1 = seg_start[s + 1]
@@ -812,8 +830,8 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
             ns = min(want, nb // SPLIT_MIN_BLOCKS) if want > 1 else 1
             if ns < 1:
                 ns = 1
-            for kvh in range(n_kv_heads):
-                if ns == 1:
+            if ns == 1:
+                for kvh in range(n_kv_heads):
                     it_arr[n_items, 0] = s
                     it_arr[n_items, 1] = kvh
                     it_arr[n_items, 2] = t0
@@ -825,26 +843,32 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
                     ln = <Py_ssize_t>a.R_max * nb * bs
                     if ln > loc_len:
                         loc_len = ln
-                else:
-                    gr_arr[n_groups, 0] = kvh
-                    gr_arr[n_groups, 1] = t0
-                    gr_arr[n_groups, 2] = t1
-                    gr_arr[n_groups, 3] = n_slots
-                    gr_arr[n_groups, 4] = ns
-                    for k in range(ns):
+            else:
+                # one group (kv head) owns slots slot0..slot0+ns-1; items run split by split
+                # with the kv heads innermost, so the heads of one key range (interleaved in
+                # the same cache pages) are read back to back
+                for kvh in range(n_kv_heads):
+                    gr_arr[n_groups + kvh, 0] = kvh
+                    gr_arr[n_groups + kvh, 1] = t0
+                    gr_arr[n_groups + kvh, 2] = t1
+                    gr_arr[n_groups + kvh, 3] = n_slots + kvh * ns
+                    gr_arr[n_groups + kvh, 4] = ns
+                for k in range(ns):
+                    for kvh in range(n_kv_heads):
+                        slot = n_slots + kvh * ns + k
                         it_arr[n_items, 0] = s
                         it_arr[n_items, 1] = kvh
                         it_arr[n_items, 2] = t0
                         it_arr[n_items, 3] = t1
                         it_arr[n_items, 4] = kb0 + nb * k // ns
                         it_arr[n_items, 5] = kb0 + nb * (k + 1) // ns
-                        it_arr[n_items, 6] = n_slots
-                        slot_off[n_slots] = arena_len
-                        slot_grp[n_slots] = <int32_t>n_groups
+                        it_arr[n_items, 6] = slot
+                        slot_off[slot] = arena_len
+                        slot_grp[slot] = <int32_t>(n_groups + kvh)
                         arena_len += <Py_ssize_t>((t1 - t0) * G) * (it_arr[n_items, 5] - it_arr[n_items, 4]) * bs
                         n_items += 1
-                        n_slots += 1
-                    n_groups += 1
+                n_slots += ns * n_kv_heads
+                n_groups += n_kv_heads
             t0 = t1
     a.loc_len = loc_len
     cdef float[::1] pv, ar, gs

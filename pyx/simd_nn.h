@@ -456,13 +456,15 @@ static inline __m512 nn_hsum16x16(const __m512 *v) {
 
 static inline __attribute__((always_inline)) void nn_scores_f16_R(
         const int R, const float *q, const uint16_t *k, long kstride, int n, int D, float scale,
-        float *s, int ldS) {
+        float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes) {
     __m512 tmp[4][16];
     const __m512 vs = _mm512_set1_ps(scale);
     for (int j0 = 0; j0 < n; j0 += 16) {
         const int m = (n - j0) < 16 ? (n - j0) : 16;
         for (int jj = 0; jj < m; jj++) {
             const uint16_t *kr = k + (size_t)(j0 + jj) * kstride;
+            if (pf) /* a later block's row, one per key: prefetches spread over the loop */
+                for (int c = 0; c < pfbytes; c += 64) __builtin_prefetch(pf + (size_t)(j0 + jj) * pfstride + c, 0, 3);
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int d = 0; d < D; d += 16) {
                 const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
@@ -487,7 +489,10 @@ static inline __attribute__((always_inline)) void nn_scores_f16_R(
 
 static inline __attribute__((always_inline)) void nn_pv_f16_R(
         const int R, float *acc, int ldacc, const float *p, int ldp, const uint16_t *v, long vstride,
-        int n, int Dv) {
+        int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes) {
+    if (pf)
+        for (int j = 0; j < n; j++)
+            for (int c = 0; c < pfbytes; c += 64) __builtin_prefetch(pf + (size_t)j * pfstride + c, 0, 3);
     for (int c = 0; c < Dv; c += 64) {
         const int w = (Dv - c) < 64 ? (Dv - c) : 64;   /* multiple of 16 */
         const int nv = w / 16;
@@ -518,22 +523,22 @@ static inline __attribute__((always_inline)) void nn_pv_f16_R(
  * k + j*kstride (elements). Needs D % 16 == 0; rows are done 4 at a time. Returns 0 (and
  * does nothing) when this build has no fast path. */
 static int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                              float scale, float *s, int ldS) {
+                              float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes) {
 #if NN_HAVE_F16_ROWS
     if (D % 16) return 0;
     for (int r = 0; r < R; r += 4) {
         const float *qr = q + (size_t)r * D;
         float *sr = s + (size_t)r * ldS;
         switch (R - r) {
-            case 1: nn_scores_f16_R(1, qr, k, kstride, n, D, scale, sr, ldS); break;
-            case 2: nn_scores_f16_R(2, qr, k, kstride, n, D, scale, sr, ldS); break;
-            case 3: nn_scores_f16_R(3, qr, k, kstride, n, D, scale, sr, ldS); break;
-            default: nn_scores_f16_R(4, qr, k, kstride, n, D, scale, sr, ldS); break;
+            case 1: nn_scores_f16_R(1, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            case 2: nn_scores_f16_R(2, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            case 3: nn_scores_f16_R(3, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            default: nn_scores_f16_R(4, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
         }
     }
     return 1;
 #else
-    (void)q; (void)R; (void)k; (void)kstride; (void)n; (void)D; (void)scale; (void)s; (void)ldS;
+    (void)q; (void)R; (void)k; (void)kstride; (void)n; (void)D; (void)scale; (void)s; (void)ldS; (void)pf; (void)pfstride; (void)pfbytes;
     return 0;
 #endif
 }
@@ -541,22 +546,22 @@ static int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kst
 /* acc[r*ldacc + c] += sum_j p[r*ldp + j] * v_j[c] for r < R, c < Dv; value j = f16 row at
  * v + j*vstride. Needs Dv % 16 == 0. Returns 0 when this build has no fast path. */
 static int nn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
-                          long vstride, int n, int Dv) {
+                          long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes) {
 #if NN_HAVE_F16_ROWS
     if (Dv % 16) return 0;
     for (int r = 0; r < R; r += 4) {
         float *ar = acc + (size_t)r * ldacc;
         const float *pr = p + (size_t)r * ldp;
         switch (R - r) {
-            case 1: nn_pv_f16_R(1, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
-            case 2: nn_pv_f16_R(2, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
-            case 3: nn_pv_f16_R(3, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
-            default: nn_pv_f16_R(4, ar, ldacc, pr, ldp, v, vstride, n, Dv); break;
+            case 1: nn_pv_f16_R(1, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
+            case 2: nn_pv_f16_R(2, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
+            case 3: nn_pv_f16_R(3, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
+            default: nn_pv_f16_R(4, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
         }
     }
     return 1;
 #else
-    (void)acc; (void)ldacc; (void)R; (void)p; (void)ldp; (void)v; (void)vstride; (void)n; (void)Dv;
+    (void)acc; (void)ldacc; (void)R; (void)p; (void)ldp; (void)v; (void)vstride; (void)n; (void)Dv; (void)pf; (void)pfstride; (void)pfbytes;
     return 0;
 #endif
 }

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Batched decode at the model level (no HTTP): B sequences with ~--ctx-token contexts
+advanced together, one forward per step, for B = 1, 2, 4, 8, 16, 32.
+
+    PYTHONPATH=. python bench/batched_decode.py [-m smollm2] [--batches 1 2 4 8 16 32] \\
+        [--ctx 600] [--steps 16] [--no-peer] [--append-results]
+
+llmcore: all sequences are prefilled once (distinct random prompts, not timed); for each B
+the first B of them decode --steps greedy steps at 1 thread (CPU time of the calling
+thread per step: the OpenMP region runs on it, so this is the step's whole cost; min and
+median) and at 2 threads (wall clock per step, median), then are cut back to their prompts.
+Aggregate t/s = B / step time.
+
+llama.cpp (llama-cpp-python, bench/_peer_llamacpp.py ``LlamaCpp(n_seq=B).decode_parallel``):
+the same prompt lengths, B sequences in one unified KV cache, one ``llama_decode`` per
+step, prefill not timed, --steps steps at 2 threads (wall). It runs in a child process per B
+with its own OpenMP settings (llama.cpp spins at barriers by default; llmcore sleeps).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # llmcore from this checkout
+
+from _peer_llamacpp import available  # noqa: E402
+
+
+def prompts_for(n_seq: int, ctx: int, n_vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, min(n_vocab, 30000), ctx).tolist() for _ in range(n_seq)]
+
+
+# ---- llama.cpp, in a child process ---------------------------------------------------------
+
+def _child(a) -> int:
+    from _peer_llamacpp import LlamaCpp
+
+    B = a.child
+    m = LlamaCpp(a.model_path, a.threads, n_ctx=B * (a.ctx + a.steps + 8) + 256, n_batch=512, n_seq=B)
+    prompts = prompts_for(B, a.ctx, m.n_vocab, a.seed)
+    out = []
+    for _ in range(a.reps):
+        dt = m.decode_parallel(prompts, a.steps)
+        out.append(B * a.steps / dt)
+    m.close()
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def llamacpp_parallel(path: str, B: int, a) -> list[float]:
+    env = dict(os.environ)
+    if env.get("LLMCORE_SET_OMP_WAIT_POLICY") == "1":  # set by llmcore, not by the user
+        env.pop("OMP_WAIT_POLICY", None)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", str(B), "--model-path", path,
+           "-t", str(a.threads), "--ctx", str(a.ctx), "--steps", str(a.steps), "--reps", str(a.reps),
+           "--seed", str(a.seed)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"llama.cpp peer failed: {res.stderr.strip()[-500:]}")
+
+
+# ---- llmcore ----------------------------------------------------------------------------------
+
+class Batched:
+    def __init__(self, path: str, ctx: int, n_max: int, seed: int):
+        from llmcore import threads
+        from llmcore.models import load_model
+
+        self.threads = threads
+        threads.set_num_threads(2)
+        self.model = load_model(path)
+        self.prompts = prompts_for(n_max, ctx, self.model.n_vocab, seed)
+        self.states, self.first = [], []
+        for p in self.prompts:
+            st = self.model.new_state()
+            arr = np.asarray(p, dtype=np.int32)
+            for i in range(0, len(arr), 512):
+                lg = self.model.forward([(st, arr[i:i + 512])])
+            self.states.append(st)
+            self.first.append(int(np.argmax(lg[0])))
+
+    def run(self, B: int, steps: int, n_threads: int) -> list[float]:
+        """Seconds per step (thread CPU time at 1 thread, wall clock otherwise)."""
+        self.threads.set_num_threads(n_threads)
+        clock = time.thread_time if n_threads == 1 else time.perf_counter
+        sts, nxt = self.states[:B], list(self.first[:B])
+        times = []
+        for _ in range(steps):
+            batch = [(s, np.array([t], dtype=np.int32)) for s, t in zip(sts, nxt)]
+            t0 = clock()
+            lg = self.model.forward(batch)
+            nxt = np.argmax(lg, axis=1).tolist()
+            times.append(clock() - t0)
+        for s, p in zip(sts, self.prompts):
+            s.trim(len(p))
+        return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads of the wall-clock runs")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--ctx", type=int, default=600, help="prompt tokens per sequence")
+    ap.add_argument("--steps", type=int, default=16, help="decode steps timed per B")
+    ap.add_argument("--reps", type=int, default=1, help="llama.cpp repetitions per B")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--append-results", action="store_true", help="append the table to bench/RESULTS.md")
+    ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return _child(a)
+
+    from llmcore.pull import resolve_model
+
+    path = str(resolve_model(a.model))
+    why = "--no-peer" if a.no_peer else available()
+    t_load = time.perf_counter()
+    eng = Batched(path, a.ctx, max(a.batches), a.seed)
+    print(f"prefilled {max(a.batches)} x {a.ctx} tokens in {time.perf_counter() - t_load:.1f} s", flush=True)
+    rows = []
+    for B in a.batches:
+        eng.run(B, 2, a.threads)  # warm-up (scratch buffers, page-in)
+        cpu1 = eng.run(B, a.steps, 1)
+        wall = eng.run(B, a.steps, a.threads)
+        r = {"B": B, "cpu1_min": min(cpu1), "cpu1_med": statistics.median(cpu1),
+             "wall_med": statistics.median(wall)}
+        if why is None:
+            r["peer"] = statistics.median(llamacpp_parallel(path, B, a))
+        rows.append(r)
+        print(f"B={B:3d}: llmcore 1t cpu/step {r['cpu1_min'] * 1e3:7.2f} ms (med {r['cpu1_med'] * 1e3:.2f}) "
+              f"-> {B / r['cpu1_min']:7.1f} t/s; {a.threads}t wall/step {r['wall_med'] * 1e3:7.2f} ms "
+              f"-> {B / r['wall_med']:7.1f} t/s"
+              + (f"; llama.cpp {a.threads}t {r['peer']:7.1f} t/s" if "peer" in r else ""), flush=True)
+    load = os.getloadavg()[0]
+    lines = [
+        f"model {os.path.basename(path)}, prompts of {a.ctx} tokens, {a.steps} decode steps per B, "
+        f"load average {load:.1f} at the end",
+        "",
+        f"| B | llmcore 1 thread CPU ms/step (min) | llmcore 1 thread t/s | llmcore {a.threads} threads wall "
+        f"ms/step (median) | llmcore {a.threads} threads t/s | llama.cpp {a.threads} threads t/s | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        B = r["B"]
+        peer = r.get("peer")
+        mine = B / r["wall_med"]
+        lines.append(f"| {B} | {r['cpu1_min'] * 1e3:.2f} | {B / r['cpu1_min']:.1f} | {r['wall_med'] * 1e3:.2f} | "
+                     f"{mine:.1f} | {'%.1f' % peer if peer else '-'} | "
+                     f"{'%.2fx' % (mine / peer) if peer else '-'} |")
+    if why is not None:
+        lines.append(f"\n(llama.cpp not measured: {why})")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if a.append_results:
+        cmd = "PYTHONPATH=/work/main /work/venv/bin/python bench/batched_decode.py " + " ".join(
+            x for x in (argv if argv is not None else sys.argv[1:]) if x != "--append-results")
+        res = os.path.join(HERE, "RESULTS.md")
+        head = "## Batched decode (bench/batched_decode.py)"
+        with open(res) as f:
+            have = head in f.read()
+        with open(res, "a") as f:
+            if not have:
+                f.write(f"\n{head}\n")
+            f.write(f"\nCommand (from the repo root): `{cmd.strip()}` ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
+                    f"{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
