@@ -43,6 +43,11 @@ class SSEWriter:
     async def send(self, obj) -> None:
         await self._write("data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n")
 
+    async def event(self, name: str, obj) -> None:
+        """A named event (`event: <name>` line), as the Anthropic and Responses streams use."""
+        await self._write(f"event: {name}\ndata: "
+                          + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n")
+
     async def comment(self, text: str = "keep-alive") -> None:
         await self._write(f": {text}\n\n")
 
