@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .handlers import native, openai
+from .handlers import anthropic, native, openai, responses
 
 
 def setup_routes(app: web.Application) -> None:
@@ -22,3 +22,7 @@ def setup_routes(app: web.Application) -> None:
         r.add_post(path, openai.completions)
     for path in ("/v1/chat/completions", "/chat/completions"):
         r.add_post(path, openai.chat_completions)
+    r.add_post("/v1/messages", anthropic.messages)
+    r.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
+    for path in ("/v1/responses", "/responses"):
+        r.add_post(path, responses.responses)
