@@ -1290,18 +1290,22 @@ class Engine:
         c["tokens_predicted_total"] += tm.predicted_n
         c["tokens_predicted_seconds_total"] += tm.predicted_ms / 1e3
         c["cache_tokens_total"] += tm.cache_n
+        final = None
         if stop_type == "cancel":
             c["requests_cancelled"] += 1
             task.done = True
         else:
-            task._put(FinalEvent(stop_type, word, s.n_prompt, len(s.generated), tm, s.id,
-                                 truncated=False))
+            final = FinalEvent(stop_type, word, s.n_prompt, len(s.generated), tm, s.id, truncated=False)
         td = tm.to_dict()
         log.info("slot %d task %d %s: prompt %d tok (%d cached from %s) %.1f tok/s, generated %d "
                  "tok %.1f tok/s", s.id, task.id, stop_type, s.n_prompt, s.n_cached,
                  tm.cache_source, td["prompt_per_second"], len(s.generated),
                  td["predicted_per_second"])
+        # the slot is idle before the client hears "done": /slots and /metrics read right
+        # after a response must not show it still processing
         self._release_slot(s)
+        if final is not None:
+            task._put(final)
 
     def _fail(self, s: Slot, err: BaseException, reset_state: bool) -> None:
         task = s.task
