@@ -13,6 +13,7 @@ Use the session fixture ``tiny_models`` (import it into a test module:
 """
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import pytest
 
 import gguf
 from gguf import GGMLQuantizationType as QT
+
+from llmcore.models import load_model
 
 N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF = 256, 64, 2, 4, 2, 128
 HEAD_DIM = {"llama": 16, "qwen3": 32}
@@ -112,3 +115,70 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
         arch, wtype = name.split("-", 1)
         out[name] = build_tiny(d / f"tiny-{name}.gguf", arch, wtype)
     return out
+
+
+# ---- helpers shared by the per-architecture tests (test_gemma3, test_gpt_oss) ----------------
+
+def weight_makers(rng):
+    """(normal, linear, norm_w) drawing from ``rng`` in call order: the conformance fixtures'
+    "numerically sane" float32 init. ``linear(n_in, *n_out)`` is (*n_out, n_in) with std
+    1/sqrt(n_in); ``norm_w(n, scale=1.0)`` is scale * (1 + 0.1 N(0, 1))."""
+    def normal(shape, std):
+        return (rng.standard_normal(size=shape) * std).astype(np.float32)
+
+    def linear(n_in, *n_out):
+        return normal((*n_out, n_in), 1.0 / math.sqrt(n_in))
+
+    def norm_w(n, scale=1.0):
+        return (scale * (1.0 + 0.1 * rng.standard_normal(size=(n,)))).astype(np.float32)
+
+    return normal, linear, norm_w
+
+
+def finish_gguf(w, path):
+    """Write header, KV data and tensors of GGUFWriter ``w``, close it, return ``path``."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def model_loader(path, block_size):
+    """``get(**cfg)``: load_model(path, block_size=block_size, **cfg), one model per config."""
+    cache = {}
+
+    def get(**cfg):
+        cfg.setdefault("block_size", block_size)
+        key = tuple(sorted(cfg.items()))
+        if key not in cache:
+            cache[key] = load_model(path, **cfg)
+        return cache[key]
+
+    return get
+
+
+def rand_tokens(n, seed=0, n_vocab=N_VOCAB):
+    return np.random.default_rng(seed).integers(0, n_vocab, size=n).astype(np.int32)
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b|."""
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def check_batched_equals_alone(m, toks):
+    """One batch of three sequences (one with 12 tokens already in its cache) gives the same
+    last logits as each sequence alone (on a fork). ``toks(n, seed)`` makes the tokens."""
+    a, b, c = toks(19, 3), toks(5, 4), toks(13, 5)
+    sa, sb, sc = m.new_state(), m.new_state(), m.new_state()
+    m.forward([(sa, a[:12])])
+    alone = []
+    for st, t in ((sa, a[12:]), (sb, b), (sc, c)):
+        f = st.fork()
+        alone.append(m.forward([(f, t)])[0])
+        f.release()
+    got = m.forward([(sa, a[12:]), (sb, b), (sc, c)])
+    np.testing.assert_allclose(got, np.stack(alone), rtol=1e-4, atol=1e-4)
+    for s in (sa, sb, sc):
+        s.release()

@@ -8,6 +8,8 @@ import pytest
 
 import gguf
 import reference_archs as R
+from fixtures import check_batched_equals_alone, finish_gguf, model_loader, rand_tokens, weight_makers
+from fixtures import rel_err as _rel
 from test_conformance import _oracle, _prompt, check
 
 from llmcore.cache.swa import SWAKVCacheState
@@ -19,17 +21,7 @@ BS = 4  # block size in these tests: windows span several blocks, blocks get fre
 
 def build_gemma3(path, seed=0, window=WINDOW):
     """6 layers (layers 0-4 local, 5 global), F32 weights, random but numerically sane."""
-    rng = np.random.default_rng(seed)
-
-    def normal(shape, std):
-        return (rng.standard_normal(size=shape) * std).astype(np.float32)
-
-    def linear(n_in, n_out):
-        return normal((n_out, n_in), 1.0 / math.sqrt(n_in))
-
-    def norm_w(n, scale=1.0):
-        return (scale * (1.0 + 0.1 * rng.standard_normal(size=(n,)))).astype(np.float32)
-
+    normal, linear, norm_w = weight_makers(np.random.default_rng(seed))
     w = gguf.GGUFWriter(str(path), "gemma3")
     w.add_context_length(512)
     w.add_embedding_length(N_EMBD)
@@ -60,11 +52,7 @@ def build_gemma3(path, seed=0, window=WINDOW):
         w.add_tensor(p + "ffn_up.weight", linear(N_EMBD, N_FF))
         w.add_tensor(p + "ffn_down.weight", linear(N_FF, N_EMBD))
         w.add_tensor(p + "post_ffw_norm.weight", norm_w(N_EMBD, 0.5))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, path)
 
 
 @pytest.fixture(scope="module")
@@ -80,24 +68,11 @@ def ref(tiny):
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    cache = {}
-
-    def get(**cfg):
-        cfg.setdefault("block_size", BS)
-        key = tuple(sorted(cfg.items()))
-        if key not in cache:
-            cache[key] = load_model(tiny, **cfg)
-        return cache[key]
-
-    return get
+    return model_loader(tiny, BS)
 
 
 def _toks(n, seed=0):
-    return np.random.default_rng(seed).integers(0, N_VOCAB, size=n).astype(np.int32)
-
-
-def _rel(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+    return rand_tokens(n, seed, N_VOCAB)
 
 
 def test_layout(models):
@@ -157,19 +132,7 @@ def test_token_by_token_equals_full_and_memory_stays_bounded(models):
 
 
 def test_batched_equals_alone(models):
-    m = models(kv_type="f32")
-    a, b, c = _toks(19, 3), _toks(5, 4), _toks(13, 5)
-    sa, sb, sc = m.new_state(), m.new_state(), m.new_state()
-    m.forward([(sa, a[:12])])
-    alone = []
-    for st, t in ((sa, a[12:]), (sb, b), (sc, c)):
-        f = st.fork()
-        alone.append(m.forward([(f, t)])[0])
-        f.release()
-    got = m.forward([(sa, a[12:]), (sb, b), (sc, c)])
-    np.testing.assert_allclose(got, np.stack(alone), rtol=1e-4, atol=1e-4)
-    for s in (sa, sb, sc):
-        s.release()
+    check_batched_equals_alone(models(kv_type="f32"), _toks)
 
 
 def test_snapshot_restore_same_next_logits(models):

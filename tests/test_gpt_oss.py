@@ -1,13 +1,13 @@
 """gpt-oss: alternating sliding-window attention with sinks and biases, MoE with the
 softmax-over-top-k router and clamped SwiGLU; vs the NumPy reference (banded mask) and
 llama.cpp's oracle; windowed cache behaviour."""
-import math
-
 import numpy as np
 import pytest
 
 import gguf
 import reference_archs as R
+from fixtures import check_batched_equals_alone, finish_gguf, model_loader, rand_tokens, weight_makers
+from fixtures import rel_err as _rel
 from test_conformance import MARGIN, N_GREEDY, _oracle, _prompt
 
 from llmcore.cache.swa import SWAKVCacheState
@@ -19,17 +19,7 @@ BS = 4
 
 
 def build_gpt_oss(path, seed=0):
-    rng = np.random.default_rng(seed)
-
-    def normal(shape, std):
-        return (rng.standard_normal(size=shape) * std).astype(np.float32)
-
-    def linear(n_in, *n_out):
-        return normal((*n_out, n_in), 1.0 / math.sqrt(n_in))
-
-    def norm_w(n):
-        return (1.0 + 0.1 * rng.standard_normal(size=(n,))).astype(np.float32)
-
+    normal, linear, norm_w = weight_makers(np.random.default_rng(seed))
     w = gguf.GGUFWriter(str(path), "gpt-oss")
     w.add_context_length(512)
     w.add_embedding_length(N_EMBD)
@@ -68,11 +58,7 @@ def build_gpt_oss(path, seed=0):
         w.add_tensor(p + "ffn_up_exps.bias", normal((N_EXP, N_FF), 0.5))
         w.add_tensor(p + "ffn_down_exps.weight", linear(N_FF, N_EXP, N_EMBD) * 0.1)
         w.add_tensor(p + "ffn_down_exps.bias", normal((N_EXP, N_EMBD), 0.1))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, path)
 
 
 @pytest.fixture(scope="module")
@@ -88,24 +74,11 @@ def ref(tiny):
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    cache = {}
-
-    def get(**cfg):
-        cfg.setdefault("block_size", BS)
-        key = tuple(sorted(cfg.items()))
-        if key not in cache:
-            cache[key] = load_model(tiny, **cfg)
-        return cache[key]
-
-    return get
+    return model_loader(tiny, BS)
 
 
 def _toks(n, seed=0):
-    return np.random.default_rng(seed).integers(0, N_VOCAB, size=n).astype(np.int32)
-
-
-def _rel(a, b):
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+    return rand_tokens(n, seed, N_VOCAB)
 
 
 def test_swiglu_oai_matches_reference():
@@ -175,19 +148,7 @@ def test_token_by_token_and_chunks_equal_full(models):
 
 
 def test_batched_equals_alone(models):
-    m = models(kv_type="f32")
-    a, b, c = _toks(19, 3), _toks(5, 4), _toks(13, 5)
-    sa, sb, sc = m.new_state(), m.new_state(), m.new_state()
-    m.forward([(sa, a[:12])])
-    alone = []
-    for st, t in ((sa, a[12:]), (sb, b), (sc, c)):
-        f = st.fork()
-        alone.append(m.forward([(f, t)])[0])
-        f.release()
-    got = m.forward([(sa, a[12:]), (sb, b), (sc, c)])
-    np.testing.assert_allclose(got, np.stack(alone), rtol=1e-4, atol=1e-4)
-    for s in (sa, sb, sc):
-        s.release()
+    check_batched_equals_alone(models(kv_type="f32"), _toks)
 
 
 def test_snapshot_restore_and_refused_trim(models, ref):
