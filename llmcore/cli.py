@@ -51,6 +51,27 @@ UBatchOpt = typer.Option(512, "-ub", "--ubatch-size", help="most prompt tokens o
 CtkOpt = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16, q8_0, q4_0")
 CtvOpt = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16, q8_0, q4_0")
 
+# serve and tui (tui starts the same server) ---------------------------------------------
+HostOpt = typer.Option("127.0.0.1", "--host", help="address to bind")
+PortOpt = typer.Option(8080, "--port", help="port to listen on")
+ParallelOpt = typer.Option(1, "-np", "--parallel", help="number of slots (concurrent requests)")
+CacheRamOpt = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)")
+CacheIdleOpt = typer.Option(True, "--cache-idle-slots/--no-cache-idle-slots",
+                            help="save idle slots to the prompt cache when a new task starts")
+CtxCheckpointsOpt = typer.Option(32, "-ctxcp", "--ctx-checkpoints",
+                                 help="context checkpoints per slot (sliding-window/recurrent models; 0 off)")
+CheckpointEveryOpt = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
+                                  help="checkpoint every N prompt tokens during prefill (-1 off)")
+SpsOpt = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
+                      help="reuse a slot only when it holds more than this share of the prompt")
+AliasOpt = typer.Option(None, "-a", "--alias", help="model name shown by the API")
+DefNPredictOpt = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")
+DefTempOpt = typer.Option(0.8, "--temp", help="default temperature")
+DefTopKOpt = typer.Option(40, "--top-k", help="default top-k (0 = off)")
+DefTopPOpt = typer.Option(0.95, "--top-p", help="default top-p (1 = off)")
+DefMinPOpt = typer.Option(0.05, "--min-p", help="default min-p (0 = off)")
+LogLevelOpt = typer.Option("info", "--log-level", help="debug, info, warning, error")
+
 
 def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                    cache_type_k, cache_type_v, cache_ram=8192, ctx_checkpoints=32,
@@ -87,32 +108,28 @@ def _setup_logging(level: str) -> None:
 @friendly
 def serve(
     model: Optional[str] = ModelOpt,
-    host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
-    port: int = typer.Option(8080, "--port", help="port to listen on"),
+    host: str = HostOpt,
+    port: int = PortOpt,
     threads: int = ThreadsOpt,
     threads_batch: int = ThreadsBatchOpt,
     ctx_size: int = CtxOpt,
-    parallel: int = typer.Option(1, "-np", "--parallel", help="number of slots (concurrent requests)"),
+    parallel: int = ParallelOpt,
     batch_size: int = BatchOpt,
     ubatch_size: int = UBatchOpt,
     cache_type_k: str = CtkOpt,
     cache_type_v: str = CtvOpt,
-    cache_ram: int = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)"),
-    cache_idle_slots: bool = typer.Option(True, "--cache-idle-slots/--no-cache-idle-slots",
-                                          help="save idle slots to the prompt cache when a new task starts"),
-    ctx_checkpoints: int = typer.Option(32, "-ctxcp", "--ctx-checkpoints",
-                                        help="context checkpoints per slot (sliding-window/recurrent models; 0 off)"),
-    checkpoint_every: int = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
-                                         help="checkpoint every N prompt tokens during prefill (-1 off)"),
-    sps: float = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
-                              help="reuse a slot only when it holds more than this share of the prompt"),
-    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name shown by the API"),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)"),
-    temp: float = typer.Option(0.8, "--temp", help="default temperature"),
-    top_k: int = typer.Option(40, "--top-k", help="default top-k (0 = off)"),
-    top_p: float = typer.Option(0.95, "--top-p", help="default top-p (1 = off)"),
-    min_p: float = typer.Option(0.05, "--min-p", help="default min-p (0 = off)"),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
+    cache_ram: int = CacheRamOpt,
+    cache_idle_slots: bool = CacheIdleOpt,
+    ctx_checkpoints: int = CtxCheckpointsOpt,
+    checkpoint_every: int = CheckpointEveryOpt,
+    sps: float = SpsOpt,
+    alias: Optional[str] = AliasOpt,
+    n_predict: int = DefNPredictOpt,
+    temp: float = DefTempOpt,
+    top_k: int = DefTopKOpt,
+    top_p: float = DefTopPOpt,
+    min_p: float = DefMinPOpt,
+    log_level: str = LogLevelOpt,
 ):
     """Run the HTTP server (OpenAI and llama-server compatible API)."""
     from . import threads as thr
@@ -166,32 +183,28 @@ def tui(
     once: bool = typer.Option(False, "--once", help="print one snapshot and exit"),
     json_out: bool = typer.Option(False, "--json", help="with --once/--no-tui: JSON lines instead of text"),
     mock: bool = typer.Option(False, "--mock", help="demo data, no server"),
-    host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
-    port: int = typer.Option(8080, "--port", help="port to listen on"),
+    host: str = HostOpt,
+    port: int = PortOpt,
     threads: int = ThreadsOpt,
     threads_batch: int = ThreadsBatchOpt,
     ctx_size: int = CtxOpt,
-    parallel: int = typer.Option(1, "-np", "--parallel", help="number of slots (concurrent requests)"),
+    parallel: int = ParallelOpt,
     batch_size: int = BatchOpt,
     ubatch_size: int = UBatchOpt,
     cache_type_k: str = CtkOpt,
     cache_type_v: str = CtvOpt,
-    cache_ram: int = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)"),
-    cache_idle_slots: bool = typer.Option(True, "--cache-idle-slots/--no-cache-idle-slots",
-                                          help="save idle slots to the prompt cache when a new task starts"),
-    ctx_checkpoints: int = typer.Option(32, "-ctxcp", "--ctx-checkpoints",
-                                        help="context checkpoints per slot (sliding-window/recurrent models; 0 off)"),
-    checkpoint_every: int = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
-                                         help="checkpoint every N prompt tokens during prefill (-1 off)"),
-    sps: float = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
-                              help="reuse a slot only when it holds more than this share of the prompt"),
-    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name shown by the API"),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)"),
-    temp: float = typer.Option(0.8, "--temp", help="default temperature"),
-    top_k: int = typer.Option(40, "--top-k", help="default top-k (0 = off)"),
-    top_p: float = typer.Option(0.95, "--top-p", help="default top-p (1 = off)"),
-    min_p: float = typer.Option(0.05, "--min-p", help="default min-p (0 = off)"),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error"),
+    cache_ram: int = CacheRamOpt,
+    cache_idle_slots: bool = CacheIdleOpt,
+    ctx_checkpoints: int = CtxCheckpointsOpt,
+    checkpoint_every: int = CheckpointEveryOpt,
+    sps: float = SpsOpt,
+    alias: Optional[str] = AliasOpt,
+    n_predict: int = DefNPredictOpt,
+    temp: float = DefTempOpt,
+    top_k: int = DefTopKOpt,
+    top_p: float = DefTopPOpt,
+    min_p: float = DefMinPOpt,
+    log_level: str = LogLevelOpt,
 ):
     """Run the server with the live dashboard (or attach to one with --url)."""
     from .tui.run import main as tui_main
