@@ -84,7 +84,58 @@ class KVSnapshot:
         return len(self.blocks) * self.pool.bytes_per_block
 
 
-class KVCacheState(CacheState):
+class BlockTableState(CacheState):
+    """Growth shared by the block-table states (full KV, windowed KV): ``pool``, ``_table``
+    (int32 block ids, ``_n_blocks`` entries in use), ``n_blocks`` (blocks held), ``n_tokens``.
+    Subclasses store new block ids with ``_extend_table``."""
+
+    pool: BlockPool
+    _table: np.ndarray
+    _n_blocks: int
+
+    @property
+    def n_blocks(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _extend_table(self, ids: np.ndarray) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _cow_last(self, n: int) -> bool:
+        """Whether appending n tokens first copies the last block: it is partially filled,
+        held and shared with another state (copy-on-write)."""
+        return bool(n > 0 and self.n_tokens % self.pool.block_size and self.n_blocks
+                    and self.pool.refcount[self._table[self._n_blocks - 1]] > 1)
+
+    # ---- growth ---------------------------------------------------------------------------
+    def blocks_needed(self, n: int) -> int:
+        """New blocks that append(n) would allocate (incl. a copy-on-write copy)."""
+        need = self.pool.blocks_for(self.n_tokens + n) - self._n_blocks
+        return need + 1 if self._cow_last(n) else need
+
+    def append(self, n: int) -> int:
+        if n < 0:
+            raise ValueError("append: n must be >= 0")
+        start = self.n_tokens
+        if n == 0:
+            return start
+        pool = self.pool
+        new_total = pool.blocks_for(start + n) - self._n_blocks
+        cow = self._cow_last(n)
+        ids = pool.alloc(new_total + (1 if cow else 0))  # all-or-nothing
+        if cow:
+            last = int(self._table[self._n_blocks - 1])
+            dst = int(ids[-1])
+            pool.copy_block(last, dst)
+            pool.decref([last])
+            self._table[self._n_blocks - 1] = dst
+            ids = ids[:-1]
+        if len(ids):
+            self._extend_table(ids)
+        self.n_tokens = start + n
+        return start
+
+
+class KVCacheState(BlockTableState):
     """Full-attention KV of one sequence: a block table into a :class:`BlockPool`."""
 
     def __init__(self, pool: BlockPool):
@@ -114,38 +165,8 @@ class KVCacheState(CacheState):
         self._table[:n] = blocks
         self._n_blocks = n
 
-    # ---- growth ---------------------------------------------------------------------------
-    def blocks_needed(self, n: int) -> int:
-        """New blocks that append(n) would allocate (incl. a copy-on-write copy)."""
-        pool = self.pool
-        need = pool.blocks_for(self.n_tokens + n) - self._n_blocks
-        if n > 0 and self.n_tokens % pool.block_size and self._n_blocks:
-            if pool.refcount[self._table[self._n_blocks - 1]] > 1:
-                need += 1
-        return need
-
-    def append(self, n: int) -> int:
-        if n < 0:
-            raise ValueError("append: n must be >= 0")
-        start = self.n_tokens
-        if n == 0:
-            return start
-        pool = self.pool
-        bs = pool.block_size
-        new_total = pool.blocks_for(start + n) - self._n_blocks
-        cow = bool(start % bs and self._n_blocks and pool.refcount[self._table[self._n_blocks - 1]] > 1)
-        ids = pool.alloc(new_total + (1 if cow else 0))  # all-or-nothing
-        if cow:
-            last = int(self._table[self._n_blocks - 1])
-            dst = int(ids[-1])
-            pool.copy_block(last, dst)
-            pool.decref([last])
-            self._table[self._n_blocks - 1] = dst
-            ids = ids[:-1]
-        if len(ids):
-            self._set_blocks(np.concatenate([self.block_table, ids]))
-        self.n_tokens = start + n
-        return start
+    def _extend_table(self, ids: np.ndarray) -> None:
+        self._set_blocks(np.concatenate([self.block_table, ids]))
 
     # ---- trimming -------------------------------------------------------------------------
     def can_trim(self, n: int) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .pool import BlockPool
-from .state import CacheState
+from .state import BlockTableState
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SWASnapshot:
         return len(self.blocks) * self.pool.bytes_per_block
 
 
-class SWAKVCacheState(CacheState):
+class SWAKVCacheState(BlockTableState):
     """KV of one sequence for sliding-window layers (see module docstring).
 
     ``block_table``: int32 (blocks covering [0, n_tokens)), -1 where freed.
@@ -100,9 +100,12 @@ class SWAKVCacheState(CacheState):
     def evict(self) -> int:
         """Free the blocks the next query (at n_tokens) can no longer see (keeping ``slack``
         tokens more); returns how many blocks were freed."""
-        bs = self.pool.block_size
-        keep_from = max(0, self._needed_from(self.n_tokens) - self.slack)
-        upto = min(keep_from // bs, self._n_blocks)
+        return self._free_before(self.n_tokens)
+
+    def _free_before(self, pos: int) -> int:
+        """Free the blocks the query at ``pos`` cannot see (keeping ``slack`` tokens more)."""
+        keep_from = max(0, self._needed_from(pos) - self.slack)
+        upto = min(keep_from // self.pool.block_size, self._n_blocks)
         if upto <= self.first_live:
             return 0
         ids = self._table[self.first_live: upto].copy()
@@ -112,51 +115,21 @@ class SWAKVCacheState(CacheState):
         return len(ids)
 
     # ---- growth ---------------------------------------------------------------------------
-    def blocks_needed(self, n: int) -> int:
-        pool = self.pool
-        need = pool.blocks_for(self.n_tokens + n) - self._n_blocks
-        if n > 0 and self.n_tokens % pool.block_size and self.n_blocks:
-            if pool.refcount[self._table[self._n_blocks - 1]] > 1:
-                need += 1
-        return need
+    def _extend_table(self, ids: np.ndarray) -> None:
+        nb = self._n_blocks + len(ids)
+        if nb > len(self._table):
+            t = np.full(max(nb, 2 * len(self._table)), -1, dtype=np.int32)
+            t[: self._n_blocks] = self._table[: self._n_blocks]
+            self._table = t
+        self._table[self._n_blocks: nb] = ids
+        self._n_blocks = nb
 
     def append(self, n: int) -> int:
-        if n < 0:
-            raise ValueError("append: n must be >= 0")
-        start = self.n_tokens
-        if n == 0:
-            return start
-        pool = self.pool
-        bs = pool.block_size
-        new_total = pool.blocks_for(start + n) - self._n_blocks
-        has_last = self._n_blocks > self.first_live
-        cow = bool(start % bs and has_last and pool.refcount[self._table[self._n_blocks - 1]] > 1)
-        ids = pool.alloc(new_total + (1 if cow else 0))  # all-or-nothing
-        if cow:
-            last = int(self._table[self._n_blocks - 1])
-            dst = int(ids[-1])
-            pool.copy_block(last, dst)
-            pool.decref([last])
-            self._table[self._n_blocks - 1] = dst
-            ids = ids[:-1]
-        if len(ids):
-            nb = self._n_blocks + len(ids)
-            if nb > len(self._table):
-                t = np.full(max(nb, 2 * len(self._table)), -1, dtype=np.int32)
-                t[: self._n_blocks] = self._table[: self._n_blocks]
-                self._table = t
-            self._table[self._n_blocks: nb] = ids
-            self._n_blocks = nb
-        self.n_tokens = start + n
-        # the queries of this step start at `start`: what they cannot see is gone for good
-        # (a rollback to `start` stays possible: it needs exactly what is kept)
-        keep_from = max(0, self._needed_from(start) - self.slack)
-        upto = min(keep_from // bs, self._n_blocks)
-        if upto > self.first_live:
-            old = self._table[self.first_live: upto].copy()
-            self._table[self.first_live: upto] = -1
-            self.first_live = upto
-            pool.decref(old)
+        start = super().append(n)
+        if n:
+            # the queries of this step start at `start`: what they cannot see is gone for good
+            # (a rollback to `start` stays possible: it needs exactly what is kept)
+            self._free_before(start)
         return start
 
     # ---- trimming -------------------------------------------------------------------------
