@@ -59,28 +59,25 @@ def piece(tokenizer, token: int) -> tuple[str, list[int]]:
     return b.decode("utf-8", errors="replace"), list(b)
 
 
+def _logprob_entries(tokenizer, samples, with_id: bool) -> list[dict]:
+    def entry(token: int, logprob: float) -> dict:
+        text, b = piece(tokenizer, token)
+        e = {"id": token} if with_id else {}
+        e.update(token=text, logprob=logprob, bytes=b)
+        return e
+
+    return [{**entry(s.token, s.logprob), "top_logprobs": [entry(t.id, t.logprob) for t in s.top or []]}
+            for s in samples]
+
+
 def native_probs(tokenizer, samples) -> list[dict]:
-    out = []
-    for s in samples:
-        tok, b = piece(tokenizer, s.token)
-        top = []
-        for t in s.top or []:
-            tt, tb = piece(tokenizer, t.id)
-            top.append({"id": t.id, "token": tt, "logprob": t.logprob, "bytes": tb})
-        out.append({"id": s.token, "token": tok, "logprob": s.logprob, "bytes": b, "top_logprobs": top})
-    return out
+    """llama-server's native form (with token ids)."""
+    return _logprob_entries(tokenizer, samples, with_id=True)
 
 
 def oai_chat_logprobs(tokenizer, samples) -> list[dict]:
-    out = []
-    for s in samples:
-        tok, b = piece(tokenizer, s.token)
-        top = []
-        for t in s.top or []:
-            tt, tb = piece(tokenizer, t.id)
-            top.append({"token": tt, "logprob": t.logprob, "bytes": tb})
-        out.append({"token": tok, "logprob": s.logprob, "bytes": b, "top_logprobs": top})
-    return out
+    """OpenAI chat ``logprobs.content`` form (no ids)."""
+    return _logprob_entries(tokenizer, samples, with_id=False)
 
 
 def new_id(prefix: str) -> str:
