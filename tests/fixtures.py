@@ -144,18 +144,23 @@ def finish_gguf(w, path):
     return path
 
 
-def model_loader(path, block_size):
-    """``get(**cfg)``: load_model(path, block_size=block_size, **cfg), one model per config."""
+def named_model_loader(paths):
+    """``get(name, **cfg)``: load_model(paths[name], **cfg), loaded once per name and config."""
     cache = {}
 
-    def get(**cfg):
-        cfg.setdefault("block_size", block_size)
-        key = tuple(sorted(cfg.items()))
+    def get(name, **cfg):
+        key = (name, tuple(sorted(cfg.items())))
         if key not in cache:
-            cache[key] = load_model(path, **cfg)
+            cache[key] = load_model(paths[name], **cfg)
         return cache[key]
 
     return get
+
+
+def model_loader(path, block_size):
+    """``get(**cfg)``: load_model(path, block_size=block_size, **cfg), one model per config."""
+    get = named_model_loader({None: path})
+    return lambda **cfg: get(None, **{"block_size": block_size, **cfg})
 
 
 def rand_tokens(n, seed=0, n_vocab=N_VOCAB):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fixtures import N_VOCAB, tiny_models  # noqa: F401
+from fixtures import N_VOCAB, named_model_loader, rand_tokens, tiny_models  # noqa: F401
 from reference import reference_logits
 
 from llmcore.cache import KVCacheFullError
@@ -14,7 +14,7 @@ ARCHS = ["llama", "qwen3"]
 
 
 def _tokens(n, seed=0):
-    return np.random.default_rng(seed).integers(0, N_VOCAB, size=n).astype(np.int32)
+    return rand_tokens(n, seed, N_VOCAB)
 
 
 def _rel(a, b):
@@ -23,15 +23,7 @@ def _rel(a, b):
 
 @pytest.fixture(scope="module")
 def models(tiny_models):
-    cache = {}
-
-    def get(name, **cfg):
-        key = (name, tuple(sorted(cfg.items())))
-        if key not in cache:
-            cache[key] = load_model(tiny_models[name], **cfg)
-        return cache[key]
-
-    return get
+    return named_model_loader(tiny_models)
 
 
 def test_registry():

@@ -9,6 +9,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 import reference_archs as R
+from fixtures import finish_gguf, named_model_loader, rand_tokens
 from test_conformance import PROMPTS, _oracle, _prompt, check
 
 from llmcore.models import load_model, supported_architectures
@@ -66,11 +67,7 @@ def build_tiny_qwen3moe(path, wtype="f32", seed=0) -> Path:
             w.add_tensor(name, data)
         else:
             w.add_tensor(name, gguf.quants.quantize(data, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return Path(finish_gguf(w, path))
 
 
 @pytest.fixture(scope="module")
@@ -81,19 +78,11 @@ def moe_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(moe_files):
-    cache = {}
-
-    def get(wtype, **cfg):
-        key = (wtype, tuple(sorted(cfg.items())))
-        if key not in cache:
-            cache[key] = load_model(moe_files[wtype], **cfg)
-        return cache[key]
-
-    return get
+    return named_model_loader(moe_files)
 
 
 def _tokens(n, seed=0):
-    return np.random.default_rng(seed).integers(0, N_VOCAB, size=n).astype(np.int32)
+    return rand_tokens(n, seed, N_VOCAB)
 
 
 def _ref(path, toks, emulate=False):
