@@ -54,11 +54,17 @@ class LLMCore:
         from llmcore.models import load_model
 
         threads.set_num_threads(n_threads)
+        self.n_threads = n_threads
+        # decode steps pick their thread count by measured speed, as the server's engine does
+        self.adaptive = threads.AdaptiveThreads(n_threads)
         self.model = load_model(path, **cfg)
         self.path = path
         self.ub = ub
 
     def prefill(self, toks) -> float:
+        from llmcore import threads
+
+        threads.set_num_threads(self.n_threads)
         st = self.model.new_state()
         arr = np.asarray(toks, dtype=np.int32)
         t0 = time.perf_counter()
@@ -72,9 +78,15 @@ class LLMCore:
         st = self.model.new_state()
         logits = self.model.forward([(st, np.asarray(toks, dtype=np.int32))])
         t = int(np.argmax(logits[0]))
+        from llmcore import threads
+
         t0 = time.perf_counter()
         for _ in range(n):
+            nt = self.adaptive.choose(1)
+            threads.set_num_threads(nt)
+            ts = time.perf_counter()
             logits = self.model.forward([(st, np.array([t], dtype=np.int32))])
+            self.adaptive.record(1, nt, time.perf_counter() - ts)
             t = int(np.argmax(logits[0]))
         dt = time.perf_counter() - t0
         st.release()

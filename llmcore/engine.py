@@ -438,6 +438,7 @@ class Engine:
         self._stop = False
         self._ready = threading.Event()
         self._threads_now = 0
+        self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self.t_start = time.time()
         # counters (written by the engine thread only)
         self.c = dict(requests_total=0, requests_errors=0, requests_cancelled=0,
@@ -1109,10 +1110,14 @@ class Engine:
             budget -= n
         if not batch:
             return
-        self._set_threads(prefill=len(batch) > sum(1 for s in active if s.phase == "decode"))
+        decode_only = all(s.phase == "decode" for s, _ in owners)
+        n_threads = self._set_threads(prefill=not decode_only, n_tokens=len(owners))
+        t0 = time.perf_counter()
         logits = self._forward(batch, owners, active)
         if logits is None:
             return
+        if decode_only and self._adaptive is not None:
+            self._adaptive.record(len(owners), n_threads, time.perf_counter() - t0)
         self.c["n_decode_total"] += 1
         self.c["n_busy_slots_total"] += len(owners)
         t1 = time.perf_counter()
@@ -1210,14 +1215,21 @@ class Engine:
                 return False
         return True
 
-    def _set_threads(self, prefill: bool) -> None:
-        """-t for decode-only steps, -tb for steps that carry prompt tokens (llama.cpp)."""
-        n = self.cfg.n_threads_batch if prefill and self.cfg.n_threads_batch else self.cfg.n_threads
-        if n and n != self._threads_now:
-            from .threads import set_num_threads
+    def _set_threads(self, prefill: bool, n_tokens: int) -> int:
+        """-tb for steps that carry prompt tokens; for decode-only steps up to -t threads,
+        as many as measure fastest now (threads.AdaptiveThreads). Returns the count set."""
+        from .threads import AdaptiveThreads, resolve, set_num_threads
 
+        if prefill:
+            n = resolve(self.cfg.n_threads_batch or self.cfg.n_threads)
+        else:
+            if self._adaptive is None:
+                self._adaptive = AdaptiveThreads(resolve(self.cfg.n_threads))
+            n = self._adaptive.choose(n_tokens)
+        if n != self._threads_now:
             set_num_threads(n)
             self._threads_now = n
+        return n
 
     def _sample(self, s: Slot, row: np.ndarray) -> None:
         task = s.task
