@@ -123,9 +123,12 @@ class ForwardBatch:
         self.seg_start = seg
         if self.n_seqs == 1:
             self.positions = np.arange(starts[0], starts[0] + self.lengths[0], dtype=np.int32)
+        elif self.n_tokens == self.n_seqs:  # batched decode: one token per sequence
+            self.positions = np.array(starts, dtype=np.int32)
         else:
-            self.positions = np.concatenate(
-                [np.arange(s, s + n, dtype=np.int32) for s, n in zip(starts, self.lengths)])
+            off = np.asarray(starts, dtype=np.int32) - seg[:-1]
+            self.positions = (np.arange(self.n_tokens, dtype=np.int32)
+                              + np.repeat(off, self.lengths).astype(np.int32, copy=False))
         self.last_rows = seg[1:] - 1
         self.block_tables: dict[str, np.ndarray] = {}
         self.extra: dict = {}
@@ -236,11 +239,11 @@ class Model:
         if len({id(s) for s in seqs}) != len(seqs):
             raise ValueError("forward: a sequence appears twice in one batch")
         toks = [as_tokens(t) for _, t in batch]
-        for t in toks:
-            if t.size == 0:
-                raise ValueError("forward: empty segment")
-            if t.min() < 0 or t.max() >= self.n_vocab:
-                raise ValueError(f"forward: token id out of range [0, {self.n_vocab})")
+        if any(t.size == 0 for t in toks):
+            raise ValueError("forward: empty segment")
+        flat = toks[0] if len(toks) == 1 else np.concatenate(toks)
+        if flat.min() < 0 or flat.max() >= self.n_vocab:
+            raise ValueError(f"forward: token id out of range [0, {self.n_vocab})")
         starts = [s.n_tokens for s in seqs]
         # reserve room in every cache of every sequence, all-or-nothing
         done: list[tuple[Any, int]] = []
