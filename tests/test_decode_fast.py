@@ -31,3 +31,57 @@ def test_f16_decode_window_softcap_sinks():
     want = nn._ref_attention(q, k_pool, v_pool, "f16", tables, seg, q_pos, 0.125, **kw)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=F16_P_ATOL)
+
+
+# ---- model level ------------------------------------------------------------------------------
+
+from fixtures import rand_tokens, tiny_models  # noqa: E402,F401
+
+
+@pytest.mark.parametrize("name", ["llama-q4_0", "qwen3-q8_0", "qwen3-f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_fused_attention_matches_unfused_path(tiny_models, name, kv_type, monkeypatch):
+    """The fused decode path (qkv_post: q/k norms + rope + KV store in one kernel, scratch
+    activations) gives the logits of the per-op path (rms_norm, rope, kv_store, attention)."""
+    from llmcore.models import layers, load_model
+
+    try:
+        m = load_model(tiny_models[name], kv_type=kv_type, block_size=16)
+    except ValueError as e:  # q8_0 KV needs head_dim % 32 == 0 (tiny llama: 16)
+        pytest.skip(str(e))
+    prompt = rand_tokens(37, seed=1)
+
+    def run():
+        st = m.new_state()
+        out = [m.forward([(st, prompt[:30])])[0]]
+        for t in prompt[30:]:
+            out.append(m.forward([(st, [int(t)])])[0])
+        st.release()
+        return np.stack(out)
+
+    fused = run()
+    monkeypatch.setattr(layers, "_FUSED_QKV", False)
+    plain = run()
+    np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama-q4_0", "qwen3-f16"])
+def test_batched_decode_equals_one_at_a_time(tiny_models, name):
+    """B sequences of different lengths decoded in one forward per step give the logits of
+    decoding each alone (scratch buffers shared by the layers are not mixed up)."""
+    from llmcore.models import load_model
+
+    m = load_model(tiny_models[name], block_size=16)
+    prompts = [rand_tokens(n, seed=n) for n in (3, 40, 17, 70, 1)]
+    steps = [rand_tokens(4, seed=100 + i) for i in range(len(prompts))]
+    alone = []
+    for p, s in zip(prompts, steps):
+        st = m.new_state()
+        m.forward([(st, p)])
+        alone.append(np.stack([m.forward([(st, [int(t)])])[0] for t in s]))
+        st.release()
+    sts = [m.new_state() for _ in prompts]
+    for st, p in zip(sts, prompts):
+        m.forward([(st, p)])
+    got = np.stack([m.forward([(st, [int(s[k])]) for st, s in zip(sts, steps)]) for k in range(4)], axis=1)
+    np.testing.assert_allclose(got, np.stack(alone), rtol=1e-4, atol=1e-4)
