@@ -64,6 +64,7 @@ CheckpointEveryOpt = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
                                   help="checkpoint every N prompt tokens during prefill (-1 off)")
 SpsOpt = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
                       help="reuse a slot only when it holds more than this share of the prompt")
+SwaFullOpt = typer.Option(False, "--swa-full", help="full KV on sliding-window layers (trimmable; more memory)")
 AliasOpt = typer.Option(None, "-a", "--alias", help="model name shown by the API")
 DefNPredictOpt = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")
 DefTempOpt = typer.Option(0.8, "--temp", help="default temperature")
@@ -76,7 +77,7 @@ LogLevelOpt = typer.Option("info", "--log-level", help="debug, info, warning, er
 def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                    cache_type_k, cache_type_v, cache_ram=8192, ctx_checkpoints=32,
                    checkpoint_every=8192, alias=None, sampling=None, n_predict=-1,
-                   cache_idle_slots=True, slot_prompt_similarity=0.1):
+                   cache_idle_slots=True, slot_prompt_similarity=0.1, swa_full=False):
     from .engine import EngineConfig
     from .sampling import SamplingParams
 
@@ -95,7 +96,7 @@ def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, cache_ram_mib=cache_ram,
         ctx_checkpoints=ctx_checkpoints, checkpoint_every_n_tokens=checkpoint_every,
         cache_idle_slots=cache_idle_slots, slot_prompt_similarity=slot_prompt_similarity,
-        model_alias=alias, sampling=sampling or SamplingParams(), n_predict=n_predict,
+        swa_full=swa_full, model_alias=alias, sampling=sampling or SamplingParams(), n_predict=n_predict,
     )
 
 
@@ -123,6 +124,7 @@ def serve(
     ctx_checkpoints: int = CtxCheckpointsOpt,
     checkpoint_every: int = CheckpointEveryOpt,
     sps: float = SpsOpt,
+    swa_full: bool = SwaFullOpt,
     alias: Optional[str] = AliasOpt,
     n_predict: int = DefNPredictOpt,
     temp: float = DefTempOpt,
@@ -145,7 +147,7 @@ def serve(
     cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                          cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
                          alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                         n_predict, cache_idle_slots, sps)
+                         n_predict, cache_idle_slots, sps, swa_full)
     _check_model(path)
     thr.set_num_threads(threads or None)
     engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
@@ -198,6 +200,7 @@ def tui(
     ctx_checkpoints: int = CtxCheckpointsOpt,
     checkpoint_every: int = CheckpointEveryOpt,
     sps: float = SpsOpt,
+    swa_full: bool = SwaFullOpt,
     alias: Optional[str] = AliasOpt,
     n_predict: int = DefNPredictOpt,
     temp: float = DefTempOpt,
@@ -221,7 +224,7 @@ def tui(
         cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
                              cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
                              alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                             n_predict, cache_idle_slots, sps)
+                             n_predict, cache_idle_slots, sps, swa_full)
         thr.set_num_threads(threads or None)
         engine = Engine.from_path(path, cfg)
         server_cfg = ServerConfig(host=host, port=port)

@@ -90,6 +90,7 @@ class EngineConfig:
     ctx_checkpoints: int = 32  # per slot; <= 0 off
     checkpoint_every_n_tokens: int = 8192  # during prefill; <= 0 off (other positions stay)
     slot_prompt_similarity: float = 0.1  # reuse a slot's prefix only above this share of the prompt
+    swa_full: bool = False  # full KV on sliding-window layers (trimmable, no checkpoints needed)
     model_alias: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
     n_predict: int = -1  # default generation limit (-1: until EOS / context end)
@@ -106,7 +107,7 @@ class EngineConfig:
             n_threads_batch=self.n_threads_batch, cache_type_k=self.cache_type_k,
             cache_type_v=self.cache_type_v, cache_ram_mib=self.cache_ram_mib,
             ctx_checkpoints=self.ctx_checkpoints,
-            checkpoint_every_n_tokens=self.checkpoint_every_n_tokens,
+            checkpoint_every_n_tokens=self.checkpoint_every_n_tokens, swa_full=self.swa_full,
         )
 
 

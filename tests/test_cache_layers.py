@@ -382,3 +382,21 @@ def test_kv_pools_capped_by_available_ram(tiny_models, monkeypatch):
         assert len(c.tokens) == 4
     finally:
         eng.stop()
+
+
+def test_swa_full_trims_without_checkpoints(fresh_cache):
+    """--swa-full: local layers keep every block, so a far branch is a plain slot trim."""
+    path = conformance_model("tiny-gemma3-swa")
+    eng = start(path, n_parallel=1, ctx_checkpoints=0, cache_ram_mib=0, swa_full=True)
+    try:
+        assert eng.model.swa_full
+        base = toks(30, 200, hi=40000)
+        eng.generate_sync(base, gp())
+        branch = base[:110] + toks(31, 20, hi=40000)  # far outside the 32-token window
+        r = eng.generate_sync(branch, gp())
+        t = r.final.timings
+        assert t.cache_source == "slot" and t.cache_n == 110 and t.checkpoint_restores == 0
+        assert eng.stats().forced_reprefills == 0
+        same_output(r, fresh_cache(path, branch))
+    finally:
+        eng.stop()
