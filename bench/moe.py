@@ -5,7 +5,8 @@ and how many experts each step computed vs skipped.
     python bench/moe.py [-m PATH] [-t 2] [--pp 256] [--tg 64] [--reps 3]
 
 Default model: tiny-qwen3moe-q4_k from the conformance set (8 experts, 2 used, 4 layers).
-Same structure as bench/speed.py (both engines alternate in this process, medians).
+Same structure as bench/speed.py (the engines alternate rep by rep, llama.cpp in a child
+process; medians).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _peer_llamacpp import LlamaCpp, available  # noqa: E402
+from _peer_llamacpp import available, measure_in_subprocess  # noqa: E402
 from speed import LLMCore  # noqa: E402
 
 DEFAULT = "/work/shared/conformance/models/tiny-qwen3moe-q4_k.gguf"
@@ -64,18 +65,17 @@ def main(argv=None) -> int:
     prompt = rng.integers(100, min(mine.model.n_vocab, 30000), a.pp).tolist()
     short = prompt[:16]
     why = "--no-peer" if a.no_peer else available()
-    peer = None if why else LlamaCpp(path, a.threads, n_ctx=a.pp + a.tg + 64)
+    peer = why is None  # measured in a child process with llama.cpp's own OpenMP settings
 
     res = {"llmcore": {"pp": [], "tg": []}, "llama.cpp": {"pp": [], "tg": []}}
     mine.prefill(prompt[:64]); mine.generate(short, 4)
-    if peer:
-        peer.prefill(prompt[:64]); peer.generate(short, 4)
     for r in range(a.reps):
         res["llmcore"]["pp"].append(a.pp / mine.prefill(prompt))
         res["llmcore"]["tg"].append(a.tg / mine.generate(short, a.tg))
         if peer:
-            res["llama.cpp"]["pp"].append(a.pp / peer.prefill(prompt))
-            res["llama.cpp"]["tg"].append(a.tg / peer.generate(short, a.tg))
+            got = measure_in_subprocess(path, a.threads, a.pp, a.tg)
+            res["llama.cpp"]["pp"] += got["pp"]
+            res["llama.cpp"]["tg"] += got["tg"]
         print(f"rep {r + 1}/{a.reps}: " + ", ".join(
             f"{k} pp {v['pp'][-1]:.1f} tg {v['tg'][-1]:.1f}" for k, v in res.items() if v["pp"]), flush=True)
 
@@ -104,8 +104,6 @@ def main(argv=None) -> int:
     print(f"  decode (1 token/step, mean of {a.tg} steps): {dec['experts_computed'] / max(1, dec['calls']):.2f} / "
           f"{dec['experts_skipped'] / max(1, dec['calls']):.2f}  "
           f"({dec['experts_computed'] / steps:.1f} expert matmul groups per step over all layers)")
-    if peer:
-        peer.close()
     return 0
 
 
