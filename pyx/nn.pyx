@@ -22,7 +22,7 @@ cdef extern from "simd_nn.h" nogil:
     void nn_quantize_q4_0(const float *x, uint8_t *y, int n)
     void nn_dequant_q8_0(const uint8_t *x, float *y, int n)
     void nn_dequant_q4_0(const uint8_t *x, float *y, int n)
-    float nn_exp_sub_sum(const float *x, float *y, float m, int n)
+    double nn_exp_sub_sum(const float *x, float *y, float m, int n)
     void nn_silu_row(const float *g, const float *u, float *y, int n)
     void nn_gelu_row(const float *g, const float *u, float *y, int n)
     double nn_sumsq(const float *x, int n)
@@ -33,7 +33,7 @@ cdef extern from "simd_nn.h" nogil:
     void nn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes)
     void nn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
     void nn_f16_round_row(const float *x, float *y, int n)
-    float nn_max_sumexp(const float *s, int n, float *sum)
+    float nn_max_sumexp(const float *s, int n, double *sum)
     void nn_probs(const float *s, float *p, int n, float m, float inv, int r16)
     int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
                            float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes)
@@ -230,8 +230,7 @@ def softmax_rows(const float[:, ::1] x,   # IN (n, d)
     with nogil:
         for i in prange(n, num_threads=n_threads, schedule='static'):
             m = nn_max(&x[i, 0], d)
-            s = nn_exp_sub_sum(&x[i, 0], &out[i, 0], m, d)
-            s = 1.0 / s
+            s = <float>(1.0 / nn_exp_sub_sum(&x[i, 0], &out[i, 0], m, d))  # ggml: 1/sum in double
             for j in range(d):
                 out[i, j] = out[i, j] * s
 
@@ -555,15 +554,19 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
         if hi_all < lo_all:
             _fill_ninf(Sb, R, ldS, 0, bs)
             continue
-        if (fast and nn_scores_f16_rows(
+        # f16 keys read in place, for every R: each score is a 16-lane fma chain over the head
+        # dim reduced in _mm512_reduce_add_ps order, the order of llama.cpp's f16 K.Q matmul
+        # (tinyBLAS), so scores (and the near-ties of the f16-rounded probabilities) are
+        # bit-identical to llama.cpp's in prefill as in decode
+        if (a.kv_type == T_F16 and nn_scores_f16_rows(
                 Qt, R, <const uint16_t *>(a.k + blk * a.k_bstride + (<Py_ssize_t>lo_all * a.KVH + kvh) * a.k_row),
                 a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS,
                 pf, a.KVH * a.k_row, a.k_row)):
-            pass  # decode: f16 keys read in place, 16 keys per reduction
+            pass
         else:
             _scores_block(a, Qt, R, blk, kvh, lo_all, hi_all, tmp, Kt, Sb, ldS)
-        if R >= SMALL_R:
-            nn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
+            if R >= SMALL_R:
+                nn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
         for rr in range(R):
             _row_range(a, a.q_pos[t0 + rr // G], k0, &jlo, &jhi)
             if jhi < jlo:
@@ -639,7 +642,7 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
             nn_pv(acc + rr * Dv, 1.0, Sb + rr * ldS + lo, Vb + lo * Dv, hi - lo + 1, Dv)
 
 
-cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, float l, float *M, float *inv) noexcept nogil:
+cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, double l, float *M, float *inv) noexcept nogil:
     """Row max M and 1/sum over all keys (and the sink of head h, if any)."""
     cdef float sk
     if a.sinks != NULL:
@@ -659,7 +662,7 @@ cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf, float *S)
     cdef float *acc = buf + a.R_max * a.D + a.D * a.bs + a.D + a.Dv + a.bs * a.Dv
     cdef float *M = acc + a.R_max * a.Dv
     cdef float *inv = M + a.R_max
-    cdef float l
+    cdef double l
     _attn_scores(a, it, buf, S, ldS)
     for rr in range(R):
         h = kvh * G + rr % G
@@ -677,9 +680,11 @@ cdef void _split_scores(const AttnArgs *a, const int32_t *it, float *buf) noexce
     cdef int ldS = (it[5] - it[4]) * a.bs
     cdef float *S = a.arena + a.slot_off[slot]
     cdef float *st = a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2) + a.R_max * a.Dv
+    cdef double l
     _attn_scores(a, it, buf, S, ldS)
     for rr in range(R):
-        st[rr] = nn_max_sumexp(S + rr * ldS, ldS, st + a.R_max + rr)
+        st[rr] = nn_max_sumexp(S + rr * ldS, ldS, &l)
+        st[a.R_max + rr] = <float>l
 
 
 cdef void _split_stats(const AttnArgs *a, const int32_t *grp, int gi) noexcept nogil:

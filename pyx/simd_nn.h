@@ -142,43 +142,53 @@ static inline void nn_dequant_q4_0(const uint8_t *x, float *y, int n) {
     }
 }
 
-/* ---- vector exp (Cephes polynomial, ~1 ulp on the clamped range) ------------------------ */
+/* ---- vector exp: llama.cpp's ggml_v_expf (AVX-512), operation for operation -------------
+ * The ARM optimized-routines expf polynomial (max error ~1.5 ulp) that ggml's CPU backend uses
+ * for soft_max and SiLU. Same constants, same fma/mul/scalef sequence, so the results are
+ * bit-identical to llama.cpp's: near-ties (f16 rounding of probabilities, q8 quantization of
+ * activations) then fall the same way, which is what keeps long greedy runs on llama.cpp's
+ * tokens. exp(x) = 2^n * poly(x - n ln2), n = round(x / ln2) by the 1.5*2^23 shift trick;
+ * |n| > 192 gives 0 (n <= 0) or +inf. */
 
 #if defined(__AVX512F__)
 static inline __m512 nn_v_exp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.8f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
+    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift);
+    const __m512 n = _mm512_sub_ps(z, shift);
+    /* b = x - n*ln2, ln2 split in a hi and a lo part */
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 hi = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)),
+                                      u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f)));
+    const __m512 j = _mm512_fmadd_ps(hi, u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    if (!big) return res;
+    const __m512 sat = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(big, res, sat);
 }
 #endif
 
-/* y[i] = exp(x[i] - m); returns the sum. Entries equal to -INFINITY give exactly 0. */
-static inline float nn_exp_sub_sum(const float *x, float *y, float m, int n) {
+/* y[i] = exp(x[i] - m); returns the sum. Entries equal to -INFINITY give exactly 0.
+ * As ggml_vec_soft_max_f32: each 16-lane chunk reduced in float (GCC's _mm512_reduce_add_ps
+ * order), the chunk sums accumulated in double. */
+static inline double nn_exp_sub_sum(const float *x, float *y, float m, int n) {
     int i = 0;
-    float s = 0.0f;
+    double s = 0.0;
 #if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps(), vm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 vm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
     for (; i < n; i += 16) {
         __mmask16 k = (n - i) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
         __m512 v = _mm512_maskz_loadu_ps(k, x + i);
         __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
         __m512 e = _mm512_maskz_mov_ps(live, nn_v_exp(_mm512_sub_ps(v, vm)));
         _mm512_mask_storeu_ps(y + i, k, e);
-        acc = _mm512_add_ps(acc, e);
+        s += (double)_mm512_reduce_add_ps(e);
     }
-    s = _mm512_reduce_add_ps(acc);
 #else
-    for (; i < n; i++) { y[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m); s += y[i]; }
+    for (; i < n; i++) { y[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m); s += (double)y[i]; }
 #endif
     return s;
 }
@@ -380,8 +390,9 @@ static inline void nn_f16_round_row(const float *x, float *y, int n) {
     for (; i < n; i++) y[i] = nn_h2f(nn_f2h(x[i]));
 }
 
-/* Max of s[0:n] and sum(exp(s - max)) (entries of -INFINITY contribute 0). */
-static inline float nn_max_sumexp(const float *s, int n, float *sum) {
+/* Max of s[0:n] and sum(exp(s - max)) (entries of -INFINITY contribute 0), summed like
+ * ggml's soft_max: 16-lane chunks from s[0] reduced in float, chunk sums added in double. */
+static inline float nn_max_sumexp(const float *s, int n, double *sum) {
     float m = -INFINITY;
     int i = 0;
 #if defined(__AVX512F__)
@@ -390,20 +401,19 @@ static inline float nn_max_sumexp(const float *s, int n, float *sum) {
     m = _mm512_reduce_max_ps(vm);
 #endif
     for (; i < n; i++) m = s[i] > m ? s[i] : m;
-    if (m == -INFINITY) { *sum = 0.0f; return m; }
-    float acc = 0.0f;
+    if (m == -INFINITY) { *sum = 0.0; return m; }
+    double acc = 0.0;
     i = 0;
 #if defined(__AVX512F__)
-    __m512 va = _mm512_setzero_ps(), mm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
     for (; i < n; i += 16) {
         __mmask16 k = (n - i) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
         __m512 v = _mm512_maskz_loadu_ps(k, s + i);
         __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
-        va = _mm512_add_ps(va, _mm512_maskz_mov_ps(live, nn_v_exp(_mm512_sub_ps(v, mm))));
+        acc += (double)_mm512_reduce_add_ps(_mm512_maskz_mov_ps(live, nn_v_exp(_mm512_sub_ps(v, mm))));
     }
-    acc = _mm512_reduce_add_ps(va);
 #else
-    for (; i < n; i++) acc += s[i] == -INFINITY ? 0.0f : expf(s[i] - m);
+    for (; i < n; i++) acc += s[i] == -INFINITY ? 0.0 : (double)expf(s[i] - m);
 #endif
     *sum = acc;
     return m;
