@@ -36,7 +36,12 @@ cdef extern from "simd_nn.h" nogil:
     float nn_max_sumexp(const float *s, int n, double *sum)
     void nn_probs(const float *s, float *p, int n, float m, float inv, int r16)
     int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                           float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes)
+                           float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes, int vd)
+    float *nn_lane_scratch(size_t nfloats)
+    int nn_have_pv_lanes(int Dv)
+    void nn_pv_lanes_f16(float *accl, int R, int NL, const float *p, int ldp, const uint16_t *v,
+                         long vstride, int n, int Dv, long pos0)
+    void nn_pv_lanes_reduce(const float *accl, int R, int NL, int Dv, float *acc, int ldacc)
     int nn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
                        long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes)
 
@@ -468,6 +473,7 @@ ctypedef struct AttnArgs:
     const int32_t *slot_grp # (n_slots,) group of a slot
     int R_max
     Py_ssize_t loc_len      # per-thread scores buffer (floats) for unsplit items
+    int vd                  # 1-token batch: llama.cpp's vec_dot_f16 summation order, else tinyBLAS's
 
 
 cdef inline void _row_range(const AttnArgs *a, int qp, int k0, int *jlo, int *jhi) noexcept nogil:
@@ -561,7 +567,7 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
         if (a.kv_type == T_F16 and nn_scores_f16_rows(
                 Qt, R, <const uint16_t *>(a.k + blk * a.k_bstride + (<Py_ssize_t>lo_all * a.KVH + kvh) * a.k_row),
                 a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS,
-                pf, a.KVH * a.k_row, a.k_row)):
+                pf, a.KVH * a.k_row, a.k_row, a.vd)):
             pass
         else:
             _scores_block(a, Qt, R, blk, kvh, lo_all, hi_all, tmp, Kt, Sb, ldS)
@@ -592,6 +598,11 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
     cdef int r16 = a.kv_type == T_F16
     cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
     cdef Py_ssize_t n = (kb1 - kb0) * bs
+    # f16 V: per-lane partial sums in llama.cpp's order (see nn_pv_lanes_f16), combined at the end
+    cdef int NL = 64 if a.vd else 16
+    cdef float *accl = NULL
+    if r16 and nn_have_pv_lanes(Dv):
+        accl = nn_lane_scratch(<size_t>R * NL * Dv)
     for rr in range(R):
         for j in range(Dv):
             acc[rr * Dv + j] = 0.0
@@ -630,6 +641,11 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
                 hi = j
         if hi < lo:
             continue
+        if accl != NULL:
+            nn_pv_lanes_f16(accl, R, NL, Sb + lo, ldS,
+                            <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
+                            a.KVH * (a.v_row // 2), hi - lo + 1, Dv, <long>b * bs + lo)
+            continue
         if (fast and nn_pv_f16_rows(
                 acc, Dv, R, Sb + lo, ldS,
                 <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
@@ -640,6 +656,8 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
                       Vb + j * Dv, Dv)
         for rr in range(R):
             nn_pv(acc + rr * Dv, 1.0, Sb + rr * ldS + lo, Vb + lo * Dv, hi - lo + 1, Dv)
+    if accl != NULL:
+        nn_pv_lanes_reduce(accl, R, NL, Dv, acc, Dv)
 
 
 cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, double l, float *M, float *inv) noexcept nogil:
@@ -787,6 +805,7 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
     a.sinks = &sinks[0] if sinks is not None else NULL
     cdef int T = TILE_ROWS // G if G < TILE_ROWS else 1
     a.R_max = T * G
+    a.vd = 1 if N == 1 else 0
 
     # ---- work items: (seq, kvh, tile, key split). The split count depends only on the
     # shapes, never on the thread count, so results are identical for any n_threads.

@@ -465,7 +465,7 @@ static inline __m512 nn_hsum16x16(const __m512 *v) {
 }
 
 static inline __attribute__((always_inline)) void nn_scores_f16_R(
-        const int R, const float *q, const uint16_t *k, long kstride, int n, int D, float scale,
+        const int R, const int VD, const float *q, const uint16_t *k, long kstride, int n, int D, float scale,
         float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes) {
     __m512 tmp[4][16];
     const __m512 vs = _mm512_set1_ps(scale);
@@ -476,12 +476,36 @@ static inline __attribute__((always_inline)) void nn_scores_f16_R(
             if (pf) /* a later block's row, one per key: prefetches spread over the loop */
                 for (int c = 0; c < pfbytes; c += 64) __builtin_prefetch(pf + (size_t)(j0 + jj) * pfstride + c, 0, 3);
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int d = 0; d < D; d += 16) {
-                const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, a0);
-                if (R > 1) a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + D + d), kv, a1);
-                if (R > 2) a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + d), kv, a2);
-                if (R > 3) a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + d), kv, a3);
+            if (VD) {
+                /* ggml_vec_dot_f16 order (llama.cpp's K.Q for a 1-token batch): 4 accumulators
+                 * over 64-wide steps, combined (c0 + c2) + (c1 + c3); needs D % 64 == 0 */
+                __m512 c[4][4];
+                for (int r = 0; r < 4; r++)
+                    for (int u = 0; u < 4; u++) c[r][u] = _mm512_setzero_ps();
+                for (int d = 0; d < D; d += 64)
+                    for (int u = 0; u < 4; u++) {
+                        const int du = d + 16 * u;
+                        const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + du)));
+                        c[0][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + du), kv, c[0][u]);
+                        if (R > 1) c[1][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + D + du), kv, c[1][u]);
+                        if (R > 2) c[2][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + du), kv, c[2][u]);
+                        if (R > 3) c[3][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + du), kv, c[3][u]);
+                    }
+#define NN_VD_SUM(r) _mm512_add_ps(_mm512_add_ps(c[r][0], c[r][2]), _mm512_add_ps(c[r][1], c[r][3]))
+                a0 = NN_VD_SUM(0);
+                if (R > 1) a1 = NN_VD_SUM(1);
+                if (R > 2) a2 = NN_VD_SUM(2);
+                if (R > 3) a3 = NN_VD_SUM(3);
+#undef NN_VD_SUM
+            } else {
+                /* tinyBLAS order (llama.cpp's K.Q for batches of >= 2 tokens): one chain */
+                for (int d = 0; d < D; d += 16) {
+                    const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, a0);
+                    if (R > 1) a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + D + d), kv, a1);
+                    if (R > 2) a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + d), kv, a2);
+                    if (R > 3) a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + d), kv, a3);
+                }
             }
             const int slot = 4 * (jj & 3) + (jj >> 2);  /* transposed order for nn_hsum16x16 */
             tmp[0][slot] = a0;
@@ -529,27 +553,114 @@ static inline __attribute__((always_inline)) void nn_pv_f16_R(
 #define NN_HAVE_F16_ROWS 0
 #endif
 
+#define nn_scores_f16_R_vd(R, vd, ...) \
+    ((vd) ? nn_scores_f16_R(R, 1, __VA_ARGS__) : nn_scores_f16_R(R, 0, __VA_ARGS__))
+
 /* s[r*ldS + j] = scale * q_r . k_j for r < R, j < n; q (R, D) contiguous, key j = f16 row at
  * k + j*kstride (elements). Needs D % 16 == 0; rows are done 4 at a time. Returns 0 (and
  * does nothing) when this build has no fast path. */
 static int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                              float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes) {
+                              float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes, int vd) {
 #if NN_HAVE_F16_ROWS
     if (D % 16) return 0;
+    if (D % 64) vd = 0;
     for (int r = 0; r < R; r += 4) {
         const float *qr = q + (size_t)r * D;
         float *sr = s + (size_t)r * ldS;
         switch (R - r) {
-            case 1: nn_scores_f16_R(1, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-            case 2: nn_scores_f16_R(2, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-            case 3: nn_scores_f16_R(3, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-            default: nn_scores_f16_R(4, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            case 1: nn_scores_f16_R_vd(1, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            case 2: nn_scores_f16_R_vd(2, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            case 3: nn_scores_f16_R_vd(3, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
+            default: nn_scores_f16_R_vd(4, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
         }
     }
     return 1;
 #else
-    (void)q; (void)R; (void)k; (void)kstride; (void)n; (void)D; (void)scale; (void)s; (void)ldS; (void)pf; (void)pfstride; (void)pfbytes;
+    (void)q; (void)R; (void)k; (void)kstride; (void)n; (void)D; (void)scale; (void)s; (void)ldS; (void)pf; (void)pfstride; (void)pfbytes; (void)vd;
     return 0;
+#endif
+}
+
+/* ---- llama.cpp's P.V summation order (f16 V) ---------------------------------------------
+ * llama.cpp computes each output element of P.V as a dot product over key positions: for a
+ * 1-token batch ggml_vec_dot_f16 (4 accumulators x 16 float lanes, position p in lane p % 64,
+ * combined (c0 + c2) + (c1 + c3)), for larger batches tinyBLAS (16 lanes, position p in lane
+ * p % 16); the lanes are then summed in _mm512_reduce_add_ps order. nn_pv_lanes_f16 adds keys
+ * into per-lane partial sums accl (R, NL, Dv), NL = 64 or 16, and nn_pv_lanes_reduce combines
+ * them the same way, so the attention output is bit-identical to llama.cpp's. */
+static __thread float *nn_lane_buf = NULL;
+static __thread size_t nn_lane_cap = 0;
+
+/* zeroed per-thread (R, NL, Dv) lane sums, or NULL */
+static float *nn_lane_scratch(size_t nfloats) {
+    if (nfloats > nn_lane_cap) {
+        free(nn_lane_buf);
+        size_t cap = (nfloats + 15) & ~(size_t)15;
+        nn_lane_buf = (float *)aligned_alloc(64, cap * sizeof(float));
+        nn_lane_cap = nn_lane_buf ? cap : 0;
+        if (!nn_lane_buf) return NULL;
+    }
+    memset(nn_lane_buf, 0, nfloats * sizeof(float));
+    return nn_lane_buf;
+}
+
+static inline int nn_have_pv_lanes(int Dv) {
+#if NN_HAVE_F16_ROWS
+    return Dv % 16 == 0 && Dv <= 512;
+#else
+    (void)Dv;
+    return 0;
+#endif
+}
+
+/* accl[(r*NL + (pos0+j) % NL)*Dv + c] += p[r*ldp + j] * v_j[c], j < n (v_j: f16 row at v + j*vstride) */
+static void nn_pv_lanes_f16(float *accl, int R, int NL, const float *p, int ldp, const uint16_t *v,
+                            long vstride, int n, int Dv, long pos0) {
+#if NN_HAVE_F16_ROWS
+    __m512 vv[32];
+    const int nv = Dv / 16;
+    for (int j = 0; j < n; j++) {
+        int any = 0;
+        for (int r = 0; r < R; r++) any |= p[(size_t)r * ldp + j] != 0.0f;
+        if (!any) continue;  /* fma(0, v, acc) == acc */
+        const uint16_t *vr = v + (size_t)j * vstride;
+        for (int i = 0; i < nv; i++) vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * i)));
+        const int lane = (int)((pos0 + j) % NL);
+        for (int r = 0; r < R; r++) {
+            const float pj = p[(size_t)r * ldp + j];
+            if (pj == 0.0f) continue;
+            float *a = accl + ((size_t)r * NL + lane) * Dv;
+            const __m512 pv = _mm512_set1_ps(pj);
+            for (int i = 0; i < nv; i++)
+                _mm512_storeu_ps(a + 16 * i, _mm512_fmadd_ps(pv, vv[i], _mm512_loadu_ps(a + 16 * i)));
+        }
+    }
+#else
+    (void)accl; (void)R; (void)NL; (void)p; (void)ldp; (void)v; (void)vstride; (void)n; (void)Dv; (void)pos0;
+#endif
+}
+
+/* acc[r*ldacc + c] = the lanes of accl combined in llama.cpp's order */
+static void nn_pv_lanes_reduce(const float *accl, int R, int NL, int Dv, float *acc, int ldacc) {
+#if NN_HAVE_F16_ROWS
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < Dv; d += 16) {
+            __m512 x[16];
+            const float *b = accl + (size_t)r * NL * Dv + d;
+            for (int l = 0; l < 16; l++) {
+                if (NL == 64)
+                    x[l] = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(b + (size_t)l * Dv), _mm512_loadu_ps(b + (size_t)(32 + l) * Dv)),
+                                         _mm512_add_ps(_mm512_loadu_ps(b + (size_t)(16 + l) * Dv), _mm512_loadu_ps(b + (size_t)(48 + l) * Dv)));
+                else
+                    x[l] = _mm512_loadu_ps(b + (size_t)l * Dv);
+            }
+            for (int l = 0; l < 8; l++) x[l] = _mm512_add_ps(x[l], x[l + 8]);
+            for (int l = 0; l < 4; l++) x[l] = _mm512_add_ps(x[l], x[l + 4]);
+            for (int l = 0; l < 2; l++) x[l] = _mm512_add_ps(x[l], x[l + 2]);
+            _mm512_storeu_ps(acc + (size_t)r * ldacc + d, _mm512_add_ps(x[0], x[1]));
+        }
+#else
+    (void)accl; (void)R; (void)NL; (void)Dv; (void)acc; (void)ldacc;
 #endif
 }
 
