@@ -104,9 +104,27 @@ def test_tiny_qwen3_q4_k_m(qwen3_q4km, name):
     check(model, p, ref, max_rel_std=0.06, noise=0.3)
 
 
+def _llamacpp_exact_kernels():
+    """AVX-512 VNNI builds reproduce llama.cpp's CPU (AVX-512) float summation orders for
+    Q4_1 matmuls, softmax/SiLU exp and f16-KV attention bit for bit."""
+    try:
+        from llmcore._kernels import quants
+    except ImportError:
+        return False
+    return getattr(quants, "SIMD_LEVEL", "") == "avx512vnni"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PROMPTS)
 def test_smollm2(smollm2, name):
     model, oracle = smollm2
     p, ref = _prompt(oracle, name)
-    check(model, p, ref, max_rel_std=0.06, noise=1.0)
+    if not _llamacpp_exact_kernels():
+        check(model, p, ref, max_rel_std=0.06, noise=1.0)
+        return
+    # same roundings in the same order as llama.cpp: logits equal up to the Q8_0 output
+    # head's last bits, the first 16 greedy tokens identical on every prompt
+    last, gen = _run(model, p, N_GREEDY)
+    rel_std = float(np.std(last - ref) / np.std(ref))
+    assert rel_std < 1e-5, f"{name}: rel std {rel_std:.2e}"
+    assert gen == [int(x) for x in p["generated"][:N_GREEDY]], f"{name}: greedy differs from llama.cpp"
