@@ -113,37 +113,48 @@ def rms_norm(float[:, :] x,                 # IN (rows, d), last axis contiguous
 
 # ---- RoPE --------------------------------------------------------------------------------
 
-cdef void _rope_row(float *x0p, Py_ssize_t hstride, int n_heads, float p, int n_rot, float theta_scale, float freq_scale,
-                    const float *ff, bint neox, float *cs) noexcept nogil:
-    """Rotate all heads of one token. Angles follow ggml_rope_cache_init: theta is
+cdef inline void _rope_cs(float p, int n_rot, float theta_scale, float freq_scale,
+                          const float *ff, float *cs) noexcept nogil:
+    """cos/sin table of one position. Angles follow ggml_rope_cache_init: theta is
     p * theta_scale^i built by repeated float multiplication, divided by freq_factors[i]."""
-    cdef int half = n_rot // 2, i, h
-    cdef float theta = p, t, c, s, x0, x1
-    cdef float *xh
-    for i in range(half):
+    cdef int i
+    cdef float theta = p, t
+    for i in range(n_rot // 2):
         t = theta / ff[i] if ff != NULL else theta
         t = t * freq_scale
         cs[2 * i] = cosf(t)
         cs[2 * i + 1] = sinf(t)
         theta = theta * theta_scale
+
+
+cdef inline void _rope_apply(float *xh, int n_rot, bint neox, const float *cs) noexcept nogil:
+    cdef int half = n_rot // 2, i
+    cdef float c, s, x0, x1
+    if neox:
+        for i in range(half):
+            c = cs[2 * i]
+            s = cs[2 * i + 1]
+            x0 = xh[i]
+            x1 = xh[i + half]
+            xh[i] = x0 * c - x1 * s
+            xh[i + half] = x0 * s + x1 * c
+    else:
+        for i in range(half):
+            c = cs[2 * i]
+            s = cs[2 * i + 1]
+            x0 = xh[2 * i]
+            x1 = xh[2 * i + 1]
+            xh[2 * i] = x0 * c - x1 * s
+            xh[2 * i + 1] = x0 * s + x1 * c
+
+
+cdef void _rope_row(float *x0p, Py_ssize_t hstride, int n_heads, float p, int n_rot, float theta_scale, float freq_scale,
+                    const float *ff, bint neox, float *cs) noexcept nogil:
+    """Rotate all heads of one token (cs: scratch for the cos/sin table)."""
+    cdef int h
+    _rope_cs(p, n_rot, theta_scale, freq_scale, ff, cs)
     for h in range(n_heads):
-        xh = x0p + h * hstride
-        if neox:
-            for i in range(half):
-                c = cs[2 * i]
-                s = cs[2 * i + 1]
-                x0 = xh[i]
-                x1 = xh[i + half]
-                xh[i] = x0 * c - x1 * s
-                xh[i + half] = x0 * s + x1 * c
-        else:
-            for i in range(half):
-                c = cs[2 * i]
-                s = cs[2 * i + 1]
-                x0 = xh[2 * i]
-                x1 = xh[2 * i + 1]
-                xh[2 * i] = x0 * c - x1 * s
-                xh[2 * i + 1] = x0 * s + x1 * c
+        _rope_apply(x0p + h * hstride, n_rot, neox, cs)
 
 
 def rope(float[:, :, :] x,                # IN/OUT (n, n_heads, head_dim), last axis contiguous
@@ -303,38 +314,6 @@ def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_head
     return bad
 
 
-cdef inline void _rope_cs(float p, int n_rot, float theta_scale, float freq_scale, float *cs) noexcept nogil:
-    """cos/sin table of one position, exactly as _rope_row builds it."""
-    cdef int i
-    cdef float theta = p, t
-    for i in range(n_rot // 2):
-        t = theta * freq_scale
-        cs[2 * i] = cosf(t)
-        cs[2 * i + 1] = sinf(t)
-        theta = theta * theta_scale
-
-
-cdef inline void _rope_apply(float *xh, int n_rot, bint neox, const float *cs) noexcept nogil:
-    cdef int half = n_rot // 2, i
-    cdef float c, s, x0, x1
-    if neox:
-        for i in range(half):
-            c = cs[2 * i]
-            s = cs[2 * i + 1]
-            x0 = xh[i]
-            x1 = xh[i + half]
-            xh[i] = x0 * c - x1 * s
-            xh[i + half] = x0 * s + x1 * c
-    else:
-        for i in range(half):
-            c = cs[2 * i]
-            s = cs[2 * i + 1]
-            x0 = xh[2 * i]
-            x1 = xh[2 * i + 1]
-            xh[2 * i] = x0 * c - x1 * s
-            xh[2 * i + 1] = x0 * s + x1 * c
-
-
 def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv), last axis contiguous
              float[:, :, ::1] q_out,             # OUT (N, H, D)
              uint8_t[:, ::1] k_pool,             # IN/OUT (n_blocks, bs * KVH * k_row) bytes
@@ -401,7 +380,7 @@ def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv),
             src = base_p + i * qs
             p = positions[i]
             if n_rot > 0:
-                _rope_cs(<float>p, n_rot, theta_scale, freq_scale, cs)
+                _rope_cs(<float>p, n_rot, theta_scale, freq_scale, NULL, cs)
             qo = qop + i * H * D
             memcpy(qo, src, H * D * sizeof(float))
             for h in range(H):
