@@ -51,6 +51,7 @@ import logging
 import queue as queue_mod
 import threading
 import time
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -61,7 +62,8 @@ from . import metrics
 from .cache.checkpoints import (CheckpointList, needs_checkpoints, plan_positions,
                                 restore_checkpoint, take_checkpoint, trim_floor)
 from .cache.prompt_cache import PromptCache
-from .errors import ContextFullError, LLMCoreError, RequestError
+from .errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
+                     RequestError, ShuttingDownError)
 from .sampling import Sample, Sampler, SamplingParams
 
 log = logging.getLogger("llmcore.engine")
@@ -72,6 +74,17 @@ KV_RAM_FRACTION = 0.75
 
 # ---------------------------------------------------------------------------------------
 # configuration and request parameters
+
+
+class EngineStatus(str, enum.Enum):
+    """What the engine can do now; the values are the strings /health and /props show."""
+
+    LOADING = "loading"
+    READY = "ok"
+    FAILED = "error"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -426,7 +439,7 @@ class Engine:
         self.chat_template = chat_template
         self.info: dict = dict(info or {})
         self._loader = loader
-        self.status = "loading"
+        self.status = EngineStatus.LOADING
         self.load_error: str | None = None
         self.slots: list[Slot] = []
         self.n_ctx = 0
@@ -522,7 +535,7 @@ class Engine:
         self.eog_ids = frozenset(int(t) for t in eog)
         self.info.setdefault("n_vocab", int(getattr(m, "n_vocab", 0) or 0))
         self.info.setdefault("n_ctx_train", n_train)
-        self.status = "ok"
+        self.status = EngineStatus.READY
         self._ready.set()
 
     def _setup_caches(self) -> None:
@@ -601,7 +614,7 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        return self.status == "ok"
+        return self.status is EngineStatus.READY
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -628,9 +641,21 @@ class Engine:
             self._cv.notify_all()
 
     # ---- submission (any thread) -----------------------------------------------------
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Whether the model has state that trimming cannot rebuild (sliding window,
+        recurrent): then prompts get context checkpoints."""
+        return self._needs_ckpt
+
+    def require_ready(self) -> None:
+        """Raise ModelLoadingError / ModelLoadFailedError unless the engine serves."""
+        if self.status is EngineStatus.LOADING:
+            raise ModelLoadingError()
+        if self.status is not EngineStatus.READY:
+            raise ModelLoadFailedError(f"model failed to load: {self.load_error}")
+
     def check_prompt(self, prompt: list[int]) -> None:
-        if not self.ready:
-            raise LLMCoreError("Loading model" if self.status == "loading" else f"model failed to load: {self.load_error}")
+        self.require_ready()
         if len(prompt) == 0:
             raise RequestError("the prompt is empty")
         if len(prompt) >= self.n_ctx_slot:
@@ -724,7 +749,7 @@ class Engine:
                     log.error("model load failed: %s", e)
                 else:
                     log.exception("model load failed")
-                self.status = "error"
+                self.status = EngineStatus.FAILED
                 self.load_error = str(e)
                 self._ready.set()
                 return
@@ -748,7 +773,7 @@ class Engine:
                     if s.task is not None:
                         self._fail(s, e, reset_state=True)
         # shutting down: tell everyone
-        err = LLMCoreError("server is shutting down")
+        err = ShuttingDownError()
         for s in self.slots:
             if s.task is not None:
                 self._fail(s, err, reset_state=False)
@@ -1379,6 +1404,6 @@ def load_engine(path: str | Path, cfg: EngineConfig | None = None, wait: bool = 
 
 
 __all__ = [
-    "Engine", "EngineConfig", "GenParams", "Task", "TokenEvent", "FinalEvent", "ErrorEvent",
+    "Engine", "EngineConfig", "EngineStatus", "GenParams", "Task", "TokenEvent", "FinalEvent", "ErrorEvent",
     "Timings", "Completion", "common_prefix", "load_engine",
 ]

@@ -1,4 +1,8 @@
-"""Errors with one-line messages meant for the user (no traceback)."""
+"""Errors with one-line messages meant for the user (no traceback).
+
+Every error a request can meet has its own class; the server maps classes to HTTP
+statuses in one place (``llmcore.server.errors``), never by message text.
+"""
 
 
 class LLMCoreError(Exception):
@@ -9,9 +13,45 @@ class ModelLoadError(LLMCoreError):
     """A model file cannot be used (not GGUF, truncated, unsupported...)."""
 
 
+class ModelNotReadyError(LLMCoreError):
+    """The engine cannot serve yet (or any more)."""
+
+
+class ModelLoadingError(ModelNotReadyError):
+    """The model is still loading (HTTP 503)."""
+
+    def __init__(self, message: str = "Loading model"):
+        super().__init__(message)
+
+
+class ModelLoadFailedError(ModelNotReadyError):
+    """The model failed to load; the server serves nothing (HTTP 503)."""
+
+
+class ShuttingDownError(ModelNotReadyError):
+    """The engine is stopping; requests still running or queued end with this."""
+
+    def __init__(self, message: str = "server is shutting down"):
+        super().__init__(message)
+
+
 class RequestError(LLMCoreError):
     """A request is invalid (HTTP 400)."""
 
 
 class ContextFullError(RequestError):
     """A prompt or generation does not fit in the context."""
+
+    n_prompt_tokens: int | None = None
+    n_ctx: int | None = None
+
+    def __init__(self, message: str, n_prompt_tokens: int | None = None, n_ctx: int | None = None):
+        super().__init__(message)
+        if n_prompt_tokens is not None:
+            self.n_prompt_tokens = n_prompt_tokens
+        if n_ctx is not None:
+            self.n_ctx = n_ctx
+
+
+class EngineFailure(LLMCoreError):
+    """The engine could not run a request's step (a bug or a broken model; HTTP 500)."""
