@@ -363,7 +363,7 @@ def test_checkpoint_at_last_user_message(fresh_cache):
 def test_kv_pools_capped_by_available_ram(tiny_models, monkeypatch):
     """-c far beyond the machine: the pools are capped at a share of the RAM available at
     start-up, the plan says so, and a request beyond the cap is refused cleanly."""
-    import llmcore.engine as engine_mod
+    import llmcore.engine.core as engine_mod
 
     path = tiny_models["llama-f32"]
     monkeypatch.setattr(engine_mod, "_host_memory", lambda: (4 << 20, 8 << 20))  # 4 MiB free

@@ -58,13 +58,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import metrics
-from .cache.checkpoints import (CheckpointList, needs_checkpoints, plan_positions,
+from .. import metrics
+from ..cache.checkpoints import (CheckpointList, needs_checkpoints, plan_positions,
                                 restore_checkpoint, take_checkpoint, trim_floor)
-from .cache.prompt_cache import PromptCache
-from .errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
+from ..cache.prompt_cache import PromptCache
+from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
                      RequestError, ShuttingDownError)
-from .sampling import Sample, Sampler, SamplingParams
+from ..sampling import Sample, Sampler, SamplingParams
+from .output import held_suffix, make_stream_decoder
 
 log = logging.getLogger("llmcore.engine")
 
@@ -399,26 +400,9 @@ class Slot:
         )
 
 
-def make_stream_decoder(tokenizer):
-    """The tokenizer's incremental UTF-8-safe decoder (feed(id) -> str, flush() -> str)."""
-    if hasattr(tokenizer, "stream_decoder"):
-        return tokenizer.stream_decoder()
-    import sys
-
-    cls = getattr(tokenizer, "StreamDecoder", None) or getattr(
-        sys.modules[type(tokenizer).__module__], "StreamDecoder")
-    return cls(tokenizer)
-
-
 def stop_holdback(text: str, stops: list[str]) -> int:
     """Characters at the end of `text` that could still become a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
+    return held_suffix(text, stops)
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,9 +467,9 @@ class Engine:
         path = Path(path)
 
         def loader():
-            from .gguf_file import GGUFFile
-            from .models import load_model
-            from .tokenizer import Tokenizer
+            from ..gguf_file import GGUFFile
+            from ..models import load_model
+            from ..tokenizer import Tokenizer
 
             gf = GGUFFile(path)
             kwargs = cfg.model_kwargs()
@@ -498,7 +482,7 @@ class Engine:
             model = load_model(gf, **kwargs)
             tok = Tokenizer.from_gguf(gf)
             try:
-                from .chat import ChatTemplate
+                from ..chat import ChatTemplate
 
                 tmpl = ChatTemplate.from_gguf(gf, tok)
             except Exception as e:  # noqa: BLE001 - a model without a usable template still completes
@@ -1244,7 +1228,7 @@ class Engine:
     def _set_threads(self, prefill: bool, n_tokens: int) -> int:
         """-tb for steps that carry prompt tokens; for decode-only steps up to -t threads,
         as many as measure fastest now (threads.AdaptiveThreads). Returns the count set."""
-        from .threads import AdaptiveThreads, resolve, set_num_threads
+        from ..threads import AdaptiveThreads, resolve, set_num_threads
 
         if prefill:
             n = resolve(self.cfg.n_threads_batch or self.cfg.n_threads)
