@@ -81,7 +81,7 @@ class EngineStats:
     kv_full_failures: int = 0  # requests failed: no KV room even after evicting
     uptime_s: float = 0.0
     slots: tuple[SlotStats, ...] = ()
-    cache: dict = field(default_factory=dict)  # extra numbers from cache layers (name -> number)
+    model_stats: dict = field(default_factory=dict)  # model-level counters (MoE experts...)
 
     @property
     def prompt_tokens_seconds(self) -> float:
@@ -207,9 +207,9 @@ def to_prometheus(stats: EngineStats) -> str:
         lines.append(f"# HELP {name} {help_}")
         lines.append(f"# TYPE {name} {typ}")
         lines.append(f"{name} {_num(get(stats))}")
-    for key, val in sorted(stats.cache.items()):
+    for key, val in sorted(stats.model_stats.items()):
         if isinstance(val, (int, float)):
-            name = "llmcore:cache_" + "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+            name = "llmcore:model_" + "".join(c if c.isalnum() or c == "_" else "_" for c in key)
             lines.append(f"# TYPE {name} gauge")
             lines.append(f"{name} {_num(val)}")
     return "\n".join(lines) + "\n"

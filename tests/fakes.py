@@ -4,6 +4,10 @@ FakeTokenizer: byte-level. id 0 = <unk>, 1 = <s> (BOS), 2 = </s> (EOS), id b+3 =
 FakeModel: the most likely next token after letter c is the next letter (a->b->...->y->z),
 after 'z' comes EOS, after anything else comes 'a'. Logits fall off with the distance to
 that target, so sampling at a temperature still varies. States count their tokens.
+
+FakeModel and FakeState implement the engine's protocols in full
+(llmcore.engine.protocols.LanguageModel / SequenceState): a state is its token list, a
+snapshot a copy of it; no block pools, nothing needs checkpoints.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import threading
 import time
 
 import numpy as np
+
+from llmcore.cache.protocol import Footprint
 
 BOS, EOS, N_SPECIAL = 1, 2, 3
 VOCAB = 256 + N_SPECIAL
@@ -66,10 +72,8 @@ class FakeTokenizer:
         )
         return data.decode("utf-8", errors="replace")
 
-    def stream_decoder(self) -> FakeStreamDecoder:
+    def stream_decoder(self, special: bool = False) -> FakeStreamDecoder:
         return FakeStreamDecoder(self)
-
-    StreamDecoder = FakeStreamDecoder
 
 
 class FakeChatTemplate:
@@ -96,10 +100,32 @@ def next_token(last: int) -> int:
     return tid("a")
 
 
+class FakeSnapshot:
+    """A copy of a FakeState's tokens (16 bytes a token, owned outright)."""
+
+    def __init__(self, tokens):
+        self.tokens = tuple(tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * len(self.tokens)
+
+    def footprint(self) -> Footprint:
+        return Footprint(own_bytes=self.nbytes)
+
+
 class FakeState:
+    needs_checkpoints = False
+    checkpoint_nbytes = 0
+
     def __init__(self, model: "FakeModel"):
         self.model = model
         self.tokens: list[int] = []
+        self.caches: dict = {}
         self.released = False
 
     @property
@@ -110,6 +136,9 @@ class FakeState:
     def nbytes(self) -> int:
         return 16 * len(self.tokens)
 
+    def min_trim(self) -> int:
+        return 0
+
     def can_trim(self, n: int) -> bool:
         return True
 
@@ -118,6 +147,24 @@ class FakeState:
         del self.tokens[n:]
         return n
 
+    def blocks_needed(self, n: int) -> dict:
+        return {}
+
+    def blocks_held(self) -> dict:
+        return {}
+
+    def blocks_to_hold(self, n_tokens: int, chunk: int) -> dict:
+        return {}
+
+    def snapshot(self) -> FakeSnapshot:
+        return FakeSnapshot(self.tokens)
+
+    def restore(self, snap: FakeSnapshot) -> None:
+        self.tokens = list(snap.tokens)
+
+    def release_snapshot(self, snap: FakeSnapshot) -> None:
+        pass
+
     def release(self) -> None:
         self.tokens.clear()
 
@@ -125,7 +172,9 @@ class FakeState:
 class FakeModel:
     """Deterministic logits, counts what it evaluates; optional delay and failure token."""
 
+    arch = "fake"
     n_vocab = VOCAB
+    pools: dict = {}
 
     def __init__(self, n_ctx_train: int = 256, delay: float = 0.0, fail_token: int | None = None):
         self.n_ctx_train = n_ctx_train
@@ -141,12 +190,15 @@ class FakeModel:
     def new_state(self) -> FakeState:
         return FakeState(self)
 
+    def stats(self) -> dict:
+        return {"forward_calls": float(self.forward_calls)}
+
     def logits_for(self, last: int) -> np.ndarray:
         target = next_token(last)
         d = np.abs(self._dist - target).astype(np.float32)
         return (10.0 - d).astype(np.float32)
 
-    def forward(self, batch) -> np.ndarray:
+    def forward(self, batch, all_logits: bool = False) -> np.ndarray:
         seen = set()
         for state, toks in batch:
             assert id(state) not in seen, "one segment per state per forward"

@@ -161,7 +161,7 @@ def test_ram_cache_lru_keeps_budget(tiny_models, fresh_cache):
         same_output(r, fresh_cache(path, prompts[4] + [5, 6, 7]))
         eng.pcache.clear()
         for s in eng.slots:
-            eng._clear_state(s)
+            eng.prefix.clear(s)
         assert pool.n_used == 0  # every reference given back
     finally:
         eng.stop()
@@ -363,10 +363,10 @@ def test_checkpoint_at_last_user_message(fresh_cache):
 def test_kv_pools_capped_by_available_ram(tiny_models, monkeypatch):
     """-c far beyond the machine: the pools are capped at a share of the RAM available at
     start-up, the plan says so, and a request beyond the cap is refused cleanly."""
-    import llmcore.engine.core as engine_mod
+    import llmcore.engine.memory as engine_mod
 
     path = tiny_models["llama-f32"]
-    monkeypatch.setattr(engine_mod, "_host_memory", lambda: (4 << 20, 8 << 20))  # 4 MiB free
+    monkeypatch.setattr(engine_mod, "host_memory", lambda: (4 << 20, 8 << 20))  # 4 MiB free
     eng = start(path, n_ctx=4_500_000, n_parallel=4, cache_ram_mib=8192)
     try:
         plan = eng.memory_plan

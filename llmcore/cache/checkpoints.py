@@ -6,15 +6,15 @@ snapshot of exactly those caches at ``n_tokens``; full-attention KV is not in it
 trimmed instead). Restoring checkpoint c into a state with the same token prefix:
 full KV caches ``trim(c.n_tokens)``, the other caches ``restore(snap)``.
 
-    ck = take_checkpoint(seq_state, kind="tail", release=releaser)   # None if not needed
+    ck = take_checkpoint(seq_state, kind="tail")   # None when every cache trims freely
     lst = CheckpointList(max_n=32); erased = lst.add(ck)
     best = lst.best_at_or_before(p)      # newest checkpoint with n_tokens <= p
     restore_checkpoint(seq_state, best)  # state now covers tokens[:best.n_tokens]
     lst.erase_after(p)                   # checkpoints past a divergence are useless
 
 Checkpoints are shared between a slot and prompt-cache entries by a Python-level
-reference count (``acquire``/``release``); the last release gives the snapshot's blocks
-back through the ``release`` callback given at creation.
+reference count (``acquire``/``release``); the last release gives the snapshots back to
+their caches (``release_snapshot``: shared blocks are decref'ed).
 
 ``plan_positions`` says where prefill should stop to take them: every N tokens, at the
 start of the last user message, and a few tokens before the end of the prompt.
@@ -23,40 +23,15 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
-from .state import KVCacheState
+from .protocol import Footprint
 
 TAIL_OFFSET = 4  # a checkpoint this many tokens before the end of the prompt
-
-
-def needs_checkpoints(state) -> bool:
-    """True when the state has a cache that cannot be trimmed back freely (windowed KV,
-    recurrent state). States without caches (or full KV only) never need checkpoints."""
-    caches = getattr(state, "caches", None)
-    if not caches:
-        return False
-    return any(not isinstance(c, KVCacheState) for c in caches.values())
-
-
-def trim_floor(state) -> int:
-    """Shortest prefix length the state can be cut back to without a checkpoint (0 for full
-    KV; the window's start for sliding-window KV; n_tokens for recurrent state)."""
-    caches = getattr(state, "caches", None)
-    if not caches:
-        return 0 if state is None or state.can_trim(0) else int(state.n_tokens)
-    floor = 0
-    n = int(state.n_tokens)
-    for c in caches.values():
-        if isinstance(c, KVCacheState):
-            continue
-        mt = getattr(c, "min_trim", None)
-        floor = max(floor, int(mt()) if callable(mt) else n)
-    return min(floor, n)
 
 
 class Checkpoint:
     """A partial snapshot (non-trimmable caches only) at ``n_tokens``."""
 
-    __slots__ = ("n_tokens", "snap", "nbytes", "kind", "_refs", "_release", "blocks")
+    __slots__ = ("n_tokens", "snap", "nbytes", "kind", "_refs", "_release")
 
     def __init__(self, n_tokens: int, snap: dict, nbytes: int, kind: str = "periodic",
                  release: Callable[[dict], None] | None = None):
@@ -85,20 +60,29 @@ class Checkpoint:
     def alive(self) -> bool:
         return self._refs > 0
 
+    def footprint(self) -> Footprint:
+        fp = Footprint()
+        for x in self.snap.values():
+            fp.add(x.footprint())
+        return fp
+
     def __repr__(self) -> str:
         return f"<Checkpoint n_tokens={self.n_tokens} kind={self.kind} {self.nbytes} B refs={self._refs}>"
 
 
-def take_checkpoint(state, kind: str = "periodic",
-                    release: Callable[[dict], None] | None = None) -> Checkpoint | None:
-    """Snapshot the non-trimmable caches of a SeqState; None when it has none."""
-    caches = getattr(state, "caches", None)
-    if not caches:
-        return None
-    snap = {k: c.snapshot() for k, c in caches.items() if not isinstance(c, KVCacheState)}
+def take_checkpoint(state, kind: str = "periodic") -> Checkpoint | None:
+    """Snapshot the caches of a SeqState that cannot be trimmed back; None when it has
+    none. The checkpoint gives its snapshots back (release_snapshot) on its last release."""
+    caches = state.caches
+    snap = {k: c.snapshot() for k, c in caches.items() if c.needs_checkpoints}
     if not snap:
         return None
-    nbytes = sum(int(getattr(s, "nbytes", 0) or 0) for s in snap.values())
+
+    def release(s: dict) -> None:
+        for k, x in s.items():
+            caches[k].release_snapshot(x)
+
+    nbytes = sum(x.nbytes for x in snap.values())
     return Checkpoint(state.n_tokens, snap, nbytes, kind, release)
 
 
@@ -214,4 +198,4 @@ def plan_positions(n_start: int, n_prompt: int, every_n: int = 0, user_start: in
 
 
 __all__ = ["Checkpoint", "CheckpointList", "take_checkpoint", "restore_checkpoint",
-           "needs_checkpoints", "trim_floor", "plan_positions", "TAIL_OFFSET"]
+           "plan_positions", "TAIL_OFFSET"]

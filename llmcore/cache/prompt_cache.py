@@ -61,7 +61,7 @@ class CacheEntry:
     back to without a checkpoint (0 = any)."""
 
     __slots__ = ("id", "tokens", "state", "checkpoints", "trim_floor", "own_bytes", "blocks",
-                 "block_bytes", "t_used", "t_created", "hits", "meta", "_node", "_alive")
+                 "block_bytes", "t_used", "t_created", "hits", "meta", "pins", "_node", "_alive")
 
     def __init__(self, tokens, state, checkpoints, trim_floor, own_bytes, blocks, block_bytes, meta):
         self.id = next(_ids)
@@ -75,6 +75,7 @@ class CacheEntry:
         self.t_created = self.t_used = time.monotonic()
         self.hits = 0
         self.meta = meta
+        self.pins = 0  # holders that are about to use the state: never evicted meanwhile
         self._node: _Node | None = None
         self._alive = True
 
@@ -298,8 +299,27 @@ class PromptCache:
             entry.hits += 1
             self._lru.move_to_end(entry.id)
 
-    def would_fit(self, nbytes: int) -> bool:
-        return self.limit_bytes is None or nbytes <= self.limit_bytes
+    # ---- pinning ---------------------------------------------------------------------------
+    def pin(self, entry: CacheEntry) -> None:
+        """Keep `entry` (and its blocks) alive until ``unpin``: a slot that chose it to
+        restore may save its own state first, and that insert must not evict the choice."""
+        if not entry._alive:
+            raise RuntimeError(f"pin of a released cache entry {entry!r}")
+        entry.pins += 1
+
+    def unpin(self, entry: CacheEntry) -> None:
+        if entry.pins <= 0:
+            raise RuntimeError(f"unpin of an entry that is not pinned {entry!r}")
+        entry.pins -= 1
+        if entry.pins == 0 and entry._alive:
+            self.enforce()  # what the pin kept over budget goes now
+
+    def _evictable(self, keep: CacheEntry | None = None) -> CacheEntry | None:
+        """The least recently used entry that may go (not pinned, not `keep`)."""
+        for e in self._lru.values():
+            if e is not keep and e.pins == 0:
+                return e
+        return None
 
     def insert(self, tokens, state, *, checkpoints=None, trim_floor: int = 0, own_bytes: int = 0,
                blocks: dict | None = None, block_bytes: dict | None = None,
@@ -323,7 +343,7 @@ class PromptCache:
         node, depth, path = self._walk(entry.tokens)
         for n, d in path:
             for e in list(n.entries):
-                if d == e.n_tokens and entry.can_serve(d):
+                if d == e.n_tokens and entry.can_serve(d) and e.pins == 0:
                     self._remove(e)
                     self.stats["replaced"] += 1
         need = self._new_bytes(entry)
@@ -341,15 +361,13 @@ class PromptCache:
         return entry
 
     def enforce(self, keep: CacheEntry | None = None) -> int:
-        """Evict least recently used entries until within the byte (and entry) limit."""
+        """Evict least recently used entries until within the byte (and entry) limit;
+        pinned entries and `keep` stay (the budget is then exceeded until they are unpinned)."""
         n = 0
         while self._lru and self._over():
-            victim = next(iter(self._lru.values()))
-            if victim is keep:
-                if len(self._lru) == 1:
-                    break
-                self._lru.move_to_end(victim.id)
-                victim = next(iter(self._lru.values()))
+            victim = self._evictable(keep)
+            if victim is None:
+                break
             self._remove(victim)
             self.stats["evictions"] += 1
             n += 1
@@ -361,17 +379,24 @@ class PromptCache:
         return self.limit_bytes is not None and self.nbytes > self.limit_bytes
 
     def evict_lru(self) -> CacheEntry | None:
-        """Evict the least recently used entry (memory pressure); returns it (released)."""
-        if not self._lru:
+        """Evict the least recently used unpinned entry (memory pressure); returns it
+        (released), or None when nothing can go."""
+        victim = self._evictable()
+        if victim is None:
             return None
-        victim = next(iter(self._lru.values()))
         self._remove(victim)
         self.stats["evictions"] += 1
         return victim
 
     def remove(self, entry: CacheEntry) -> None:
+        if entry.pins:
+            raise RuntimeError(f"remove of a pinned cache entry {entry!r}")
         if entry._alive and entry.id in self._lru:
             self._remove(entry)
+
+    @property
+    def n_evictable(self) -> int:
+        return sum(1 for e in self._lru.values() if e.pins == 0)
 
     def _remove(self, entry: CacheEntry) -> None:
         del self._lru[entry.id]

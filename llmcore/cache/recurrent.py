@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .state import CacheState
+from .protocol import CacheState, Footprint
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class RecurrentSnapshot:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.conv + self.ssm if a is not None)
 
+    def footprint(self) -> Footprint:
+        return Footprint(own_bytes=self.nbytes)
+
 
 def _copy(arrs) -> tuple:
     return tuple(None if a is None else a.copy() for a in arrs)
@@ -52,6 +55,10 @@ class RecurrentState(CacheState):
     ``conv_shapes[i]``: shape of layer i's conv state (typically (K-1, channels));
     ``ssm_shapes[i]``: shape of its scan state, or None for conv-only layers (lfm2).
     """
+
+    needs_checkpoints = True  # overwritten in place at every token
+    pool = None  # plain arrays, no block pool
+    n_blocks = 0
 
     def __init__(self, conv_shapes: Sequence[tuple], ssm_shapes: Sequence[tuple | None] | None = None):
         self.conv_shapes = [tuple(s) for s in conv_shapes]
@@ -81,6 +88,16 @@ class RecurrentState(CacheState):
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._conv + self._ssm if a is not None)
 
+    @property
+    def checkpoint_nbytes(self) -> int:
+        return self.state_bytes
+
+    def blocks_needed(self, n: int) -> int:
+        return 0
+
+    def blocks_to_hold(self, n_tokens: int, chunk: int) -> int:
+        return 0
+
     # ---- access (the model updates these in place) ---------------------------------------------
     def layer(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(conv, ssm) arrays of layer i, allocated (zeros) if needed; the caller is about to
@@ -102,6 +119,9 @@ class RecurrentState(CacheState):
 
     def can_trim(self, n: int) -> bool:
         return n == self.n_tokens or n == 0 or n == self._state_pos
+
+    def min_trim(self) -> int:
+        return self.n_tokens  # (0 is allowed too: a reset, not a trim back)
 
     def trim(self, n: int) -> int:
         n = max(0, n)

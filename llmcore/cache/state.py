@@ -1,34 +1,14 @@
-"""Per-sequence cache state.
+"""Per-sequence cache state: full-attention KV, and the state of a whole sequence.
 
 A :class:`SeqState` is what a slot (or a prompt-cache entry) holds for one sequence: the
-tokens it has state for and one :class:`CacheState` per cache group of the model (e.g.
-``"kv"`` for full attention; later ``"swa"`` for sliding-window layers, ``"rec"`` for
-recurrent layers). Models create it with ``model.new_state()``.
+tokens it has state for and one :class:`~llmcore.cache.protocol.CacheState` per cache group
+of the model (``"kv"`` for full attention, ``"swa"`` for sliding-window layers
+(:mod:`llmcore.cache.swa`), ``"rec"`` for recurrent layers (:mod:`llmcore.cache.recurrent`)).
+Models create it with ``model.new_state()`` from their ``make_cache()``.
 
-CacheState interface (implemented by every cache kind; full KV here, windowed KV and
-recurrent state by their architectures):
-
-- ``n_tokens``: positions this state covers (the next token goes to position n_tokens).
-- ``append(n) -> int``: reserve room for n more tokens (allocate blocks / buffers) and
-  advance ``n_tokens``; returns the first new position. All-or-nothing: on failure
-  (e.g. :class:`~llmcore.cache.pool.KVCacheFullError`) nothing changes.
-- ``can_trim(n) -> bool``: whether the state can be cut back to its first n tokens.
-  Full KV: always. Windowed KV: only while no token before n has left the window
-  (``n >= n_tokens - window`` or nothing evicted yet). Recurrent: only n == n_tokens
-  (or a checkpoint at n).
-- ``trim(n) -> int``: keep the first n tokens, release what is beyond; returns the new
-  length (which may be larger than n when the kind cannot go back that far).
-- ``nbytes``: bytes this state holds (shared blocks counted in full; pools report sharing).
-- ``snapshot() -> object``: an immutable handle that can later be ``restore``d. Full KV:
-  the block table + n_tokens with increfs (sharing, no copy). Recurrent: a copy of the
-  running state (that copy is a "checkpoint").
-- ``restore(snap)``: make this state equal the snapshot (releases what it held before).
-  The snapshot stays valid; it may be restored again.
-- ``release_snapshot(snap)``: drop the references a snapshot holds.
-- ``fork() -> CacheState``: an independent state with the same content; full KV shares
-  the blocks copy-on-write (appending into a shared, partially filled last block first
-  copies that block).
-- ``release()``: free everything (the state becomes empty, n_tokens 0).
+:class:`KVCacheState`: a block table into a :class:`~llmcore.cache.pool.BlockPool`. A
+snapshot shares the blocks (reference counts, no copy); appending into a shared, partially
+filled last block first copies that block (copy-on-write).
 """
 from __future__ import annotations
 
@@ -37,40 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .pool import BlockPool
-
-
-class CacheState:
-    """Interface (see module docstring). Subclasses implement every method."""
-
-    n_tokens: int = 0
-
-    def append(self, n: int) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def can_trim(self, n: int) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def trim(self, n: int) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    @property
-    def nbytes(self) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def snapshot(self):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def restore(self, snap) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def release_snapshot(self, snap) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def fork(self) -> "CacheState":  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def release(self) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+from .protocol import CacheState, Footprint, Snapshot
 
 
 @dataclass(frozen=True)
@@ -82,6 +29,9 @@ class KVSnapshot:
     @property
     def nbytes(self) -> int:
         return len(self.blocks) * self.pool.bytes_per_block
+
+    def footprint(self) -> Footprint:
+        return Footprint.of_blocks(self.pool, self.blocks)
 
 
 class BlockTableState(CacheState):
@@ -105,6 +55,10 @@ class BlockTableState(CacheState):
         held and shared with another state (copy-on-write)."""
         return bool(n > 0 and self.n_tokens % self.pool.block_size and self.n_blocks
                     and self.pool.refcount[self._table[self._n_blocks - 1]] > 1)
+
+    # ---- memory ---------------------------------------------------------------------------
+    def blocks_to_hold(self, n_tokens: int, chunk: int) -> int:
+        return self.pool.blocks_for(n_tokens)
 
     # ---- growth ---------------------------------------------------------------------------
     def blocks_needed(self, n: int) -> int:
@@ -137,6 +91,9 @@ class BlockTableState(CacheState):
 
 class KVCacheState(BlockTableState):
     """Full-attention KV of one sequence: a block table into a :class:`BlockPool`."""
+
+    needs_checkpoints = False  # trims to any length
+    checkpoint_nbytes = 0
 
     def __init__(self, pool: BlockPool):
         self.pool = pool
@@ -171,6 +128,9 @@ class KVCacheState(BlockTableState):
     # ---- trimming -------------------------------------------------------------------------
     def can_trim(self, n: int) -> bool:
         return 0 <= n
+
+    def min_trim(self) -> int:
+        return 0
 
     def trim(self, n: int) -> int:
         n = max(0, min(n, self.n_tokens))
@@ -222,7 +182,13 @@ class SeqSnapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(s, "nbytes", 0) for s in self.caches.values())
+        return sum(s.nbytes for s in self.caches.values())
+
+    def footprint(self) -> Footprint:
+        fp = Footprint()
+        for s in self.caches.values():
+            fp.add(s.footprint())
+        return fp
 
 
 @dataclass
@@ -243,6 +209,44 @@ class SeqState:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.caches.values())
+
+    # ---- what the engine plans with ----------------------------------------------------------
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Some cache cannot be trimmed back freely (windowed KV, recurrent state)."""
+        return any(c.needs_checkpoints for c in self.caches.values())
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes one context checkpoint of this sequence costs at most."""
+        return sum(c.checkpoint_nbytes for c in self.caches.values() if c.needs_checkpoints)
+
+    def min_trim(self) -> int:
+        """Shortest prefix this state can be cut back to without a checkpoint."""
+        return min(self.n_tokens, max((c.min_trim() for c in self.caches.values()), default=0))
+
+    def blocks_needed(self, n: int) -> dict[BlockPool, int]:
+        """New blocks per pool that evaluating n more tokens takes."""
+        out: dict[BlockPool, int] = {}
+        for c in self.caches.values():
+            if c.pool is not None:
+                out[c.pool] = out.get(c.pool, 0) + c.blocks_needed(n)
+        return out
+
+    def blocks_held(self) -> dict[BlockPool, int]:
+        out: dict[BlockPool, int] = {}
+        for c in self.caches.values():
+            if c.pool is not None:
+                out[c.pool] = out.get(c.pool, 0) + c.n_blocks
+        return out
+
+    def blocks_to_hold(self, n_tokens: int, chunk: int) -> dict[BlockPool, int]:
+        """Most blocks per pool a sequence of n_tokens holds, evaluated in chunks."""
+        out: dict[BlockPool, int] = {}
+        for c in self.caches.values():
+            if c.pool is not None:
+                out[c.pool] = out.get(c.pool, 0) + c.blocks_to_hold(n_tokens, chunk)
+        return out
 
     def can_trim(self, n: int) -> bool:
         return all(c.can_trim(n) for c in self.caches.values())

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .pool import BlockPool
+from .protocol import Footprint
 from .state import BlockTableState
 
 
@@ -41,6 +42,9 @@ class SWASnapshot:
     def nbytes(self) -> int:
         return len(self.blocks) * self.pool.bytes_per_block
 
+    def footprint(self) -> Footprint:
+        return Footprint.of_blocks(self.pool, self.blocks)
+
 
 class SWAKVCacheState(BlockTableState):
     """KV of one sequence for sliding-window layers (see module docstring).
@@ -48,6 +52,8 @@ class SWAKVCacheState(BlockTableState):
     ``block_table``: int32 (blocks covering [0, n_tokens)), -1 where freed.
     ``first_live``: index of the first entry that is not freed.
     """
+
+    needs_checkpoints = True  # tokens that left the window are gone
 
     def __init__(self, pool: BlockPool, window: int, slack: int = 0):
         if window <= 0:
@@ -78,6 +84,14 @@ class SWAKVCacheState(BlockTableState):
     @property
     def nbytes(self) -> int:
         return self.n_blocks * self.pool.bytes_per_block
+
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """A checkpoint holds the blocks the window needs (at most window + one block)."""
+        return self.pool.blocks_for(self.window + self.pool.block_size) * self.pool.bytes_per_block
+
+    def blocks_to_hold(self, n_tokens: int, chunk: int) -> int:
+        return self.pool.blocks_for(min(n_tokens, self.window + chunk + self.pool.block_size))
 
     @property
     def first_kept_pos(self) -> int:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Sequence
 
+from .protocols import StreamDecoder
+
 
 class _Automaton:
     """Aho-Corasick over a set of strings: goto (dict per state), fail links, and at each
@@ -142,9 +144,46 @@ def held_suffix(text: str, markers: Iterable[str]) -> int:
     return ac.open_depth(s)
 
 
-def make_stream_decoder(tokenizer):
-    """The tokenizer's incremental UTF-8-safe decoder (feed(id) -> str, flush() -> str)."""
-    return tokenizer.stream_decoder()
+class StreamOutput:
+    """One generation's text as it streams: detokenised incrementally (UTF-8 safe), cut at
+    the first stop string, with what could still become one held back.
+
+        out = StreamOutput(tokenizer.stream_decoder(), ["\n\n"])
+        text, stop = out.feed(token)   # text safe to show now; stop: the stop string hit
+        rest = out.flush()             # at the end: held-back text and partial UTF-8
+    """
+
+    __slots__ = ("decoder", "matcher", "text", "n_sent")
+
+    def __init__(self, decoder: StreamDecoder, stops: Iterable[str] = ()):
+        self.decoder = decoder
+        self.matcher = StopMatcher(stops)
+        self.text = ""  # everything decoded so far (cut at a stop string)
+        self.n_sent = 0  # characters of self.text already shown
+
+    def feed(self, token: int) -> tuple[str, str | None]:
+        piece = self.decoder.feed(token)
+        self.text += piece
+        hit = self.matcher.feed(piece)
+        if hit is not None:
+            start, word = hit
+            out = self.text[self.n_sent:start]
+            self.text = self.text[:start]
+            self.n_sent = start
+            return out, word
+        upto = len(self.text) - self.matcher.holdback
+        if upto <= self.n_sent:
+            return "", None
+        out = self.text[self.n_sent:upto]
+        self.n_sent = upto
+        return out, None
+
+    def flush(self) -> str:
+        """Text held back for stop strings plus what the decoder still buffers."""
+        rest = self.text[self.n_sent:] + self.decoder.flush()
+        self.text += rest[len(self.text) - self.n_sent:]
+        self.n_sent = len(self.text)
+        return rest
 
 
-__all__ = ["StopMatcher", "held_suffix", "make_stream_decoder"]
+__all__ = ["StopMatcher", "StreamOutput", "held_suffix"]

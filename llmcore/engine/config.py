@@ -1,0 +1,56 @@
+"""How an engine is set up (``EngineConfig``) and what one request asks for (``GenParams``)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..sampling import SamplingParams
+
+log = logging.getLogger("llmcore.engine")
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 0  # total context; 0 = the model's training context
+    n_parallel: int = 1  # slots
+    n_batch: int = 2048  # most tokens in one forward (all slots)
+    n_ubatch: int = 512  # most prompt tokens one slot adds per forward
+    kv_unified: bool = True  # every slot may use the whole n_ctx (memory on demand)
+    n_threads: int = 0  # 0 = default (llmcore.threads)
+    n_threads_batch: int = 0
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    cache_ram_mib: int = 8192  # prompt cache in RAM; -1 no limit (bounded by free RAM), 0 off
+    cache_idle_slots: bool = True  # publish idle slots' states to the RAM cache on new tasks
+    ctx_checkpoints: int = 32  # per slot; <= 0 off
+    checkpoint_every_n_tokens: int = 8192  # during prefill; <= 0 off (other positions stay)
+    slot_prompt_similarity: float = 0.1  # reuse a slot's prefix only above this share of the prompt
+    swa_full: bool = False  # full KV on sliding-window layers (trimmable, no checkpoints needed)
+    model_alias: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
+    n_predict: int = -1  # default generation limit (-1: until EOS / context end)
+
+    def model_options(self) -> dict:
+        """What building the model needs from this config (llmcore.models.load_model)."""
+        if self.cache_type_v != self.cache_type_k:
+            log.warning("separate K/V cache types are not supported yet; using %s for both",
+                        self.cache_type_k)
+        return dict(kv_type=self.cache_type_k, swa_full=self.swa_full)
+
+    @property
+    def checkpoints_on(self) -> bool:
+        return self.ctx_checkpoints > 0
+
+
+@dataclass
+class GenParams:
+    n_predict: int = -1  # -1: until EOS or the slot's context is full
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    id_slot: int = -1
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    checkpoint_at: int | None = None  # token position where the last user message starts
+
+
+__all__ = ["EngineConfig", "GenParams"]

@@ -1,0 +1,44 @@
+"""The engine's counters: written by the engine thread only, read (copied) by any thread
+into an ``llmcore.metrics.EngineStats`` snapshot."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class EngineCounters:
+    requests_total: int = 0
+    requests_errors: int = 0
+    requests_cancelled: int = 0
+    prompt_tokens_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    cache_tokens_total: int = 0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0
+    n_tokens_max: int = 0
+    # cache layer 1: slot prefix reuse
+    slot_hits: int = 0
+    slot_misses: int = 0
+    # cache layer 2: RAM prompt cache
+    ram_hits: int = 0
+    ram_misses: int = 0
+    cache_save_failures: int = 0
+    cache_restore_failures: int = 0
+    # cache layer 3: context checkpoints
+    checkpoints_created: int = 0
+    checkpoints_restored: int = 0
+    checkpoints_erased: int = 0
+    checkpoint_failures: int = 0
+    forced_reprefills: int = 0
+    # memory pressure
+    idle_slot_evictions: int = 0
+    kv_full_waits: int = 0
+    kv_full_failures: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+__all__ = ["EngineCounters"]

@@ -1,0 +1,125 @@
+"""A submitted request as both sides see it: the engine thread puts events, the caller
+(an asyncio coroutine or a plain thread) takes them.
+
+Events cross from the engine thread to the event loop with ``loop.call_soon_threadsafe``
+onto a per-task ``asyncio.Queue``; synchronous callers get a ``queue.Queue``. ``cancel()``
+is thread-safe: it marks the task and wakes the engine, which frees the slot.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue as queue_mod
+import time
+from typing import Callable
+
+from .config import GenParams
+from .events import Completion, ErrorEvent, FinalEvent
+
+_task_ids = itertools.count(1)
+
+
+class Task:
+    """Iterate it (async or sync) for TokenEvents then one FinalEvent; an ErrorEvent's
+    exception is raised instead."""
+
+    def __init__(self, prompt: list[int], params: GenParams, loop: asyncio.AbstractEventLoop | None,
+                 wake: Callable[[], None]):
+        self.id = next(_task_ids)
+        self.prompt = prompt
+        self.params = params
+        self.loop = loop
+        self.cancelled = False
+        self.done = False
+        self.slot_id: int | None = None
+        self.t_submit = time.perf_counter()
+        self._wake = wake
+        self._getter: asyncio.Future | None = None
+        if loop is not None:
+            self._aq: asyncio.Queue = asyncio.Queue()
+        else:
+            self._q: queue_mod.Queue = queue_mod.Queue()
+
+    # ---- engine side -------------------------------------------------------------------
+    def put(self, ev) -> None:
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._aq.put_nowait, ev)
+            except RuntimeError:  # loop closed: nobody listens any more
+                self.cancelled = True
+        else:
+            self._q.put(ev)
+
+    # ---- caller side -------------------------------------------------------------------
+    def cancel(self) -> None:
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self._wake()
+
+    async def next_event(self, timeout: float | None = None):
+        """Next event; raises asyncio.TimeoutError after `timeout` seconds without one.
+
+        One getter future survives timeouts, so no event is ever lost to a timeout."""
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self._aq.get())
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            raise asyncio.TimeoutError
+        ev = self._getter.result()
+        self._getter = None
+        return self._check(ev)
+
+    def close(self) -> None:
+        """Caller is done with this task: cancel it if still running, drop the getter."""
+        if self._getter is not None:
+            self._getter.cancel()
+            self._getter = None
+        if not self.done:
+            self.cancel()
+
+    def _check(self, ev):
+        if isinstance(ev, ErrorEvent):
+            self.done = True
+            raise ev.error
+        if isinstance(ev, FinalEvent):
+            self.done = True
+        return ev
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        try:
+            while True:
+                ev = await self.next_event()
+                yield ev
+                if isinstance(ev, FinalEvent):
+                    return
+        finally:
+            self.close()
+
+    def __iter__(self):
+        try:
+            while True:
+                ev = self._check(self._q.get())
+                yield ev
+                if isinstance(ev, FinalEvent):
+                    return
+        finally:
+            if not self.done:
+                self.cancel()
+
+    async def collect(self) -> Completion:
+        c = Completion()
+        async for ev in self:
+            c.add(ev)
+        return c
+
+    def collect_sync(self) -> Completion:
+        c = Completion()
+        for ev in self:
+            c.add(ev)
+        return c
+
+
+__all__ = ["Task"]
