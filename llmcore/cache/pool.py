@@ -36,11 +36,7 @@ def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
 
 
 def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str) -> np.ndarray:
-    maker = getattr(nn, "make_kv_pool", None)
-    if maker is not None:
-        return maker(kv_type, n_blocks, block_size, n_kv_heads, head_dim)
-    row, dtype = kv_row_shape(kv_type, head_dim)
-    return np.zeros((n_blocks, block_size, n_kv_heads, row), dtype=dtype)
+    return nn.make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim)
 
 
 class BlockPool:
