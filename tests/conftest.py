@@ -44,3 +44,11 @@ def gemma3_path() -> Path:
     if p is None:
         pytest.skip("gemma-3-270m not pulled (run: llmcore pull gemma3-270m)")
     return p
+
+
+@pytest.fixture(autouse=True)
+def strict_block_refcounts(monkeypatch):
+    """A freed KV block touched is a failure in tests, never a quiet cache miss."""
+    from llmcore.cache import pool
+
+    monkeypatch.setattr(pool, "STRICT_REFCOUNTS", True)

@@ -11,6 +11,8 @@ at each forward step rather than keeping references across steps.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .. import nn
@@ -19,6 +21,16 @@ from ..errors import ContextFullError
 
 class KVCacheFullError(ContextFullError):
     """The KV block pool has no room left for the requested tokens."""
+
+
+class BlockRefcountError(RuntimeError):
+    """A block was referenced or released while free: a cached state was used after it was
+    freed. A bug, never a user error; with ``STRICT_REFCOUNTS`` (the tests set it) the
+    engine lets it fail the request instead of treating it as a cache miss."""
+
+
+# tests (and debug runs: LLMCORE_STRICT_REFCOUNTS=1) turn refcount errors into failures
+STRICT_REFCOUNTS = os.environ.get("LLMCORE_STRICT_REFCOUNTS") == "1"
 
 
 def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
@@ -146,7 +158,7 @@ class BlockPool:
         ids = np.asarray(ids, dtype=np.int32)
         if ids.size:
             if np.any(self.refcount[ids] <= 0):
-                raise RuntimeError(f"{self.name}: incref of a free block")
+                raise BlockRefcountError(f"{self.name}: incref of a free block")
             np.add.at(self.refcount, ids, 1)
 
     def decref(self, ids) -> None:
@@ -155,7 +167,7 @@ class BlockPool:
         if not ids.size:
             return
         if np.any(self.refcount[ids] <= 0):
-            raise RuntimeError(f"{self.name}: decref of a free block")
+            raise BlockRefcountError(f"{self.name}: decref of a free block")
         np.subtract.at(self.refcount, ids, 1)
         for b in ids[::-1].tolist():
             if self.refcount[b] == 0:

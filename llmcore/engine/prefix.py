@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..cache import pool as _pool
 from ..cache.checkpoints import CheckpointList, restore_checkpoint, take_checkpoint
 from ..cache.prompt_cache import CacheEntry, PromptCache
 from .events import CacheSource
@@ -34,6 +35,12 @@ from .slot import Slot
 from .stats import EngineCounters
 
 log = logging.getLogger("llmcore.engine")
+
+
+def _strict(e: BaseException) -> None:
+    """A freed block touched is a bug: in strict mode it fails the request (tests)."""
+    if _pool.STRICT_REFCOUNTS and isinstance(e, _pool.BlockRefcountError):
+        raise e
 
 
 def common_prefix(a, b) -> int:
@@ -178,6 +185,7 @@ class PrefixPolicy:
                         used = True
                         self.c.checkpoints_restored += 1
         except Exception as e:  # noqa: BLE001 - a failed restore is a miss, never a crash
+            _strict(e)
             log.warning("slot %d: restoring the cached state failed (%s); re-processing the prompt",
                         slot.id, e)
             if trying_ck:
@@ -238,6 +246,7 @@ class PrefixPolicy:
                 log.debug("slot %d: saved %d tokens to the prompt cache (%d entries, %.1f MiB)",
                           slot.id, entry.n_tokens, self.pcache.n_entries, self.pcache.nbytes / 2**20)
         except Exception as e:  # noqa: BLE001 - never let a cache failure hurt a request
+            _strict(e)
             self.c.cache_save_failures += 1
             log.warning("slot %d: saving the state to the prompt cache failed: %s", slot.id, e)
             try:
@@ -269,6 +278,7 @@ class PrefixPolicy:
             slot.checkpoints.max_n = self.max_checkpoints
             self.pcache.touch(entry)
         except Exception as e:  # noqa: BLE001
+            _strict(e)
             self.c.cache_restore_failures += 1
             log.warning("slot %d: restoring a cached state failed: %s", slot.id, e)
             self.clear(slot)
@@ -300,6 +310,7 @@ class PrefixPolicy:
             self._fault("checkpoint")
             ck = take_checkpoint(slot.state, kind)
         except Exception as e:  # noqa: BLE001
+            _strict(e)
             self.c.checkpoint_failures += 1
             log.warning("slot %d: creating a context checkpoint failed: %s", slot.id, e)
             return
