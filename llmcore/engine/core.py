@@ -690,7 +690,7 @@ class Engine:
             n_ctx_slot=self.n_ctx_slot, n_slots=len(slots),
             requests_processing=busy, requests_deferred=waiting,
             uptime_s=time.time() - self.t_start, slots=slots,
-            cache=self._cache_stats(), **self._cache_numbers, **c,
+            model_stats=self._cache_stats(), **self._cache_numbers, **c,
         )
 
     def _refresh_cache_numbers(self) -> None:
