@@ -5,16 +5,24 @@ Errors meant for the user (LLMCoreError) print one line and exit 1, no traceback
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import logging
 import sys
 import time
+import typing
 from collections import Counter
-from typing import Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from .errors import LLMCoreError
+
+if TYPE_CHECKING:
+    from .engine import EngineConfig
+    from .server import ServerConfig
 
 app = typer.Typer(
     help="CPU inference engine and server for GGUF language models.",
@@ -40,64 +48,128 @@ def friendly(fn):
     return wrapper
 
 
-# shared options -------------------------------------------------------------------------
+# options ----------------------------------------------------------------------------------
+# Each shared option is declared once, as a field of RuntimeOptions (every command that runs
+# a model) or ServerOptions (serve and tui, which starts the same server); `with_options`
+# makes a dataclass's fields a command's options.
 ModelOpt = typer.Option(None, "-m", "--model", help="GGUF path or known model name (default smollm2)")
-ThreadsOpt = typer.Option(0, "-t", "--threads", help="threads for generation (0 = all available)")
-ThreadsBatchOpt = typer.Option(0, "-tb", "--threads-batch", help="threads for prompt processing (0 = same as -t)")
-CtxOpt = typer.Option(0, "-c", "--ctx-size",
-                      help="total KV context in tokens shared by all slots, taken on demand (0 = the model's)")
-BatchOpt = typer.Option(2048, "-b", "--batch-size", help="most tokens per forward step (all slots)")
-UBatchOpt = typer.Option(512, "-ub", "--ubatch-size", help="most prompt tokens one slot adds per step")
-CtkOpt = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16, q8_0, q4_0")
-CtvOpt = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16, q8_0, q4_0")
-
-# serve and tui (tui starts the same server) ---------------------------------------------
-HostOpt = typer.Option("127.0.0.1", "--host", help="address to bind")
-PortOpt = typer.Option(8080, "--port", help="port to listen on")
-ParallelOpt = typer.Option(1, "-np", "--parallel", help="number of slots (concurrent requests)")
-CacheRamOpt = typer.Option(8192, "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)")
-CacheIdleOpt = typer.Option(True, "--cache-idle-slots/--no-cache-idle-slots",
-                            help="save idle slots to the prompt cache when a new task starts")
-CtxCheckpointsOpt = typer.Option(32, "-ctxcp", "--ctx-checkpoints",
-                                 help="context checkpoints per slot (sliding-window/recurrent models; 0 off)")
-CheckpointEveryOpt = typer.Option(8192, "-cpent", "--checkpoint-every-n-tokens",
-                                  help="checkpoint every N prompt tokens during prefill (-1 off)")
-SpsOpt = typer.Option(0.1, "-sps", "--slot-prompt-similarity",
-                      help="reuse a slot only when it holds more than this share of the prompt")
-SwaFullOpt = typer.Option(False, "--swa-full", help="full KV on sliding-window layers (trimmable; more memory)")
-AliasOpt = typer.Option(None, "-a", "--alias", help="model name shown by the API")
-DefNPredictOpt = typer.Option(-1, "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")
-DefTempOpt = typer.Option(0.8, "--temp", help="default temperature")
-DefTopKOpt = typer.Option(40, "--top-k", help="default top-k (0 = off)")
-DefTopPOpt = typer.Option(0.95, "--top-p", help="default top-p (1 = off)")
-DefMinPOpt = typer.Option(0.05, "--min-p", help="default min-p (0 = off)")
-LogLevelOpt = typer.Option("info", "--log-level", help="debug, info, warning, error")
 
 
-def _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
-                   cache_type_k, cache_type_v, cache_ram=8192, ctx_checkpoints=32,
-                   checkpoint_every=8192, alias=None, sampling=None, n_predict=-1,
-                   cache_idle_slots=True, slot_prompt_similarity=0.1, swa_full=False):
-    from .engine import EngineConfig
-    from .sampling import SamplingParams
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the model runs: threads, context, batch sizes, KV cache types."""
 
-    for name, v in (("cache-type-k", cache_type_k), ("cache-type-v", cache_type_v)):
-        if v not in ("f16", "f32", "q8_0", "q4_0"):
-            raise LLMCoreError(f"--{name} {v!r}: expected f16, f32, q8_0 or q4_0")
-    if parallel < 1:
-        raise LLMCoreError("-np must be >= 1")
-    if ctx_size < 0:
-        raise LLMCoreError("-c must be >= 0 (0 = the model's context length)")
-    if ubatch_size < 1 or batch_size < 1:
-        raise LLMCoreError("-b and -ub must be >= 1")
-    return EngineConfig(
-        n_ctx=ctx_size, n_parallel=parallel, n_batch=batch_size, n_ubatch=min(ubatch_size, batch_size),
-        n_threads=threads, n_threads_batch=threads_batch or threads,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, cache_ram_mib=cache_ram,
-        ctx_checkpoints=ctx_checkpoints, checkpoint_every_n_tokens=checkpoint_every,
-        cache_idle_slots=cache_idle_slots, slot_prompt_similarity=slot_prompt_similarity,
-        swa_full=swa_full, model_alias=alias, sampling=sampling or SamplingParams(), n_predict=n_predict,
-    )
+    threads: Annotated[int, typer.Option("-t", "--threads", help="threads for generation (0 = all available)")] = 0
+    threads_batch: Annotated[int, typer.Option(
+        "-tb", "--threads-batch", help="threads for prompt processing (0 = same as -t)")] = 0
+    ctx_size: Annotated[int, typer.Option(
+        "-c", "--ctx-size",
+        help="total KV context in tokens shared by all slots, taken on demand (0 = the model's)")] = 0
+    batch_size: Annotated[int, typer.Option(
+        "-b", "--batch-size", help="most tokens per forward step (all slots)")] = 2048
+    ubatch_size: Annotated[int, typer.Option(
+        "-ub", "--ubatch-size", help="most prompt tokens one slot adds per step")] = 512
+    cache_type_k: Annotated[str, typer.Option(
+        "-ctk", "--cache-type-k", help="KV cache type for K: f16, q8_0, q4_0")] = "f16"
+    cache_type_v: Annotated[str, typer.Option(
+        "-ctv", "--cache-type-v", help="KV cache type for V: f16, q8_0, q4_0")] = "f16"
+
+    def engine_config(self, n_parallel: int = 1, **more) -> EngineConfig:
+        """The EngineConfig of these options (`more`: further EngineConfig fields); a bad
+        value is an LLMCoreError naming its flag."""
+        from .engine import EngineConfig
+
+        for name, v in (("cache-type-k", self.cache_type_k), ("cache-type-v", self.cache_type_v)):
+            if v not in ("f16", "f32", "q8_0", "q4_0"):
+                raise LLMCoreError(f"--{name} {v!r}: expected f16, f32, q8_0 or q4_0")
+        if n_parallel < 1:
+            raise LLMCoreError("-np must be >= 1")
+        if self.ctx_size < 0:
+            raise LLMCoreError("-c must be >= 0 (0 = the model's context length)")
+        if self.ubatch_size < 1 or self.batch_size < 1:
+            raise LLMCoreError("-b and -ub must be >= 1")
+        return EngineConfig(
+            n_ctx=self.ctx_size, n_parallel=n_parallel, n_batch=self.batch_size,
+            n_ubatch=min(self.ubatch_size, self.batch_size), n_threads=self.threads,
+            n_threads_batch=self.threads_batch or self.threads,
+            cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, **more,
+        )
+
+
+@dataclass(frozen=True)
+class ServerOptions(RuntimeOptions):
+    """`serve` and `tui`: the runtime options plus address, slots, caches, request defaults."""
+
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1"
+    port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8080
+    parallel: Annotated[int, typer.Option(
+        "-np", "--parallel", help="number of slots (concurrent requests)")] = 1
+    cache_ram: Annotated[int, typer.Option(
+        "-cram", "--cache-ram", help="prompt cache in RAM, MiB (-1 no limit, 0 off)")] = 8192
+    cache_idle_slots: Annotated[bool, typer.Option(
+        "--cache-idle-slots/--no-cache-idle-slots",
+        help="save idle slots to the prompt cache when a new task starts")] = True
+    ctx_checkpoints: Annotated[int, typer.Option(
+        "-ctxcp", "--ctx-checkpoints",
+        help="context checkpoints per slot (sliding-window/recurrent models; 0 off)")] = 32
+    checkpoint_every: Annotated[int, typer.Option(
+        "-cpent", "--checkpoint-every-n-tokens",
+        help="checkpoint every N prompt tokens during prefill (-1 off)")] = 8192
+    sps: Annotated[float, typer.Option(
+        "-sps", "--slot-prompt-similarity",
+        help="reuse a slot only when it holds more than this share of the prompt")] = 0.1
+    swa_full: Annotated[bool, typer.Option(
+        "--swa-full", help="full KV on sliding-window layers (trimmable; more memory)")] = False
+    alias: Annotated[Optional[str], typer.Option("-a", "--alias", help="model name shown by the API")] = None
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")] = -1
+    temp: Annotated[float, typer.Option("--temp", help="default temperature")] = 0.8
+    top_k: Annotated[int, typer.Option("--top-k", help="default top-k (0 = off)")] = 40
+    top_p: Annotated[float, typer.Option("--top-p", help="default top-p (1 = off)")] = 0.95
+    min_p: Annotated[float, typer.Option("--min-p", help="default min-p (0 = off)")] = 0.05
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info"
+
+    def engine_config(self) -> EngineConfig:
+        from .sampling import SamplingParams
+
+        return super().engine_config(
+            n_parallel=self.parallel, cache_ram_mib=self.cache_ram, ctx_checkpoints=self.ctx_checkpoints,
+            checkpoint_every_n_tokens=self.checkpoint_every, cache_idle_slots=self.cache_idle_slots,
+            slot_prompt_similarity=self.sps, swa_full=self.swa_full, model_alias=self.alias,
+            sampling=SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p,
+                                    min_p=self.min_p),
+            n_predict=self.n_predict)
+
+    def server_config(self) -> ServerConfig:
+        from .server import ServerConfig
+
+        if not 0 <= self.port <= 65535:
+            raise LLMCoreError(f"--port {self.port}: expected 0..65535")
+        return ServerConfig(host=self.host, port=self.port)
+
+
+def with_options(options: type[RuntimeOptions]):
+    """Give a command the fields of `options` as its options (after its own), and call it
+    with their values gathered into one `opts` argument."""
+    hints = typing.get_type_hints(options, include_extras=True)
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                annotation=hints[f.name]) for f in dataclasses.fields(options)]
+
+    def decorate(command):
+        own_hints = typing.get_type_hints(command)
+        own = [p.replace(annotation=own_hints.get(name, p.annotation))
+               for name, p in inspect.signature(command).parameters.items() if name != "opts"]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            opts = options(**{p.name: kwargs.pop(p.name) for p in shared})
+            return command(opts=opts, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(own + shared)
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + shared}
+        return wrapper
+
+    return decorate
 
 
 def _setup_logging(level: str) -> None:
@@ -107,55 +179,27 @@ def _setup_logging(level: str) -> None:
 
 @app.command()
 @friendly
-def serve(
-    model: Optional[str] = ModelOpt,
-    host: str = HostOpt,
-    port: int = PortOpt,
-    threads: int = ThreadsOpt,
-    threads_batch: int = ThreadsBatchOpt,
-    ctx_size: int = CtxOpt,
-    parallel: int = ParallelOpt,
-    batch_size: int = BatchOpt,
-    ubatch_size: int = UBatchOpt,
-    cache_type_k: str = CtkOpt,
-    cache_type_v: str = CtvOpt,
-    cache_ram: int = CacheRamOpt,
-    cache_idle_slots: bool = CacheIdleOpt,
-    ctx_checkpoints: int = CtxCheckpointsOpt,
-    checkpoint_every: int = CheckpointEveryOpt,
-    sps: float = SpsOpt,
-    swa_full: bool = SwaFullOpt,
-    alias: Optional[str] = AliasOpt,
-    n_predict: int = DefNPredictOpt,
-    temp: float = DefTempOpt,
-    top_k: int = DefTopKOpt,
-    top_p: float = DefTopPOpt,
-    min_p: float = DefMinPOpt,
-    log_level: str = LogLevelOpt,
-):
+@with_options(ServerOptions)
+def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     """Run the HTTP server (OpenAI and llama-server compatible API)."""
     from . import threads as thr
     from .engine import Engine
     from .pull import resolve_model
-    from .sampling import SamplingParams
-    from .server import ServerConfig, run_server
+    from .server import run_server
 
-    _setup_logging(log_level)
-    if not 0 <= port <= 65535:
-        raise LLMCoreError(f"--port {port}: expected 0..65535")
+    _setup_logging(opts.log_level)
+    server_cfg = opts.server_config()
     path = resolve_model(model)
-    cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
-                         cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
-                         alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                         n_predict, cache_idle_slots, sps, swa_full)
+    cfg = opts.engine_config()
     _check_model(path)
-    thr.set_num_threads(threads or None)
+    thr.set_num_threads(opts.threads or None)
     engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
-    typer.echo(f"llmcore: serving {path.name} on http://{host}:{port} ({parallel} slot(s))", err=True)
+    typer.echo(f"llmcore: serving {path.name} on http://{opts.host}:{opts.port} ({opts.parallel} slot(s))",
+               err=True)
     try:
-        run_server(engine, ServerConfig(host=host, port=port))
+        run_server(engine, server_cfg)
     except OSError as e:  # address in use, no permission, unknown host
-        raise LLMCoreError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise LLMCoreError(f"cannot listen on {opts.host}:{opts.port}: {e.strerror or e}") from None
     finally:
         engine.stop()
     if engine.status == "error":
@@ -177,7 +221,9 @@ def _check_model(path) -> None:
 
 @app.command()
 @friendly
+@with_options(ServerOptions)
 def tui(
+    opts: ServerOptions,
     model: Optional[str] = ModelOpt,
     url: Optional[str] = typer.Option(None, "--url", help="attach to a running server instead of starting one"),
     interval: float = typer.Option(1.0, "--interval", help="seconds between polls"),
@@ -185,29 +231,6 @@ def tui(
     once: bool = typer.Option(False, "--once", help="print one snapshot and exit"),
     json_out: bool = typer.Option(False, "--json", help="with --once/--no-tui: JSON lines instead of text"),
     mock: bool = typer.Option(False, "--mock", help="demo data, no server"),
-    host: str = HostOpt,
-    port: int = PortOpt,
-    threads: int = ThreadsOpt,
-    threads_batch: int = ThreadsBatchOpt,
-    ctx_size: int = CtxOpt,
-    parallel: int = ParallelOpt,
-    batch_size: int = BatchOpt,
-    ubatch_size: int = UBatchOpt,
-    cache_type_k: str = CtkOpt,
-    cache_type_v: str = CtvOpt,
-    cache_ram: int = CacheRamOpt,
-    cache_idle_slots: bool = CacheIdleOpt,
-    ctx_checkpoints: int = CtxCheckpointsOpt,
-    checkpoint_every: int = CheckpointEveryOpt,
-    sps: float = SpsOpt,
-    swa_full: bool = SwaFullOpt,
-    alias: Optional[str] = AliasOpt,
-    n_predict: int = DefNPredictOpt,
-    temp: float = DefTempOpt,
-    top_k: int = DefTopKOpt,
-    top_p: float = DefTopPOpt,
-    min_p: float = DefMinPOpt,
-    log_level: str = LogLevelOpt,
 ):
     """Run the server with the live dashboard (or attach to one with --url)."""
     from .tui.run import main as tui_main
@@ -217,25 +240,21 @@ def tui(
         from . import threads as thr
         from .engine import Engine
         from .pull import resolve_model
-        from .sampling import SamplingParams
-        from .server import ServerConfig
 
         path = resolve_model(model)
-        cfg = _engine_config(ctx_size, parallel, batch_size, ubatch_size, threads, threads_batch,
-                             cache_type_k, cache_type_v, cache_ram, ctx_checkpoints, checkpoint_every,
-                             alias, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
-                             n_predict, cache_idle_slots, sps, swa_full)
-        thr.set_num_threads(threads or None)
+        cfg, server_cfg = opts.engine_config(), opts.server_config()
+        thr.set_num_threads(opts.threads or None)
         engine = Engine.from_path(path, cfg)
-        server_cfg = ServerConfig(host=host, port=port)
     rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, interval=interval, no_tui=no_tui,
-                  once_=once, fmt="json" if json_out else "text", mock=mock, log_level=log_level)
+                  once_=once, fmt="json" if json_out else "text", mock=mock, log_level=opts.log_level)
     raise typer.Exit(rc)
 
 
 @app.command()
 @friendly
+@with_options(RuntimeOptions)
 def generate(
+    opts: RuntimeOptions,
     prompt: str = typer.Option(..., "-p", "--prompt", help="prompt text"),
     model: Optional[str] = ModelOpt,
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="tokens to generate (-1 = until EOS)"),
@@ -247,13 +266,6 @@ def generate(
     seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)"),
     chat: bool = typer.Option(False, "--chat", help="wrap the prompt as a user message with the model's chat template"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-generation tokens"),
-    threads: int = ThreadsOpt,
-    threads_batch: int = ThreadsBatchOpt,
-    ctx_size: int = CtxOpt,
-    batch_size: int = BatchOpt,
-    ubatch_size: int = UBatchOpt,
-    cache_type_k: str = CtkOpt,
-    cache_type_v: str = CtvOpt,
 ):
     """Generate text for one prompt, streaming it to the terminal, then print speeds."""
     from . import threads as thr
@@ -262,10 +274,9 @@ def generate(
     from .sampling import SamplingParams
 
     path = resolve_model(model)
-    cfg = _engine_config(ctx_size, 1, batch_size, ubatch_size, threads, threads_batch,
-                         cache_type_k, cache_type_v)
+    cfg = opts.engine_config()
     _check_model(path)
-    thr.set_num_threads(threads or None)
+    thr.set_num_threads(opts.threads or None)
     t0 = time.perf_counter()
     eng = load_engine(path, cfg)
     t_load = time.perf_counter() - t0

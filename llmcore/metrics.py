@@ -1,13 +1,23 @@
-"""One immutable stats snapshot of the engine, read by /metrics, /slots, logs and the TUI.
+"""The engine's numbers in one place, for every reader: `/metrics`, `/slots`, the dashboard
+and its log lines (`llmcore tui --no-tui`).
 
-The engine thread builds an `EngineStats` on request (cheap: counters and per-slot
-numbers). `to_prometheus` renders it with llama-server's metric names (`llamacpp:*`)
-plus llmcore's own (`llmcore:*`), so existing scrapers and dashboards keep working.
+- `EngineStats` / `SlotStats`: one immutable snapshot, built by the engine thread on request
+  (cheap: counters and per-slot numbers). Derived values are properties, so every metric
+  names one attribute.
+- `METRICS`: the public table, one `Metric` (Prometheus name, type, help, EngineStats
+  attribute) per series. Names are llama-server's (`llamacpp:*`) plus llmcore's own
+  (`llmcore:*`), so existing scrapers and dashboards keep working.
+- `to_prometheus` / `parse_prometheus`: the text exposition and its one parser;
+  `slots_json`: the `/slots` body.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+MetricType = Literal["counter", "gauge"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,8 @@ class EngineStats:
     kv_full_failures: int = 0  # requests failed: no KV room even after evicting
     uptime_s: float = 0.0
     slots: tuple[SlotStats, ...] = ()
-    model_stats: dict = field(default_factory=dict)  # model-level counters (MoE experts...)
+    # model-level counters from the model's stats() (e.g. MoE experts computed / skipped)
+    model_stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def prompt_tokens_seconds(self) -> float:
@@ -103,94 +114,116 @@ class EngineStats:
         return sum(s.n_tokens for s in self.slots)
 
     def to_dict(self) -> dict:
+        """Every field, plus the derived values the metrics table reads."""
         d = asdict(self)
-        d["prompt_tokens_seconds"] = self.prompt_tokens_seconds
-        d["predicted_tokens_seconds"] = self.predicted_tokens_seconds
-        d["n_busy_slots_per_decode"] = self.n_busy_slots_per_decode
+        for name in DERIVED_FIELDS:
+            d[name] = getattr(self, name)
         return d
 
 
-_METRICS = [
-    # name, type, help, getter
-    ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
-     lambda s: s.prompt_tokens_total),
-    ("llamacpp:prompt_seconds_total", "counter", "Prompt process time",
-     lambda s: s.prompt_seconds_total),
-    ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
-     lambda s: s.tokens_predicted_total),
-    ("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time",
-     lambda s: s.tokens_predicted_seconds_total),
-    ("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls",
-     lambda s: s.n_decode_total),
-    ("llamacpp:n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call",
-     lambda s: s.n_busy_slots_per_decode),
-    ("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
-     lambda s: s.prompt_tokens_seconds),
-    ("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
-     lambda s: s.predicted_tokens_seconds),
-    ("llamacpp:kv_cache_tokens", "gauge", "KV-cache tokens.", lambda s: s.kv_tokens),
-    ("llamacpp:requests_processing", "gauge", "Number of requests processing.",
-     lambda s: s.requests_processing),
-    ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.",
-     lambda s: s.requests_deferred),
-    ("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", lambda s: s.n_tokens_max),
-    ("llmcore:requests_total", "counter", "Finished requests.", lambda s: s.requests_total),
-    ("llmcore:requests_errors_total", "counter", "Requests failed with an error.",
-     lambda s: s.requests_errors),
-    ("llmcore:requests_cancelled_total", "counter", "Requests cancelled (client gone).",
-     lambda s: s.requests_cancelled),
-    ("llmcore:prompt_tokens_cached_total", "counter", "Prompt tokens reused from slot state.",
-     lambda s: s.cache_tokens_total),
-    ("llmcore:slots_total", "gauge", "Number of slots.", lambda s: s.n_slots),
-    ("llmcore:queue_length", "gauge", "Requests waiting for a slot.", lambda s: s.requests_deferred),
-    ("llmcore:slot_cache_hits_total", "counter", "Requests that reused a prefix from their slot.",
-     lambda s: s.slot_hits),
-    ("llmcore:slot_cache_misses_total", "counter", "Requests that reused nothing from their slot.",
-     lambda s: s.slot_misses),
-    ("llmcore:prompt_cache_hits_total", "counter", "Requests restored from the RAM prompt cache.",
-     lambda s: s.ram_hits),
-    ("llmcore:prompt_cache_misses_total", "counter", "Requests for which the RAM prompt cache had nothing.",
-     lambda s: s.ram_misses),
-    ("llmcore:prompt_cache_bytes", "gauge", "Bytes held by the RAM prompt cache (incl. checkpoints).",
-     lambda s: s.cache_ram_bytes),
-    ("llmcore:prompt_cache_budget_bytes", "gauge", "RAM prompt cache budget (-1 unbounded, 0 off).",
-     lambda s: s.cache_ram_limit_bytes),
-    ("llmcore:prompt_cache_entries", "gauge", "Entries in the RAM prompt cache.",
-     lambda s: s.cache_ram_entries),
-    ("llmcore:prompt_cache_tokens", "gauge", "Tokens in the RAM prompt cache.",
-     lambda s: s.cache_ram_tokens),
-    ("llmcore:prompt_cache_evictions_total", "counter", "RAM prompt cache evictions.",
-     lambda s: s.cache_ram_evictions),
-    ("llmcore:prompt_cache_inserts_total", "counter", "States saved to the RAM prompt cache.",
-     lambda s: s.cache_ram_inserts),
-    ("llmcore:prompt_cache_save_failures_total", "counter", "Failed saves (served as misses).",
-     lambda s: s.cache_save_failures),
-    ("llmcore:prompt_cache_restore_failures_total", "counter", "Failed restores (served as misses).",
-     lambda s: s.cache_restore_failures),
-    ("llmcore:checkpoints_created_total", "counter", "Context checkpoints created.",
-     lambda s: s.checkpoints_created),
-    ("llmcore:checkpoints_restored_total", "counter", "Context checkpoints restored.",
-     lambda s: s.checkpoints_restored),
-    ("llmcore:checkpoints_erased_total", "counter", "Context checkpoints erased.",
-     lambda s: s.checkpoints_erased),
-    ("llmcore:checkpoint_failures_total", "counter", "Failed checkpoint creations/restores.",
-     lambda s: s.checkpoint_failures),
-    ("llmcore:checkpoints", "gauge", "Context checkpoints held by slots.", lambda s: s.checkpoints_count),
-    ("llmcore:checkpoints_bytes", "gauge", "Bytes of context checkpoints held by slots.",
-     lambda s: s.checkpoints_bytes),
-    ("llmcore:forced_reprefills_total", "counter", "Prompts re-processed from 0 for lack of a checkpoint.",
-     lambda s: s.forced_reprefills),
-    ("llmcore:kv_used_bytes", "gauge", "KV blocks in use (slots and prompt cache).",
-     lambda s: s.kv_used_bytes),
-    ("llmcore:kv_limit_bytes", "gauge", "Most KV memory the pools may take.", lambda s: s.kv_limit_bytes),
-    ("llmcore:idle_slot_evictions_total", "counter", "Idle slots' states dropped for KV room.",
-     lambda s: s.idle_slot_evictions),
-    ("llmcore:kv_full_waits_total", "counter", "Steps where prefilling requests waited for KV room.",
-     lambda s: s.kv_full_waits),
-    ("llmcore:kv_full_failures_total", "counter", "Requests failed for lack of KV room.",
-     lambda s: s.kv_full_failures),
-    ("llmcore:uptime_seconds", "gauge", "Seconds since the engine started.", lambda s: s.uptime_s),
-]
+@dataclass(frozen=True)
+class Metric:
+    """One Prometheus series: its value is `getattr(stats, field)` of an `EngineStats`."""
+
+    name: str
+    type: MetricType
+    help: str
+    field: str
+
+    def value(self, stats: EngineStats) -> int | float:
+        return getattr(stats, self.field)
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("llamacpp:prompt_tokens_total", "counter",
+           "Number of prompt tokens processed.", "prompt_tokens_total"),
+    Metric("llamacpp:prompt_seconds_total", "counter", "Prompt process time", "prompt_seconds_total"),
+    Metric("llamacpp:tokens_predicted_total", "counter",
+           "Number of generation tokens processed.", "tokens_predicted_total"),
+    Metric("llamacpp:tokens_predicted_seconds_total", "counter",
+           "Predict process time", "tokens_predicted_seconds_total"),
+    Metric("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls", "n_decode_total"),
+    Metric("llamacpp:n_busy_slots_per_decode", "counter",
+           "Average number of busy slots per llama_decode() call", "n_busy_slots_per_decode"),
+    Metric("llamacpp:prompt_tokens_seconds", "gauge",
+           "Average prompt throughput in tokens/s.", "prompt_tokens_seconds"),
+    Metric("llamacpp:predicted_tokens_seconds", "gauge",
+           "Average generation throughput in tokens/s.", "predicted_tokens_seconds"),
+    Metric("llamacpp:kv_cache_tokens", "gauge", "KV-cache tokens.", "kv_tokens"),
+    Metric("llamacpp:requests_processing", "gauge", "Number of requests processing.", "requests_processing"),
+    Metric("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", "requests_deferred"),
+    Metric("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", "n_tokens_max"),
+    Metric("llmcore:requests_total", "counter", "Finished requests.", "requests_total"),
+    Metric("llmcore:requests_errors_total", "counter", "Requests failed with an error.", "requests_errors"),
+    Metric("llmcore:requests_cancelled_total", "counter",
+           "Requests cancelled (client gone).", "requests_cancelled"),
+    Metric("llmcore:prompt_tokens_cached_total", "counter",
+           "Prompt tokens reused from slot state.", "cache_tokens_total"),
+    Metric("llmcore:slots_total", "gauge", "Number of slots.", "n_slots"),
+    Metric("llmcore:queue_length", "gauge", "Requests waiting for a slot.", "requests_deferred"),
+    Metric("llmcore:slot_cache_hits_total", "counter",
+           "Requests that reused a prefix from their slot.", "slot_hits"),
+    Metric("llmcore:slot_cache_misses_total", "counter",
+           "Requests that reused nothing from their slot.", "slot_misses"),
+    Metric("llmcore:prompt_cache_hits_total", "counter",
+           "Requests restored from the RAM prompt cache.", "ram_hits"),
+    Metric("llmcore:prompt_cache_misses_total", "counter",
+           "Requests for which the RAM prompt cache had nothing.", "ram_misses"),
+    Metric("llmcore:prompt_cache_bytes", "gauge",
+           "Bytes held by the RAM prompt cache (incl. checkpoints).", "cache_ram_bytes"),
+    Metric("llmcore:prompt_cache_budget_bytes", "gauge",
+           "RAM prompt cache budget (-1 unbounded, 0 off).", "cache_ram_limit_bytes"),
+    Metric("llmcore:prompt_cache_entries", "gauge", "Entries in the RAM prompt cache.", "cache_ram_entries"),
+    Metric("llmcore:prompt_cache_tokens", "gauge", "Tokens in the RAM prompt cache.", "cache_ram_tokens"),
+    Metric("llmcore:prompt_cache_evictions_total", "counter",
+           "RAM prompt cache evictions.", "cache_ram_evictions"),
+    Metric("llmcore:prompt_cache_inserts_total", "counter",
+           "States saved to the RAM prompt cache.", "cache_ram_inserts"),
+    Metric("llmcore:prompt_cache_save_failures_total", "counter",
+           "Failed saves (served as misses).", "cache_save_failures"),
+    Metric("llmcore:prompt_cache_restore_failures_total", "counter",
+           "Failed restores (served as misses).", "cache_restore_failures"),
+    Metric("llmcore:checkpoints_created_total", "counter",
+           "Context checkpoints created.", "checkpoints_created"),
+    Metric("llmcore:checkpoints_restored_total", "counter",
+           "Context checkpoints restored.", "checkpoints_restored"),
+    Metric("llmcore:checkpoints_erased_total", "counter", "Context checkpoints erased.", "checkpoints_erased"),
+    Metric("llmcore:checkpoint_failures_total", "counter",
+           "Failed checkpoint creations/restores.", "checkpoint_failures"),
+    Metric("llmcore:checkpoints", "gauge", "Context checkpoints held by slots.", "checkpoints_count"),
+    Metric("llmcore:checkpoints_bytes", "gauge",
+           "Bytes of context checkpoints held by slots.", "checkpoints_bytes"),
+    Metric("llmcore:forced_reprefills_total", "counter",
+           "Prompts re-processed from 0 for lack of a checkpoint.", "forced_reprefills"),
+    Metric("llmcore:kv_used_bytes", "gauge", "KV blocks in use (slots and prompt cache).", "kv_used_bytes"),
+    Metric("llmcore:kv_limit_bytes", "gauge", "Most KV memory the pools may take.", "kv_limit_bytes"),
+    Metric("llmcore:idle_slot_evictions_total", "counter",
+           "Idle slots' states dropped for KV room.", "idle_slot_evictions"),
+    Metric("llmcore:kv_full_waits_total", "counter",
+           "Steps where prefilling requests waited for KV room.", "kv_full_waits"),
+    Metric("llmcore:kv_full_failures_total", "counter",
+           "Requests failed for lack of KV room.", "kv_full_failures"),
+    Metric("llmcore:uptime_seconds", "gauge", "Seconds since the engine started.", "uptime_s"),
+)
+
+# Prometheus name -> EngineStats attribute (several names may read one attribute).
+FIELD_OF: dict[str, str] = {m.name: m.field for m in METRICS}
+# The attributes the table reads that are properties, not dataclass fields.
+DERIVED_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(
+    m.field for m in METRICS if isinstance(getattr(EngineStats, m.field, None), property)))
+
+# `EngineStats.model_stats[key]` is the gauge `llmcore:model_<key>`.
+MODEL_STAT_PREFIX = "llmcore:model_"
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+def model_stat_name(key: str) -> str:
+    return MODEL_STAT_PREFIX + _NOT_NAME.sub("_", key)
+
+
+def model_stat_key(name: str) -> str | None:
+    """The model_stats key of a Prometheus name `llmcore:model_<key>`, else None."""
+    return name[len(MODEL_STAT_PREFIX):] if name.startswith(MODEL_STAT_PREFIX) else None
 
 
 def _num(v) -> str:
@@ -202,26 +235,52 @@ def _num(v) -> str:
 
 
 def to_prometheus(stats: EngineStats) -> str:
+    """The `/metrics` body (Prometheus text exposition 0.0.4)."""
     lines = []
-    for name, typ, help_, get in _METRICS:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {typ}")
-        lines.append(f"{name} {_num(get(stats))}")
+    for m in METRICS:
+        lines.append(f"# HELP {m.name} {m.help}")
+        lines.append(f"# TYPE {m.name} {m.type}")
+        lines.append(f"{m.name} {_num(m.value(stats))}")
     for key, val in sorted(stats.model_stats.items()):
         if isinstance(val, (int, float)):
-            name = "llmcore:model_" + "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+            name = model_stat_name(key)
+            lines.append(f"# HELP {name} Model counter {key}.")
             lines.append(f"# TYPE {name} gauge")
             lines.append(f"{name} {_num(val)}")
     return "\n".join(lines) + "\n"
 
 
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(\S+)(?:\s+\d+)?$")
+
+
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Tiny parser for our own exposition (tests, TUI over HTTP): name -> value."""
-    out = {}
+    """name -> value for a Prometheus text exposition. Labels stay part of the name and lines
+    that do not parse are skipped, so a reader never fails on a series it does not know."""
+    out: dict[str, float] = {}
     for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
+        m = _SAMPLE.match(line.strip())
+        if not m:  # blank, comment, or not a sample
             continue
-        name, _, val = line.rpartition(" ")
-        out[name] = float(val)
+        try:
+            out[m.group(1)] = float(m.group(2))
+        except ValueError:
+            continue
     return out
+
+
+def slots_json(stats: EngineStats) -> list[dict]:
+    """The `/slots` body: one object per slot, with llmcore's names and llama-server's."""
+    return [{
+        "id": s.id, "n_ctx": s.n_ctx, "is_processing": s.state != "idle", "state": s.state,
+        "id_task": s.task_id if s.task_id is not None else -1, "n_tokens": s.n_tokens,
+        "n_prompt": s.n_prompt, "n_cached": s.n_cached, "n_prefilled": s.n_prefilled,
+        "n_decoded": s.n_decoded, "prompt_per_second": s.prompt_per_second,
+        "predicted_per_second": s.predicted_per_second, "nbytes": s.nbytes,
+        "t_last_used": s.t_last_used,
+        # llama-server's names for the same numbers
+        "n_prompt_tokens": s.n_prompt, "n_prompt_tokens_cache": s.n_cached,
+        "n_prompt_tokens_processed": s.n_prefilled,
+        "next_token": [{"has_next_token": s.state != "idle", "n_decoded": s.n_decoded}],
+        "cache_source": s.cache_source, "n_checkpoints": s.n_checkpoints,
+        "checkpoint_bytes": s.checkpoint_bytes,
+    } for s in stats.slots]

@@ -4,13 +4,20 @@ server on a tiny GGUF model."""
 import asyncio
 import io
 import json
+import re
 
 from fakes import FakeChatTemplate, FakeModel, FakeTokenizer
 from fixtures import tiny_models  # noqa: F401
+from rich.console import Console
+
 from llmcore.engine import Engine, EngineConfig
+from llmcore.metrics import METRICS, EngineStats, SlotStats, to_prometheus
 from llmcore.sampling import SamplingParams
 from llmcore.server import ServerConfig, create_app
-from llmcore.tui import snapshot as S
+from llmcore.tui import formatting as F
+from llmcore.tui import history as H
+from llmcore.tui import parsing as P
+from llmcore.tui.snapshot import Snapshot
 from llmcore.tui.app import Dashboard
 from llmcore.tui.run import InProcessServer, headless, once
 from llmcore.tui.source import EngineSource, FakeSource, HttpSource
@@ -48,60 +55,89 @@ async def test_http_snapshot_matches_in_process_snapshot(aiohttp_client):
     slots = await (await client.get("/slots")).json()
     metrics = await (await client.get("/metrics")).text()
     props = await (await client.get("/props")).json()
-    via_http = S.from_http(slots, metrics, props)
-    local = S.from_engine_stats(eng.stats())
+    via_http = P.from_http(slots, metrics, props)
+    local = P.from_engine_stats(eng.stats())
     for key in ("requests_total", "prompt_tokens_total", "tokens_predicted_total", "cache_tokens_total",
                 "requests_errors", "n_slots", "slot_hits", "slot_misses", "ram_hits", "cache_ram_bytes",
                 "checkpoints_created", "kv_used_bytes"):
         if key in local.stats:  # fields an older engine lacks are simply absent
             assert via_http.get(key) == local.get(key), key
     assert local.get("requests_total") == 2 and local.get("tokens_predicted_total") == 5
-    assert [S.slot_row(s) for s in via_http.slots] == [S.slot_row(s) for s in local.slots]
+    assert [F.slot_row(s) for s in via_http.slots] == [F.slot_row(s) for s in local.slots]
     assert via_http.get("model") == "/m/fake.gguf" and via_http.get("status") == "ok"
 
 
-def test_parse_prometheus_skips_what_it_cannot_read():
-    text = "# HELP a x\na 1\nb{le=\"0.5\"} 2.5\nbad line here\nc NaNish\nd 3 1700000000\n"
-    assert S.parse_prometheus(text) == {"a": 1.0, 'b{le="0.5"}': 2.5, "d": 3.0}
+def test_http_parsing_reads_every_metrics_table_row():
+    """Each /metrics series lands on the EngineStats field the table names, model counters
+    on `model_stats`; series this client does not know keep their name, labelled ones are
+    skipped."""
+    import dataclasses
+
+    vals = {f.name: i + 1 for i, f in enumerate(dataclasses.fields(EngineStats)) if f.type == "int"}
+    st = EngineStats(slots=(SlotStats(id=0, state="idle", n_ctx=8, n_tokens=3),), prompt_seconds_total=2.5,
+                     tokens_predicted_seconds_total=4.0, uptime_s=12.0,
+                     model_stats={"experts_computed": 40, "experts_skipped": 12}, **vals)
+    text = to_prometheus(st) + 'llmcore:new_thing 3\nllamacpp:x{a="b"} 1\n'
+    snap = P.from_http(None, text, None)
+    for m in METRICS:
+        assert snap.get(m.field) == getattr(st, m.field), m.name
+        assert type(snap.get(m.field)) is type(getattr(st, m.field)), m.name  # counts stay ints
+    assert snap.model_stats == P.from_engine_stats(st).model_stats == {"experts_computed": 40,
+                                                                       "experts_skipped": 12}
+    assert snap.get("new_thing") == 3 and "x" not in snap.stats
+    assert P.from_engine_stats(st).get("kv_tokens") == 3
+
+
+def test_numbers_as_text():
+    assert [F.fmt_num(v) for v in (None, 3, 3.0, 1234567, 2.25, float("nan"))] == \
+        ["-", "3", "3", "1,234,567", "2.2", "-"]
+    assert [F.fmt_bytes(v) for v in (None, -1, 512, 1536, 3 * 2**30)] == \
+        ["-", "no limit", "512 B", "1.5 KiB", "3.0 GiB"]
+    assert [F.fmt_duration(v) for v in (None, 59, 61, 3725)] == ["-", "0:59", "1:01", "1:02:05"]
+    assert F.model_label("/a/b\\c/model.gguf") == "model.gguf" and F.model_label("") == "-"
+    snap = Snapshot(time=0.0, stats={"cache_ram_bytes": 2**20, "kv_used_bytes": 5, "requests_total": 2},
+                    model_stats={"experts_skipped": 7})
+    assert F.cache_numbers(snap) == {"cache_ram_bytes": 2**20, "kv_used_bytes": 5}
+    assert "model: experts_skipped 7" in F.to_text(snap).splitlines()
 
 
 def test_missing_fields_render_as_dash():
-    snap = S.Snapshot(time=0.0, stats={}, slots=({"id": 0},))
-    assert S.slot_row(snap.slots[0])[1:] == ("-",) * (len(S.SLOT_COLUMNS) - 1)
-    text = S.to_text(snap)
+    snap = Snapshot(time=0.0, stats={}, slots=({"id": 0},))
+    assert F.slot_row(snap.slots[0])[1:] == ("-",) * (len(F.SLOT_COLUMNS) - 1)
+    text = F.to_text(snap)
     assert "requests: processing -  queued -" in text and "KV memory: - / -" in text
-    assert S.from_http(None, None, None).stats == {}  # nothing answered: empty, not an error
+    assert P.from_http(None, None, None).stats == {}  # nothing answered: empty, not an error
 
 
 def test_history_rates_from_counter_deltas():
-    h = S.History(maxlen=3)
-    snaps = [S.Snapshot(time=10.0 + 2 * i, stats={"prompt_tokens_total": 100 * i * i,
+    h = H.History(maxlen=3)
+    snaps = [Snapshot(time=10.0 + 2 * i, stats={"prompt_tokens_total": 100 * i * i,
                                                    "tokens_predicted_total": 10 * i}) for i in range(5)]
     h.add(snaps[0])
-    h.add(S.Snapshot.lost("x", t=11.0))  # lost polls add no sample
+    h.add(Snapshot.lost("x", t=11.0))  # lost polls add no sample
     for s in snaps[1:]:
         h.add(s)
     # rate between polls i-1 and i: (100 i^2 - 100 (i-1)^2) / 2 s, last 3 kept
     assert list(h.prompt_tps) == [100 * (i * i - (i - 1) ** 2) / 2 for i in (2, 3, 4)]
     assert list(h.gen_tps) == [5.0, 5.0, 5.0]
-    h.add(S.Snapshot(time=20.0, stats={"prompt_tokens_total": 0, "tokens_predicted_total": 0}))
+    h.add(Snapshot(time=20.0, stats={"prompt_tokens_total": 0, "tokens_predicted_total": 0}))
     assert h.prompt_tps[-1] == 0.0  # a restarted server never gives a negative rate
 
 
 def test_gauges_and_levels():
-    assert S.gauge_text("RAM cache", 2**20, -1, "bytes") == ("1.0 MiB / no limit", None)
-    assert S.gauge_text("RAM cache", 0, 0, "bytes") == ("0 B / off", None)
-    text, frac = S.gauge_text("KV memory", 95, 100, "n")
+    assert F.gauge_text("RAM cache", 2**20, -1, "bytes") == ("1.0 MiB / no limit", None)
+    assert F.gauge_text("RAM cache", 0, 0, "bytes") == ("0 B / off", None)
+    text, frac = F.gauge_text("KV memory", 95, 100, "n")
     assert text == "95 / 100 (95%)" and frac == 0.95
-    assert [S.level(x) for x in (None, 0.5, 0.85, 0.95)] == ["unknown", "green", "yellow", "red"]
+    assert [F.level(x) for x in (None, 0.5, 0.85, 0.95)] == ["unknown", "green", "yellow", "red"]
     cache = {"slot_hits": 3, "slot_misses": 1, "ram_hits": 2, "ram_misses": 0, "x_evictions": 1}
-    assert S.hit_table(cache) == [("slot reuse", 3, 1), ("RAM cache", 2, 0)]
+    assert F.hit_table(cache) == [("slot reuse", 3, 1), ("RAM cache", 2, 0)]
 
 
 def test_events_between_snapshots():
     fs = FakeSource(n_slots=2)
     a, b = fs.snapshot(0), fs.snapshot(6)
-    ev = S.diff_events(a, b)
+    ev = H.diff_events(a, b)
     texts = [t for _, t in ev]
     assert ("error", "1 request(s) failed") in ev  # step 0 -> 6: errors 0 -> 1
     assert ("info", "18 request(s) finished") in ev
@@ -109,10 +145,10 @@ def test_events_between_snapshots():
     # slot 1 was busy (task 101) at step 0 and is busy with task 113 at step 6
     assert texts.index("slot 1: task 101 done") < texts.index(
         "slot 1: task 113 started, 32 of 128 prompt tokens cached")
-    lost = S.Snapshot.lost("refused")
-    assert S.diff_events(b, lost) == [("error", "connection lost: refused")]
-    assert S.diff_events(lost, S.Snapshot.lost("refused")) == []  # said once, not every poll
-    assert S.diff_events(lost, b) == [("info", "connection restored")]
+    lost = Snapshot.lost("refused")
+    assert H.diff_events(b, lost) == [("error", "connection lost: refused")]
+    assert H.diff_events(lost, Snapshot.lost("refused")) == []  # said once, not every poll
+    assert H.diff_events(lost, b) == [("info", "connection restored")]
 
 
 # ---- the App with a fake source ------------------------------------------------------------------
@@ -123,12 +159,16 @@ async def test_slot_rows_appear_and_follow_the_source():
         assert await wait_until(lambda: app.n_polls >= 3, pilot)
         await pilot.pause()
         rows = app.slot_table.row_texts()
-        assert rows == [S.slot_row(s) for s in app.last.slots]
+        assert rows == [F.slot_row(s) for s in app.last.slots]
         assert [r[0] for r in rows] == ["0", "1", "2"]
         assert app.status_bar.state == "connected"
         assert app.requests_pane.snapshot is app.last
         assert app.cache_gauges.cache["cache_ram_limit_bytes"] == 2**23
         assert len(app.rates.gen_tps) >= 2  # throughput history fills
+        console = Console(width=60, record=True, file=io.StringIO())
+        console.print(app.requests_pane.content)
+        pane = console.export_text()
+        assert re.search(r"^processing +\d+$", pane, re.M) and re.search(r"^experts computed +\d+$", pane, re.M)
 
 
 async def test_pause_stops_polling_and_resume_restarts_it():
@@ -285,7 +325,7 @@ async def test_real_server_on_tiny_model_updates_slot_rows(tiny_models):
         assert await wait_until(done, pilot)
         await pilot.pause()
         rows = {r[0]: r for r in app.slot_table.row_texts()}
-        col = S.SLOT_COLUMNS.index
+        col = F.SLOT_COLUMNS.index
         assert rows["1"][col("generated")] == "6"
         assert rows["1"][col("prompt cached/done/all")].endswith("/5")
         assert rows["0"][col("generated")] == "0"

@@ -1,5 +1,7 @@
 """Textual dashboard for llmcore (`llmcore tui`).
 
-`snapshot` (plain data, formatting, events) and `source` (in-process, HTTP, fake) need no
-Textual; `app.Dashboard` is the App; `run` holds the command-line modes.
+Plain data, no Textual: `snapshot` (one poll as a `Snapshot`), `parsing` (EngineStats or
+HTTP routes -> Snapshot), `formatting` (numbers -> text), `history` (rates and events over
+time), `source` (in-process, HTTP, fake). With Textual: `app.Dashboard` (the App),
+`widgets/` (one per module), `messages`; `run` holds the command-line modes.
 """

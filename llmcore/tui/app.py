@@ -20,7 +20,9 @@ from textual.containers import Horizontal
 from textual.widgets import Footer
 
 from .messages import LogEvent, StatsUpdated
-from .snapshot import History, Snapshot, cache_numbers, diff_events
+from .formatting import cache_numbers
+from .history import History, diff_events
+from .snapshot import Snapshot
 from .source import StatsSource
 from .widgets import CacheGauges, EventLog, HelpScreen, RequestsPane, SlotTable, StatusBar, Throughput
 

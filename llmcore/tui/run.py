@@ -8,7 +8,9 @@ import logging
 import sys
 from typing import TextIO
 
-from .snapshot import History, Snapshot, to_json, to_text
+from .formatting import to_json, to_text
+from .history import History
+from .snapshot import Snapshot
 from .source import EngineSource, FakeSource, HttpSource
 
 log = logging.getLogger("llmcore.tui")

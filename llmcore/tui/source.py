@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from typing import Callable, Protocol
 
-from .snapshot import Snapshot, from_engine_stats, from_http
+from .parsing import from_engine_stats, from_http
+from .snapshot import Snapshot
 
 
 class StatsSource(Protocol):
@@ -35,10 +37,8 @@ class EngineSource:
             snap = from_engine_stats(self.engine.stats())
         except Exception as e:  # noqa: BLE001 - shown as state, never raised
             return Snapshot.lost(f"{type(e).__name__}: {e}")
-        if getattr(self.engine, "status", None) == "error":
-            err = getattr(self.engine, "load_error", "") or ""
-            return Snapshot(time=snap.time, stats={**snap.stats, "status": "error", "error": err},
-                            slots=snap.slots, cache=snap.cache)
+        if snap.get("status") == "error":  # why it failed is not a number: ask the engine
+            return replace(snap, stats={**snap.stats, "error": self.engine.load_error or ""})
         return snap
 
     async def close(self) -> None:
@@ -98,13 +98,12 @@ class FakeSource:
     fetch return a lost connection. `calls` counts fetches (tests check pausing)."""
 
     def __init__(self, n_slots: int = 2, dt: float = 1.0, t0: float = 1_700_000_000.0,
-                 fail: Callable[[int], bool] | set | None = None, cache: bool = True):
+                 fail: Callable[[int], bool] | set | None = None):
         self.name = "fake"
         self.n_slots = n_slots
         self.dt = dt
         self.t0 = t0
         self.fail = fail
-        self.with_cache = cache
         self.calls = 0
 
     def _failing(self, step: int) -> bool:
@@ -136,19 +135,19 @@ class FakeSource:
             "tokens_predicted_seconds_total": 2.0 * step, "cache_tokens_total": 32 * step,
             "prompt_tokens_seconds": 100.0, "predicted_tokens_seconds": 20.0,
         }
-        if self.with_cache:  # EngineStats cache fields, plus one free-form layer number
-            stats.update({
-                "slot_hits": 2 * step, "slot_misses": 1, "ram_hits": step, "ram_misses": 1,
-                "cache_ram_bytes": 2**20 * (1 + step), "cache_ram_limit_bytes": 2**23,
-                "cache_ram_entries": step, "cache_ram_tokens": 100 * step, "cache_ram_inserts": step,
-                "cache_ram_evictions": step // 3, "cache_save_failures": 0, "cache_restore_failures": 0,
-                "checkpoints_created": step, "checkpoints_restored": step // 2, "checkpoints_erased": 0,
-                "checkpoint_failures": 0, "checkpoints_count": 2, "checkpoints_bytes": 3 * 2**16,
-                "forced_reprefills": 0, "kv_used_bytes": 2**20 * (10 + step), "kv_limit_bytes": 2**20 * 100,
-                "idle_slot_evictions": 0, "kv_full_waits": 0, "kv_full_failures": 0,
-            })
-        cache = {"pool_grows": step} if self.with_cache else {}
-        return Snapshot(time=t, stats=stats, slots=tuple(slots), cache=cache)
+        # the cache layers and memory
+        stats.update({
+            "slot_hits": 2 * step, "slot_misses": 1, "ram_hits": step, "ram_misses": 1,
+            "cache_ram_bytes": 2**20 * (1 + step), "cache_ram_limit_bytes": 2**23,
+            "cache_ram_entries": step, "cache_ram_tokens": 100 * step, "cache_ram_inserts": step,
+            "cache_ram_evictions": step // 3, "cache_save_failures": 0, "cache_restore_failures": 0,
+            "checkpoints_created": step, "checkpoints_restored": step // 2, "checkpoints_erased": 0,
+            "checkpoint_failures": 0, "checkpoints_count": 2, "checkpoints_bytes": 3 * 2**16,
+            "forced_reprefills": 0, "kv_used_bytes": 2**20 * (10 + step), "kv_limit_bytes": 2**20 * 100,
+            "idle_slot_evictions": 0, "kv_full_waits": 0, "kv_full_failures": 0,
+        })
+        model_stats = {"experts_computed": 6 * step, "experts_skipped": 2 * step}
+        return Snapshot(time=t, stats=stats, slots=tuple(slots), model_stats=model_stats)
 
     async def fetch(self) -> Snapshot:
         step = self.calls

@@ -7,7 +7,7 @@ from aiohttp import web
 from ... import __version__
 from ...engine import FinalEvent, TokenEvent
 from ...errors import RequestError
-from ...metrics import to_prometheus
+from ...metrics import slots_json, to_prometheus
 from ..errors import error_response, exception_body, read_json
 from ..keys import ENGINE
 from ..params import BIG_TEXT, gen_params, get_bool, off_loop, prompt_size, tokenize_prompt
@@ -71,23 +71,7 @@ async def slots(request: web.Request) -> web.Response:
     st = eng.stats()
     if request.query.get("fail_on_no_slot") in ("1", "true") and all(s.state != "idle" for s in st.slots):
         return error_response(503, "no slot available")
-    out = []
-    for s in st.slots:
-        out.append({
-            "id": s.id, "n_ctx": s.n_ctx, "is_processing": s.state != "idle", "state": s.state,
-            "id_task": s.task_id if s.task_id is not None else -1, "n_tokens": s.n_tokens,
-            "n_prompt": s.n_prompt, "n_cached": s.n_cached, "n_prefilled": s.n_prefilled,
-            "n_decoded": s.n_decoded, "prompt_per_second": s.prompt_per_second,
-            "predicted_per_second": s.predicted_per_second, "nbytes": s.nbytes,
-            "t_last_used": s.t_last_used,
-            # llama-server's names for the same numbers
-            "n_prompt_tokens": s.n_prompt, "n_prompt_tokens_cache": s.n_cached,
-            "n_prompt_tokens_processed": s.n_prefilled,
-            "next_token": [{"has_next_token": s.state != "idle", "n_decoded": s.n_decoded}],
-            "cache_source": s.cache_source, "n_checkpoints": s.n_checkpoints,
-            "checkpoint_bytes": s.checkpoint_bytes,
-        })
-    return web.json_response(out)
+    return web.json_response(slots_json(st))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ..snapshot import (DASH, fmt_bytes, fmt_num, gauge_keys, gauge_text, gauges, hit_keys, hit_table,
-                        iter_cache_rows, level)
+from ..formatting import (DASH, fmt_bytes, fmt_num, gauge_keys, gauge_text, gauges, hit_keys, hit_table,
+                          level, number_rows)
 
 COLOURS = {"green": "green", "yellow": "yellow", "red": "red", "unknown": "grey50"}
 # shown on their own lines: (label, keys...) with bytes keys formatted as sizes
@@ -62,7 +62,7 @@ def render_cache(cache: Mapping) -> Table:
                 shown.add(k)
         if parts:
             t.add_row(label, Text(""), Text("  ".join(parts)))
-    for k, v in iter_cache_rows(cache):
+    for k, v in number_rows(cache):
         if k not in shown:
             t.add_row(Text(k, style="grey70"), Text(""), Text(v))
     return t

@@ -1,11 +1,13 @@
-"""Requests: processing / queued now, totals since start, token counters."""
+"""Requests: processing / queued now, totals since start, token counters, and the model's
+own counters (e.g. MoE experts computed / skipped) when it reports any."""
 from __future__ import annotations
 
 from rich.table import Table
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ..snapshot import Snapshot, fmt_num, fmt_rate
+from ..formatting import fmt_num, fmt_rate, number_rows
+from ..snapshot import Snapshot
 
 ROWS = (  # label, stats key, formatter
     ("processing", "requests_processing", fmt_num),
@@ -32,4 +34,7 @@ class RequestsPane(Static):
         for label, key, f in ROWS:
             v = snap.get(key) if snap is not None and snap.connected else None
             t.add_row(label, f(v))
+        if snap is not None and snap.connected:
+            for name, text in number_rows(snap.model_stats):
+                t.add_row(name.replace("_", " "), text)
         self.update(t)

@@ -6,7 +6,7 @@ from typing import Iterable, Mapping
 
 from textual.widgets import DataTable
 
-from ..snapshot import SLOT_COLUMNS, slot_row
+from ..formatting import SLOT_COLUMNS, slot_row
 
 
 class SlotTable(DataTable):

@@ -5,7 +5,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ..snapshot import Snapshot, fmt_duration, fmt_num, model_label
+from ..formatting import fmt_duration, fmt_num, model_label
+from ..snapshot import Snapshot
 
 
 class StatusBar(Static):

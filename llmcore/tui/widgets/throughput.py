@@ -5,7 +5,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline
 
-from ..snapshot import History, fmt_rate
+from ..formatting import fmt_rate
+from ..history import History
 
 
 class Throughput(Vertical):
