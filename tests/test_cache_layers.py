@@ -329,7 +329,7 @@ def test_stats_feed_metrics_and_slots(tiny_models):
 
 def test_checkpoint_at_last_user_message(fresh_cache):
     path = conformance_model("tiny-gemma3-swa")
-    from llmcore.server.handlers.openai import last_user_start, render_chat
+    from llmcore.server.prompt import build_chat_prompt
 
     eng = start(path, n_parallel=1, checkpoint_every_n_tokens=-1, cache_ram_mib=0)
     try:
@@ -344,15 +344,14 @@ def test_checkpoint_at_last_user_message(fresh_cache):
                 {"role": "assistant", "content": "hi"},
                 {"role": "user", "content": last}]}
 
-        b1 = body(story)
-        p1 = render_chat(eng, b1)
-        at = last_user_start(eng, b1, p1)
+        prompt = build_chat_prompt(eng, body(story))
+        p1, at = prompt.tokens, prompt.checkpoint_at
         assert at is not None and 0 < at < len(p1) - 32
         eng.generate_sync(p1, gp(checkpoint_at=at))
         assert at in eng.slots[0].checkpoints.positions()
-        b2 = body(story.replace("very long", "short"))  # the client edits its last message
-        p2 = render_chat(eng, b2)
-        r = eng.generate_sync(p2, gp(checkpoint_at=last_user_start(eng, b2, p2)))
+        prompt = build_chat_prompt(eng, body(story.replace("very long", "short")))  # the client edits its last message
+        p2 = prompt.tokens
+        r = eng.generate_sync(p2, gp(checkpoint_at=prompt.checkpoint_at))
         t = r.final.timings
         assert t.cache_source == "checkpoint" and t.cache_n == at
         same_output(r, fresh_cache(path, p2))

@@ -375,3 +375,139 @@ async def test_keepalive_comments_while_waiting(aiohttp_client):
     assert ": keep-alive" in raw
     frames = [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: ")]
     assert "".join(f["content"] for f in frames) == "bc" and frames[-1]["stop"] is True
+
+
+# ---- the request path: one prompt build per request, errors by class ------------------
+
+
+class CountingTemplate(FakeChatTemplate):
+    def __init__(self):
+        self.renders = 0
+
+    def render(self, messages, add_generation_prompt=True, tools=None, **extra):
+        self.renders += 1
+        return super().render(messages, add_generation_prompt, tools, **extra)
+
+
+HISTORY = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+           {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CHAT_BODIES = {  # the same conversation through every chat-style API
+    "/v1/chat/completions": {"messages": HISTORY, "tools": [TOOL], "max_tokens": 2},
+    "/v1/messages": {"system": "be brief", "messages": HISTORY[1:], "max_tokens": 2,
+                     "tools": [{"name": "f", "input_schema": {"type": "object"}}]},
+    "/v1/responses": {"instructions": "be brief", "max_output_tokens": 2,
+                      "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                      "input": [{"type": "message", **m} for m in HISTORY[1:]]},
+}
+
+
+async def chat_client(aiohttp_client, monkeypatch, needs_checkpoints: bool):
+    from llmcore.engine import Engine as E
+
+    monkeypatch.setattr(E, "needs_checkpoints", property(lambda self: needs_checkpoints))
+    tmpl = CountingTemplate()
+    eng = Engine(EngineConfig(sampling=GREEDY), model=FakeModel(), tokenizer=FakeTokenizer(),
+                 chat_template=tmpl, info={"name": "fake"})
+    client = await aiohttp_client(create_app(eng, ServerConfig(keepalive_s=0.05)))
+    submitted = []
+    submit = eng.submit
+
+    def spy(prompt, params=None, **kw):
+        submitted.append((list(prompt), params))
+        return submit(prompt, params, **kw)
+
+    monkeypatch.setattr(eng, "submit", spy)
+    return client, tmpl, submitted
+
+
+@pytest.mark.parametrize("path", list(CHAT_BODIES))
+async def test_chat_prompt_rendered_once_without_checkpoints(aiohttp_client, monkeypatch, path):
+    client, tmpl, submitted = await chat_client(aiohttp_client, monkeypatch, needs_checkpoints=False)
+    r = await client.post(path, json=CHAT_BODIES[path])
+    assert r.status == 200, await r.text()
+    assert tmpl.renders == 1
+    assert submitted[0][1].checkpoint_at is None
+
+
+@pytest.mark.parametrize("path", list(CHAT_BODIES))
+async def test_checkpoint_at_where_the_last_user_message_starts(aiohttp_client, monkeypatch, path):
+    client, tmpl, submitted = await chat_client(aiohttp_client, monkeypatch, needs_checkpoints=True)
+    r = await client.post(path, json=CHAT_BODIES[path])
+    assert r.status == 200, await r.text()
+    assert tmpl.renders == 2  # the prompt, and the conversation before its last user message
+    prompt, params = submitted[0]
+    head = FakeTokenizer().encode(FakeChatTemplate().render(HISTORY[:3], add_generation_prompt=False),
+                                  parse_special=True)[1:]  # the template writes BOS itself
+    assert params.checkpoint_at == len(head) and prompt[:len(head)] == head
+    assert len(prompt) > len(head)
+
+
+async def test_count_tokens_renders_once_even_with_checkpoints(aiohttp_client, monkeypatch):
+    client, tmpl, _ = await chat_client(aiohttp_client, monkeypatch, needs_checkpoints=True)
+    r = await client.post("/v1/messages/count_tokens", json=CHAT_BODIES["/v1/messages"])
+    assert r.status == 200 and tmpl.renders == 1
+
+
+async def test_responses_bad_stream_flag_leaves_no_task(aiohttp_client):
+    client = await aiohttp_client(make_app(model=FakeModel(n_ctx_train=100_000, delay=0.01)))
+    eng = client.server.app[ENGINE]
+    r = await client.post("/v1/responses", json={"input": "go", "stream": "yes", "ignore_eos": True})
+    assert r.status == 400 and "'stream'" in (await r.json())["error"]["message"]
+    await asyncio.sleep(0.2)
+    st = eng.stats()
+    assert st.requests_processing == 0 and st.requests_deferred == 0 and st.requests_total == 0
+
+
+async def test_anthropic_failure_after_submit_uses_anthropic_envelope(aiohttp_client):
+    from fakes import tid
+
+    client = await aiohttp_client(make_app(model=FakeModel(fail_token=tid("b"))))
+    r = await client.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "a"}]})
+    assert r.status == 500
+    assert await r.json() == {"type": "error", "error": {"type": "api_error",
+                                                          "message": "RuntimeError: fake model failure"}}
+
+
+def test_errors_map_to_status_by_class_not_by_message():
+    from llmcore.errors import (ContextFullError, EngineFailure, LLMCoreError, ModelLoadFailedError,
+                                ModelLoadingError, RequestError, ShuttingDownError)
+    from llmcore.server.errors import anthropic_error, openai_error, responses_error
+
+    assert openai_error(ModelLoadingError()) == (503, {"error": {
+        "message": "Loading model", "type": "unavailable_error", "code": 503}})
+    assert anthropic_error(ModelLoadingError()) == (529, {"type": "error", "error": {
+        "type": "overloaded_error", "message": "Loading model"}})
+    # the same words in another class mean nothing
+    assert openai_error(LLMCoreError("Loading model"))[0] == 500
+    assert anthropic_error(LLMCoreError("Loading model"))[0] == 500
+    assert openai_error(ModelLoadFailedError("model failed to load: x"))[0] == 503
+    assert anthropic_error(ModelLoadFailedError("x"))[1]["error"]["type"] == "api_error"
+    for exc in (ShuttingDownError(), EngineFailure("step failed")):
+        assert openai_error(exc) == (500, {"error": {"message": str(exc), "type": "server_error", "code": 500}})
+    assert openai_error(RuntimeError("boom"))[1]["error"]["message"] == "internal error: RuntimeError: boom"
+    assert anthropic_error(RuntimeError("boom"))[1]["error"]["message"] == "RuntimeError: boom"
+    assert openai_error(RequestError("bad"))[0] == 400
+    full = ContextFullError("too long", n_prompt_tokens=300, n_ctx=256)
+    status, body = openai_error(full)
+    assert status == 400 and body["error"]["n_prompt_tokens"] == 300 and body["error"]["n_ctx"] == 256
+    assert anthropic_error(full)[1]["error"]["message"] == "prompt is too long: 300 tokens > 256 maximum"
+    assert responses_error(full)[1]["error"]["code"] == "context_length_exceeded"
+    assert responses_error(RequestError("bad"))[1]["error"]["code"] == 400
+
+
+async def test_health_and_requests_503_when_the_model_failed_to_load(aiohttp_client):
+    def loader():
+        raise RuntimeError("bad file")
+
+    client = await aiohttp_client(make_app(loader=loader))
+    eng = client.server.app[ENGINE]
+    for _ in range(200):
+        if eng.status != "loading":
+            break
+        await asyncio.sleep(0.01)
+    assert eng.status == "error"
+    for path, body in (("/health", None), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        r = await (client.get(path) if body is None else client.post(path, json=body))
+        assert r.status == 503
+        assert (await r.json())["error"]["message"] == "model failed to load: bad file"

@@ -1,4 +1,5 @@
-"""aiohttp server: OpenAI-compatible and llama-server-compatible routes over the engine."""
-from .app import ServerConfig, create_app, run_server
+"""aiohttp server: OpenAI-, Anthropic- and llama-server-compatible routes over the engine."""
+from .app import create_app, run_server
+from .config import ServerConfig
 
 __all__ = ["ServerConfig", "create_app", "run_server"]

@@ -4,25 +4,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..engine import Engine
+from ..engine import Engine, EngineStatus
+from .config import ServerConfig
 from .errors import error_middleware
 from .keys import CONFIG, ENGINE, STREAMS
 from .routes import setup_routes
 
 log = logging.getLogger("llmcore.server")
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    client_max_size: int = 64 * 1024 * 1024  # long agent histories exceed aiohttp's 1 MiB
-    keepalive_s: float = 5.0  # SSE comment while waiting (queue, long prefill)
-    shutdown_timeout: float = 5.0
 
 
 async def _engine_ctx(app: web.Application):
@@ -60,9 +51,9 @@ async def _exit_on_load_error(app: web.Application) -> None:
     eng = app[ENGINE]
 
     async def watch():
-        while eng.status == "loading":
+        while eng.status is EngineStatus.LOADING:
             await asyncio.sleep(0.1)
-        if eng.status == "error":
+        if eng.status is EngineStatus.FAILED:
             # raised from a loop callback it leaves run_app like Ctrl-C, cleanup included
             asyncio.get_running_loop().call_soon(_graceful_exit)
 
@@ -76,7 +67,7 @@ def _graceful_exit() -> None:
 
 
 def run_server(engine: Engine, cfg: ServerConfig | None = None) -> None:
-    """Serve until interrupted, or until the model fails to load (engine.status "error")."""
+    """Serve until interrupted, or until the model fails to load (EngineStatus.FAILED)."""
     cfg = cfg or ServerConfig()
     app = create_app(engine, cfg)
     app.on_startup.append(_exit_on_load_error)

@@ -1,18 +1,60 @@
-"""OpenAI-style error envelopes and the middleware that turns exceptions into them."""
+"""Errors as HTTP answers, in one place.
+
+Each exception class has one `ErrorKind` (HTTP status and error type, for the OpenAI-style
+envelope and for Anthropic's); the envelopes below read it, never the message text. The
+middleware answers every failed request with its route's envelope (`uses_envelope`)."""
 from __future__ import annotations
 
-import json
 import logging
-import re
+from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from ..errors import ContextFullError, LLMCoreError, RequestError
+from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
+                      RequestError)
 from .sse import ClientGone
 
 log = logging.getLogger("llmcore.server")
 
-_TYPES = {
+
+@dataclass(frozen=True)
+class ErrorKind:
+    status: int  # HTTP status of the OpenAI-style and native routes
+    type: str  # OpenAI envelope "type"
+    anthropic_status: int
+    anthropic_type: str
+
+
+INVALID = ErrorKind(400, "invalid_request_error", 400, "invalid_request_error")
+LOADING = ErrorKind(503, "unavailable_error", 529, "overloaded_error")  # clients retry 529
+UNAVAILABLE = ErrorKind(503, "unavailable_error", 500, "api_error")
+INTERNAL = ErrorKind(500, "server_error", 500, "api_error")
+
+# by class, most specific first; RequestError covers ContextFullError
+_KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (RequestError, INVALID),
+    (ModelLoadingError, LOADING),
+    (ModelLoadFailedError, UNAVAILABLE),
+    (LLMCoreError, INTERNAL),  # ShuttingDownError, EngineFailure, ...
+)
+
+
+def kind_of(exc: BaseException) -> ErrorKind:
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return kind
+    return INTERNAL
+
+
+class UnreadableBodyError(RequestError):
+    """The body cannot be read (e.g. broken gzip): answer 400, then close the connection
+    (the rest of the body is still on it; a client that reused it would read garbage)."""
+
+
+# ---- the OpenAI-style envelope (OpenAI routes, native routes, Responses) ----------------
+
+_HTTP_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
@@ -25,7 +67,7 @@ _TYPES = {
 
 
 def error_body(status: int, message: str, type_: str | None = None, **extra) -> dict:
-    err = {"message": message, "type": type_ or _TYPES.get(status, "server_error"), "code": status}
+    err = {"message": message, "type": type_ or _HTTP_TYPES.get(status, "server_error"), "code": status}
     err.update(extra)
     return {"error": err}
 
@@ -34,27 +76,69 @@ def error_response(status: int, message: str, type_: str | None = None, **extra)
     return web.json_response(error_body(status, message, type_, **extra), status=status)
 
 
-def exception_body(exc: BaseException) -> tuple[int, dict]:
-    """HTTP status and error body for an exception raised while serving a request."""
-    if isinstance(exc, ContextFullError):
-        extra = {}
-        if getattr(exc, "n_ctx", None) is not None:
-            extra = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx}
-        return 400, error_body(400, str(exc), **extra)
-    if isinstance(exc, RequestError):
-        return 400, error_body(400, str(exc))
-    if isinstance(exc, LLMCoreError) and str(exc) == "Loading model":
-        return 503, error_body(503, "Loading model")
+def openai_error(exc: BaseException) -> tuple[int, dict]:
+    """HTTP status and `{"error": {message, type, code}}` for an exception."""
+    kind = kind_of(exc)
     if isinstance(exc, LLMCoreError):
-        return 500, error_body(500, str(exc))
-    return 500, error_body(500, f"internal error: {type(exc).__name__}: {exc}")
+        message = str(exc)
+    else:
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    extra = {}
+    if isinstance(exc, ContextFullError) and exc.n_ctx is not None:
+        extra = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx}
+    return kind.status, error_body(kind.status, message, kind.type, **extra)
+
+
+def responses_error(exc: BaseException) -> tuple[int, dict]:
+    """The OpenAI envelope, with the Responses API's code for a prompt that does not fit."""
+    status, body = openai_error(exc)
+    if isinstance(exc, ContextFullError):
+        body["error"]["code"] = "context_length_exceeded"
+        body["error"]["param"] = "input"
+    return status, body
+
+
+# ---- Anthropic's envelope (/v1/messages) --------------------------------------------------
+
+
+def anthropic_error(exc: BaseException) -> tuple[int, dict]:
+    """HTTP status and `{"type": "error", "error": {type, message}}` for an exception."""
+    kind = kind_of(exc)
+    if isinstance(exc, ContextFullError) and exc.n_ctx is not None:
+        message = f"prompt is too long: {exc.n_prompt_tokens} tokens > {exc.n_ctx} maximum"
+    elif isinstance(exc, LLMCoreError):
+        message = str(exc)
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    return kind.anthropic_status, {"type": "error", "error": {"type": kind.anthropic_type,
+                                                              "message": message}}
+
+
+# ---- which envelope a route answers with, and the middleware -----------------------------
+
+Envelope = Callable[[BaseException], "tuple[int, dict]"]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def uses_envelope(envelope: Envelope) -> Callable[[Handler], Handler]:
+    """Mark a handler whose errors use `envelope` (the default is `openai_error`)."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.error_envelope = envelope  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
+def _envelope_of(request: web.Request) -> Envelope:
+    return getattr(request.match_info.handler, "error_envelope", openai_error)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
-    except web.HTTPException as exc:
+    except web.HTTPException as exc:  # routing and body-size errors, before any handler
         if exc.status < 400:
             raise
         msg = {404: "File Not Found", 405: "Method Not Allowed"}.get(exc.status, exc.reason)
@@ -64,55 +148,11 @@ async def error_middleware(request: web.Request, handler):
     except ClientGone:
         # the client left while we waited (the task is already cancelled): nobody reads this
         return web.Response(status=499)
-    except (RequestError, LLMCoreError) as exc:
-        status, body = exception_body(exc)
+    except Exception as exc:  # noqa: BLE001 - the server keeps serving
+        if not isinstance(exc, LLMCoreError):
+            log.exception("unhandled error on %s %s", request.method, request.path)
+        status, body = _envelope_of(request)(exc)
         resp = web.json_response(body, status=status)
-        if getattr(exc, "close_connection", False):
+        if isinstance(exc, UnreadableBodyError):
             resp.force_close()
         return resp
-    except Exception as exc:  # noqa: BLE001 - the server keeps serving
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        status, body = exception_body(exc)
-        return web.json_response(body, status=status)
-
-
-_SURROGATE_ESC = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _fix_surrogates(v):
-    """Lone UTF-16 surrogates (JSON escapes like \\ud83d without their pair, e.g. from a
-    client that cut a string mid-emoji) cannot be encoded: replace them with U+FFFD."""
-    if isinstance(v, str):
-        return _SURROGATE.sub("\ufffd", v)
-    if isinstance(v, list):
-        return [_fix_surrogates(x) for x in v]
-    if isinstance(v, dict):
-        return {_fix_surrogates(k): _fix_surrogates(x) for k, x in v.items()}
-    return v
-
-
-async def read_json(request: web.Request) -> dict:
-    """The JSON object body, or RequestError (HTTP 400)."""
-    try:
-        raw = await request.read()
-    except web.RequestPayloadError as e:  # e.g. a body that is not valid gzip
-        # the rest of the body cannot be parsed: answer, then close this connection (a
-        # client that reused it would read garbage; aiohttp would log an unhandled error)
-        request.content.feed_eof()
-        err = RequestError("cannot read the request body: " + " ".join(str(e).split()))
-        err.close_connection = True
-        raise err from None
-    except ConnectionError:
-        raise ClientGone() from None
-    try:
-        body = json.loads(raw) if raw else None
-        if body is not None and _SURROGATE_ESC.search(raw):
-            body = _fix_surrogates(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"invalid JSON in request body: {e}") from None
-    except RecursionError:
-        raise RequestError("invalid JSON in request body: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    return body

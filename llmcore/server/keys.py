@@ -1,4 +1,4 @@
-"""Every web.AppKey of the server, in one place."""
+"""Every web.AppKey of the server, in one place, and the handlers' way to the engine."""
 from __future__ import annotations
 
 import weakref
@@ -6,7 +6,15 @@ import weakref
 from aiohttp import web
 
 from ..engine import Engine
+from .config import ServerConfig
 
 ENGINE = web.AppKey("engine", Engine)
-CONFIG = web.AppKey("config", object)  # ServerConfig (import cycle otherwise)
+CONFIG = web.AppKey("config", ServerConfig)
 STREAMS = web.AppKey("streams", weakref.WeakSet)  # open SSE responses, closed on shutdown
+
+
+def ready_engine(request: web.Request) -> Engine:
+    """The app's engine; ModelLoadingError / ModelLoadFailedError unless it serves."""
+    eng = request.app[ENGINE]
+    eng.require_ready()
+    return eng

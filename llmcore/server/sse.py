@@ -1,7 +1,9 @@
-"""Server-sent events: `data: <json>` frames, keep-alive comments, disconnect detection."""
+"""Server-sent events: `SSEEvent` (what an encoder emits) and `SSEWriter` (the response
+that writes them, keep-alive comments included, and notices a client that left)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -10,6 +12,21 @@ from .keys import STREAMS
 
 class ClientGone(Exception):
     """The client closed the connection (write failed)."""
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    data: object  # a JSON value; a str is written as is ("[DONE]")
+    name: str | None = None  # the `event:` line (Anthropic, Responses)
+
+    def encode(self) -> bytes:
+        data = self.data if isinstance(self.data, str) else \
+            json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+        head = f"event: {self.name}\n" if self.name else ""
+        return f"{head}data: {data}\n\n".encode()
+
+
+DONE = SSEEvent("[DONE]")  # OpenAI streams end with it
 
 
 class SSEWriter:
@@ -31,28 +48,21 @@ class SSEWriter:
             self.prepared = True
             self.request.app[STREAMS].add(self.resp)
 
-    async def _write(self, data: str) -> None:
+    async def _write(self, data: bytes) -> None:
         await self.prepare()
         if client_gone(self.request):
             raise ClientGone()
         try:
-            await self.resp.write(data.encode())
+            await self.resp.write(data)
         except (ConnectionError, RuntimeError) as e:  # aiohttp raises ClientConnectionResetError (a ConnectionError)
             raise ClientGone() from e
 
-    async def send(self, obj) -> None:
-        await self._write("data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n")
-
-    async def event(self, name: str, obj) -> None:
-        """A named event (`event: <name>` line), as the Anthropic and Responses streams use."""
-        await self._write(f"event: {name}\ndata: "
-                          + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n")
+    async def send(self, events: list[SSEEvent]) -> None:
+        for ev in events:
+            await self._write(ev.encode())
 
     async def comment(self, text: str = "keep-alive") -> None:
-        await self._write(f": {text}\n\n")
-
-    async def done(self) -> None:
-        await self._write("data: [DONE]\n\n")
+        await self._write(f": {text}\n\n".encode())
 
     async def close(self) -> web.StreamResponse:
         if self.prepared:

@@ -1,1 +1,2 @@
-"""Route handlers: native llama-server routes (native.py) and OpenAI routes (openai.py)."""
+"""Route handlers, thin: read the request, build the prompt, submit, hand the task to the
+stream driver with the API's encoder. openai.py, anthropic.py, responses.py, native.py."""

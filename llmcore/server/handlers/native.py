@@ -5,39 +5,20 @@ from __future__ import annotations
 from aiohttp import web
 
 from ... import __version__
-from ...engine import FinalEvent, TokenEvent
 from ...errors import RequestError
 from ...metrics import slots_json, to_prometheus
-from ..errors import error_response, exception_body, read_json
-from ..keys import ENGINE
-from ..params import BIG_TEXT, gen_params, get_bool, off_loop, prompt_size, tokenize_prompt
-from ..sse import ClientGone, SSEWriter
-from .common import events, native_probs, piece, ready_engine
+from ..encoders.native import NativeEncoder, generation_settings
+from ..errors import error_response
+from ..keys import ENGINE, ready_engine
+from ..prompt import text_prompt
+from ..requests.body import read_json
+from ..requests.fields import gen_params, get_bool
+from ..stream import respond
 
 
 async def health(request: web.Request) -> web.Response:
-    eng = request.app[ENGINE]
-    if eng.status == "loading":
-        return error_response(503, "Loading model")
-    if eng.status != "ok":
-        return error_response(500, f"model failed to load: {eng.load_error}")
+    ready_engine(request)  # 503 while loading or when the load failed
     return web.json_response({"status": "ok"})
-
-
-def generation_settings(eng, params=None) -> dict:
-    gp = params
-    sp = gp.sampling if gp else eng.cfg.sampling
-    d = sp.to_dict()
-    d.update({
-        "n_ctx": eng.n_ctx_slot,
-        "n_predict": gp.n_predict if gp else eng.cfg.n_predict,
-        "stop": gp.stop if gp else [],
-        "ignore_eos": gp.ignore_eos if gp else False,
-        "cache_prompt": gp.cache_prompt if gp else True,
-        "id_slot": gp.id_slot if gp else -1,
-        "model": eng.model_name,
-    })
-    return d
 
 
 async def props(request: web.Request) -> web.Response:
@@ -61,7 +42,7 @@ async def props(request: web.Request) -> web.Response:
             "checkpoint_every_n_tokens": eng.cfg.checkpoint_every_n_tokens,
             "slot_prompt_similarity": eng.cfg.slot_prompt_similarity,
             "n_ctx_total": eng.n_ctx,
-            "memory": dict(getattr(eng, "memory_plan", {}) or {}),
+            "memory": dict(eng.memory_plan or {}),
         },
     })
 
@@ -120,61 +101,9 @@ async def completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     if "prompt" not in body:
         raise RequestError("'prompt' is required")
-    prompt = await off_loop(prompt_size(body["prompt"]) > BIG_TEXT, tokenize_prompt, eng, body["prompt"])
+    prompt = await text_prompt(eng, body["prompt"])
     params = gen_params(body, eng)
     stream = get_bool(body, "stream", False)
     return_tokens = get_bool(body, "return_tokens", False)
-    want_probs = params.sampling.n_probs > 0
-    task = eng.submit(prompt, params)  # validates (400) before any byte is sent
-
-    def final_obj(content: str, tokens: list[int], final: FinalEvent, samples) -> dict:
-        d = {
-            "index": 0, "content": content, "tokens": tokens if return_tokens else [],
-            "id_slot": final.slot_id, "stop": True, "model": eng.model_name,
-            "tokens_predicted": final.n_predicted, "tokens_evaluated": final.n_prompt,
-            "generation_settings": generation_settings(eng, params), "prompt": "",
-            "has_new_line": "\n" in content, "truncated": final.truncated,
-            "stop_type": final.stop_type, "stopping_word": final.stopping_word,
-            "tokens_cached": final.n_prompt + final.n_predicted,
-            "timings": final.timings.to_dict(),
-        }
-        if want_probs:
-            d["completion_probabilities"] = native_probs(eng.tokenizer, samples)
-        return d
-
-    if not stream:
-        text, toks, samples = "", [], []
-        async for ev in events(request, task, None):
-            if isinstance(ev, TokenEvent):
-                text += ev.text
-                toks += ev.tokens
-                samples += ev.samples
-            else:
-                return web.json_response(final_obj(text, toks, ev, samples))
-        raise RuntimeError("generation ended without a result")
-
-    sse = SSEWriter(request)
-    n = 0
-    try:
-        await sse.prepare()
-        try:
-            async for ev in events(request, task, sse):
-                if isinstance(ev, TokenEvent):
-                    n += len(ev.tokens)
-                    if not ev.text and not return_tokens and not want_probs:
-                        continue
-                    chunk = {"index": 0, "content": ev.text, "tokens": ev.tokens if return_tokens else [],
-                             "stop": False, "id_slot": task.slot_id, "tokens_predicted": n,
-                             "tokens_evaluated": len(prompt)}
-                    if want_probs:
-                        chunk["completion_probabilities"] = native_probs(eng.tokenizer, ev.samples)
-                    await sse.send(chunk)
-                else:
-                    await sse.send(final_obj("", [], ev, []))
-        except ClientGone:
-            raise
-        except Exception as exc:  # noqa: BLE001 - headers are out: report in-band
-            await sse.send(exception_body(exc)[1])
-    except ClientGone:
-        task.close()
-    return await sse.close()
+    task = eng.submit(prompt.tokens, params)  # validates (400) before any byte is sent
+    return await respond(request, task, NativeEncoder(eng, prompt, params, task, return_tokens), stream)

@@ -1,15 +1,15 @@
-"""Typed reading of request fields (wrong types -> RequestError -> HTTP 400).
+"""Typed reading of request fields (wrong types -> RequestError naming the field -> HTTP
+400), and the generation settings (GenParams) every generating route reads the same way.
 
 Unknown fields are ignored, never rejected (clients send many extras)."""
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
-from ..engine import Engine, GenParams
-from ..errors import ContextFullError, RequestError
-from ..sampling import SamplingParams
+from ...engine import Engine, GenParams
+from ...errors import RequestError
+from ...sampling import SamplingParams
 
 _MISSING = object()
 
@@ -41,13 +41,6 @@ def get_bool(body: dict, key: str, default: bool) -> bool:
     v = _get(body, key, default)
     if not isinstance(v, bool):
         raise RequestError(f"'{key}' must be a boolean")
-    return v
-
-
-def get_str(body: dict, key: str, default: str | None) -> str | None:
-    v = _get(body, key, default)
-    if v is not default and not isinstance(v, str):
-        raise RequestError(f"'{key}' must be a string")
     return v
 
 
@@ -124,7 +117,11 @@ def sampling_params(body: dict, engine: Engine, oai: bool = False) -> SamplingPa
     return sp.validate()
 
 
-def gen_params(body: dict, engine: Engine, oai: bool = False) -> GenParams:
+def gen_params(body: dict, engine: Engine, oai: bool = False,
+               checkpoint_at: int | None = None) -> GenParams:
+    """`oai`: OpenAI field names first (max_completion_tokens, max_tokens), `n` and
+    `logprobs` read; otherwise llama-server's (n_predict). `checkpoint_at` comes from the
+    prompt builder."""
     if oai:
         n = get_int(body, "n", 1)
         if n != 1:
@@ -147,92 +144,5 @@ def gen_params(body: dict, engine: Engine, oai: bool = False) -> GenParams:
         cache_prompt=get_bool(body, "cache_prompt", True),
         id_slot=get_int(body, "id_slot", -1),
         sampling=sampling_params(body, engine, oai),
+        checkpoint_at=checkpoint_at,
     )
-
-
-def tokenize_prompt(engine: Engine, prompt, field: str = "prompt") -> list[int]:
-    """A prompt given as text, token ids, or a mix of both (llama-server rules)."""
-    tok = engine.tokenizer
-    if isinstance(prompt, str):
-        check_text_fits(engine, prompt)
-        return dedupe_bos(engine, tok.encode(prompt, add_special=True, parse_special=True))
-    if isinstance(prompt, list):
-        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            return tokenize_prompt(engine, prompt[0], field)
-        out: list[int] = []
-        for i, p in enumerate(prompt):
-            if isinstance(p, bool):
-                raise RequestError(f"'{field}' items must be strings or token ids")
-            if isinstance(p, int):
-                out.append(p)
-            elif isinstance(p, str):
-                check_text_fits(engine, p)
-                out.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
-            else:
-                raise RequestError(f"'{field}' must be a string, a list of token ids, or one of those in a list (batches are not supported)")
-        return out
-    raise RequestError(f"'{field}' must be a string or a list of token ids")
-
-
-def dedupe_bos(engine: Engine, ids: list[int]) -> list[int]:
-    """A template that writes BOS itself plus the tokenizer's BOS gives two: keep one."""
-    bos = getattr(engine.tokenizer, "bos_id", None)
-    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-        return ids[1:]
-    return ids
-
-
-# ---- large prompts: off the event loop, rejected early when they cannot fit ------------
-
-BIG_TEXT = 64 * 1024  # characters; above this, render/tokenize in a worker thread
-
-
-def max_token_bytes(engine: Engine) -> int:
-    """Byte length of the longest token (special tokens included), cached on the tokenizer."""
-    tok = engine.tokenizer
-    n = getattr(tok, "_llmcore_max_piece", None)
-    if n is None:
-        n = 1
-        for i in range(int(getattr(tok, "vocab_size", 0) or 0)):
-            try:
-                n = max(n, len(tok.token_to_piece(i)))
-            except Exception:  # noqa: BLE001 - a token without a piece
-                continue
-        try:
-            tok._llmcore_max_piece = n
-        except AttributeError:
-            pass
-    return n
-
-
-def check_text_fits(engine: Engine, text: str) -> None:
-    """ContextFullError when even the fewest tokens `text` could become (its bytes divided
-    by the longest token's bytes) do not fit a slot's context; cheap next to tokenizing."""
-    n_ctx = int(getattr(engine, "n_ctx_slot", 0) or 0)
-    if not n_ctx or len(text) < n_ctx:  # each token is at least one character
-        return
-    nb = len(text.encode("utf-8", errors="surrogatepass"))
-    lower = -(-nb // max_token_bytes(engine))
-    if lower >= n_ctx:
-        err = ContextFullError(
-            f"the request exceeds the available context size, try increasing it "
-            f"(at least {lower} prompt tokens, n_ctx {n_ctx}). This model's maximum context "
-            f"length is {n_ctx} tokens. However, your messages resulted in at least {lower} tokens.")
-        err.n_prompt_tokens, err.n_ctx = lower, n_ctx
-        raise err
-
-
-async def off_loop(big: bool, fn, *args, **kwargs):
-    """fn(*args) in a worker thread when the input is big (the event loop keeps serving
-    other streams meanwhile), inline otherwise."""
-    if big:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
-
-
-def prompt_size(prompt) -> int:
-    if isinstance(prompt, str):
-        return len(prompt)
-    if isinstance(prompt, list):
-        return sum(len(p) if isinstance(p, str) else 1 for p in prompt)
-    return 0

@@ -1,0 +1,212 @@
+"""The prompt builder: a request's prompt, built once, as one `Prompt`.
+
+For a chat (OpenAI chat, Anthropic Messages, Responses): read the chat request (messages,
+tools, template variables), render the template once, check that the text can fit the
+context, tokenize, and find the checkpoint position. For a text or token prompt (OpenAI
+completions, native /completion): check and tokenize. Big inputs are built in a worker
+thread so the event loop keeps serving other streams meanwhile."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ..engine import Engine, common_prefix
+from ..errors import ContextFullError, RequestError
+from ..toolcalls import detect_format, prompt_ends_in_think
+from .requests.chat import ChatRequest, read_chat
+
+BIG_TEXT = 64 * 1024  # characters (or body bytes); above this, build in a worker thread
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    text: str = ""  # the rendered chat ("" for a text or token prompt)
+    tools: list[dict] | None = None  # the tools the template got
+    parse_tools: bool = False  # look for tool calls in the output
+    parallel_tool_calls: bool = True
+    tool_format: str = "hermes"  # the model's tool-call syntax (llmcore.toolcalls)
+    starts_in_reasoning: bool = False  # the template opened a <think> block
+    checkpoint_at: int | None = None  # where the last user message starts (checkpoint models)
+
+
+async def chat_prompt(eng: Engine, body: dict, size: int, checkpoint: bool = True) -> Prompt:
+    """build_chat_prompt, in a worker thread when the request body (`size` bytes) is big."""
+    chat = read_chat(body)
+    return await _off_loop(size > BIG_TEXT, _build_chat, eng, chat, checkpoint)
+
+
+def build_chat_prompt(eng: Engine, body: dict, checkpoint: bool = True) -> Prompt:
+    """The prompt of a chat/completions-shaped body; `checkpoint=False` skips the
+    checkpoint position (when only counting tokens)."""
+    return _build_chat(eng, read_chat(body), checkpoint)
+
+
+async def text_prompt(eng: Engine, prompt, field: str = "prompt") -> Prompt:
+    """The prompt of a completion: text, token ids, or a mix (llama-server rules)."""
+    tokens = await _off_loop(prompt_size(prompt) > BIG_TEXT, tokenize_prompt, eng, prompt, field)
+    return Prompt(tokens=tokens)
+
+
+# ---- chat -------------------------------------------------------------------------------
+
+
+def _build_chat(eng: Engine, chat: ChatRequest, checkpoint: bool) -> Prompt:
+    text, rendered = _render(eng, chat)
+    check_text_fits(eng, text)
+    tokens = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
+    at = _last_user_start(eng, chat, rendered, tokens) if checkpoint else None
+    return Prompt(tokens=tokens, text=text, tools=chat.tools, parse_tools=chat.parse_tools,
+                  parallel_tool_calls=chat.parallel_tool_calls, tool_format=chat_format(eng),
+                  starts_in_reasoning=prompt_ends_in_think(text), checkpoint_at=at)
+
+
+def _render(eng: Engine, chat: ChatRequest) -> tuple[str, list[dict]]:
+    """The prompt text, and the messages as rendered (see _render_template)."""
+    tmpl = eng.chat_template
+    if tmpl is None:
+        text = "".join(f"<|im_start|>{m['role']}\n{_plain(m.get('content'))}<|im_end|>\n"
+                       for m in chat.messages)
+        return text + "<|im_start|>assistant\n", chat.messages
+    try:
+        return _render_template(tmpl, chat.messages, chat.add_generation_prompt, chat)
+    except RequestError:
+        raise
+    except Exception as e:  # noqa: BLE001 - template errors are the request's fault here
+        raise RequestError(f"chat template error: {e}") from e
+
+
+def _render_template(tmpl, msgs: list[dict], add_gen: bool, chat: ChatRequest) -> tuple[str, list[dict]]:
+    """Render; a template that concatenates `content` fails on the null content of an
+    assistant turn that only made tool calls (valid OpenAI input): retry with "" there."""
+    try:
+        return tmpl.render(msgs, add_generation_prompt=add_gen, tools=chat.tools,
+                           **chat.template_kwargs), msgs
+    except RequestError:
+        if not any(isinstance(m, dict) and m.get("content") is None for m in msgs):
+            raise
+    msgs = [{**m, "content": ""} if m.get("content") is None else m for m in msgs]
+    return tmpl.render(msgs, add_generation_prompt=add_gen, tools=chat.tools,
+                       **chat.template_kwargs), msgs
+
+
+def _last_user_start(eng: Engine, chat: ChatRequest, msgs: list[dict], prompt: list[int]) -> int | None:
+    """Token position where the last user message starts (a context checkpoint goes there):
+    the common prefix of the prompt and the conversation rendered without that message.
+
+    This is the one second render of a request, and only for models that need checkpoints
+    (sliding window, recurrent): where a message starts in the tokens depends on the
+    template, so the template has to say it."""
+    if not eng.needs_checkpoints or eng.chat_template is None:
+        return None
+    idx = max((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"),
+              default=None)
+    if not idx:
+        return None
+    try:
+        text = eng.chat_template.render(msgs[:idx], add_generation_prompt=False, tools=chat.tools,
+                                        **chat.template_kwargs)
+        head = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
+    except Exception:  # noqa: BLE001 - only a hint for checkpoint placement
+        return None
+    n = common_prefix(head, prompt)
+    return n if 0 < n < len(prompt) else None
+
+
+def chat_format(eng: Engine) -> str:
+    """The model's tool-call format, from its chat template (or architecture)."""
+    src = getattr(eng.chat_template, "source", None) or (eng.info or {}).get("chat_template") or ""
+    return detect_format(src, (eng.info or {}).get("arch"))
+
+
+def _plain(content) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+# ---- text and token prompts -------------------------------------------------------------
+
+
+def tokenize_prompt(engine: Engine, prompt, field: str = "prompt") -> list[int]:
+    """A prompt given as text, token ids, or a mix of both (llama-server rules)."""
+    tok = engine.tokenizer
+    if isinstance(prompt, str):
+        check_text_fits(engine, prompt)
+        return dedupe_bos(engine, tok.encode(prompt, add_special=True, parse_special=True))
+    if isinstance(prompt, list):
+        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            return tokenize_prompt(engine, prompt[0], field)
+        out: list[int] = []
+        for i, p in enumerate(prompt):
+            if isinstance(p, bool):
+                raise RequestError(f"'{field}' items must be strings or token ids")
+            if isinstance(p, int):
+                out.append(p)
+            elif isinstance(p, str):
+                check_text_fits(engine, p)
+                out.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
+            else:
+                raise RequestError(f"'{field}' must be a string, a list of token ids, or one of those in a list (batches are not supported)")
+        return out
+    raise RequestError(f"'{field}' must be a string or a list of token ids")
+
+
+def prompt_size(prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(p) if isinstance(p, str) else 1 for p in prompt)
+    return 0
+
+
+def dedupe_bos(engine: Engine, ids: list[int]) -> list[int]:
+    """A template that writes BOS itself plus the tokenizer's BOS gives two: keep one."""
+    bos = getattr(engine.tokenizer, "bos_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        return ids[1:]
+    return ids
+
+
+# ---- fitting the context ----------------------------------------------------------------
+
+
+def max_token_bytes(engine: Engine) -> int:
+    """Byte length of the longest token (special tokens included), cached on the tokenizer."""
+    tok = engine.tokenizer
+    n = getattr(tok, "_llmcore_max_piece", None)
+    if n is None:
+        n = 1
+        for i in range(int(getattr(tok, "vocab_size", 0) or 0)):
+            try:
+                n = max(n, len(tok.token_to_piece(i)))
+            except Exception:  # noqa: BLE001 - a token without a piece
+                continue
+        try:
+            tok._llmcore_max_piece = n
+        except AttributeError:
+            pass
+    return n
+
+
+def check_text_fits(engine: Engine, text: str) -> None:
+    """ContextFullError when even the fewest tokens `text` could become (its bytes divided
+    by the longest token's bytes) do not fit a slot's context; cheap next to tokenizing."""
+    n_ctx = int(engine.n_ctx_slot or 0)
+    if not n_ctx or len(text) < n_ctx:  # each token is at least one character
+        return
+    nb = len(text.encode("utf-8", errors="surrogatepass"))
+    lower = -(-nb // max_token_bytes(engine))
+    if lower >= n_ctx:
+        raise ContextFullError(
+            f"the request exceeds the available context size, try increasing it "
+            f"(at least {lower} prompt tokens, n_ctx {n_ctx}). This model's maximum context "
+            f"length is {n_ctx} tokens. However, your messages resulted in at least {lower} tokens.",
+            n_prompt_tokens=lower, n_ctx=n_ctx)
+
+
+async def _off_loop(big: bool, fn, *args):
+    """fn(*args) in a worker thread when the input is big, inline otherwise."""
+    if big:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
