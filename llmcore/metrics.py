@@ -80,8 +80,12 @@ class EngineStats:
     checkpoints_restored: int = 0
     checkpoints_erased: int = 0
     checkpoint_failures: int = 0
+    checkpoints_skipped: int = 0  # not taken: the server-wide checkpoint budget was full
     checkpoints_count: int = 0  # held by slots now (entries' checkpoints are in cache_ram_bytes)
     checkpoints_bytes: int = 0
+    checkpoints_live: int = 0  # every live checkpoint (slots and RAM cache; shared ones once)
+    checkpoints_live_bytes: int = 0  # counted against the checkpoint budget
+    checkpoints_budget_bytes: int = 0  # -1 unbounded
     forced_reprefills: int = 0  # prompts re-processed from 0 for lack of a checkpoint
     # memory
     kv_used_bytes: int = 0  # KV blocks in use (slots + cache)
@@ -190,6 +194,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("llmcore:checkpoints_erased_total", "counter", "Context checkpoints erased.", "checkpoints_erased"),
     Metric("llmcore:checkpoint_failures_total", "counter",
            "Failed checkpoint creations/restores.", "checkpoint_failures"),
+    Metric("llmcore:checkpoints_skipped_total", "counter",
+           "Checkpoints not taken because the checkpoint budget was full.", "checkpoints_skipped"),
+    Metric("llmcore:checkpoints_live_bytes", "gauge",
+           "Bytes of every live checkpoint (slots and RAM cache).", "checkpoints_live_bytes"),
+    Metric("llmcore:checkpoints_budget_bytes", "gauge",
+           "Server-wide checkpoint budget (-1 unbounded).", "checkpoints_budget_bytes"),
     Metric("llmcore:checkpoints", "gauge", "Context checkpoints held by slots.", "checkpoints_count"),
     Metric("llmcore:checkpoints_bytes", "gauge",
            "Bytes of context checkpoints held by slots.", "checkpoints_bytes"),

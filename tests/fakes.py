@@ -121,6 +121,7 @@ class FakeSnapshot:
 class FakeState:
     needs_checkpoints = False
     checkpoint_nbytes = 0
+    fixed_state_nbytes = 0
 
     def __init__(self, model: "FakeModel"):
         self.model = model

@@ -28,10 +28,38 @@ from .protocol import Footprint
 TAIL_OFFSET = 4  # a checkpoint this many tokens before the end of the prompt
 
 
+class CheckpointBudget:
+    """The bytes of every live checkpoint (all slots' lists and the RAM cache's entries
+    together: a shared checkpoint counts once) against one server-wide limit.
+
+    A model with a large recurrent state (a 35B-A3B hybrid: ~63 MiB per sequence) would
+    take 64 GiB with 32 slots x 32 checkpoints each; the budget bounds the total, and the
+    engine frees the least valuable checkpoints before it takes one more.
+    """
+
+    def __init__(self, limit_bytes: int | None = None):
+        self.limit_bytes = limit_bytes  # None: unbounded
+        self.used = 0
+        self.count = 0
+
+    def over(self) -> int:
+        """Bytes above the limit now (<= 0: within it)."""
+        return -1 if self.limit_bytes is None else self.used - self.limit_bytes
+
+    def _add(self, ck: "Checkpoint") -> None:
+        self.used += ck.nbytes
+        self.count += 1
+
+    def _remove(self, ck: "Checkpoint") -> None:
+        self.used -= ck.nbytes
+        self.count -= 1
+
+
 class Checkpoint:
     """A partial snapshot (non-trimmable caches only) at ``n_tokens``."""
 
-    __slots__ = ("n_tokens", "snap", "nbytes", "kind", "_refs", "_release")
+    __slots__ = ("n_tokens", "snap", "nbytes", "kind", "_refs", "_release", "_budget", "seq")
+    _seq = 0
 
     def __init__(self, n_tokens: int, snap: dict, nbytes: int, kind: str = "periodic",
                  release: Callable[[dict], None] | None = None):
@@ -41,6 +69,20 @@ class Checkpoint:
         self.kind = kind  # periodic | user | tail
         self._refs = 1
         self._release = release
+        self._budget: CheckpointBudget | None = None
+        Checkpoint._seq += 1
+        self.seq = Checkpoint._seq  # creation order
+
+    def charge(self, budget: CheckpointBudget) -> "Checkpoint":
+        """Count this checkpoint against `budget` until its last release."""
+        if self._budget is None and self._refs > 0:
+            self._budget = budget
+            budget._add(self)
+        return self
+
+    @property
+    def refs(self) -> int:
+        return self._refs
 
     def acquire(self) -> "Checkpoint":
         if self._refs <= 0:
@@ -52,9 +94,13 @@ class Checkpoint:
         if self._refs <= 0:
             return
         self._refs -= 1
-        if self._refs == 0 and self._release is not None:
-            fn, self._release = self._release, None
-            fn(self.snap)
+        if self._refs == 0:
+            if self._budget is not None:
+                self._budget._remove(self)
+                self._budget = None
+            if self._release is not None:
+                fn, self._release = self._release, None
+                fn(self.snap)
 
     @property
     def alive(self) -> bool:
@@ -161,6 +207,15 @@ class CheckpointList:
                 break
         return best
 
+    def oldest_unshared(self, keep: "Checkpoint | None" = None) -> "Checkpoint | None":
+        """The oldest checkpoint only this list holds (dropping it frees its memory),
+        "user" anchors last; never `keep`."""
+        cands = [c for c in self._order if c.refs == 1 and c is not keep]
+        return next((c for c in cands if c.kind != "user"), cands[0] if cands else None)
+
+    def drop(self, ck: Checkpoint) -> None:
+        self._drop(ck)
+
     def erase_after(self, n: int) -> int:
         """Drop checkpoints with n_tokens > n; returns how many."""
         gone = [c for c in self._items if c.n_tokens > n]
@@ -197,5 +252,5 @@ def plan_positions(n_start: int, n_prompt: int, every_n: int = 0, user_start: in
     return sorted((p, k) for p, k in want.items() if n_start < p < n_prompt)
 
 
-__all__ = ["Checkpoint", "CheckpointList", "take_checkpoint", "restore_checkpoint",
+__all__ = ["Checkpoint", "CheckpointBudget", "CheckpointList", "take_checkpoint", "restore_checkpoint",
            "plan_positions", "TAIL_OFFSET"]

@@ -314,10 +314,10 @@ class PromptCache:
         if entry.pins == 0 and entry._alive:
             self.enforce()  # what the pin kept over budget goes now
 
-    def _evictable(self, keep: CacheEntry | None = None) -> CacheEntry | None:
-        """The least recently used entry that may go (not pinned, not `keep`)."""
+    def _evictable(self, keep: CacheEntry | None = None, where=None) -> CacheEntry | None:
+        """The least recently used entry that may go (not pinned, not `keep`, `where(e)`)."""
         for e in self._lru.values():
-            if e is not keep and e.pins == 0:
+            if e is not keep and e.pins == 0 and (where is None or where(e)):
                 return e
         return None
 
@@ -378,10 +378,10 @@ class PromptCache:
             return True
         return self.limit_bytes is not None and self.nbytes > self.limit_bytes
 
-    def evict_lru(self) -> CacheEntry | None:
-        """Evict the least recently used unpinned entry (memory pressure); returns it
-        (released), or None when nothing can go."""
-        victim = self._evictable()
+    def evict_lru(self, where=None) -> CacheEntry | None:
+        """Evict the least recently used unpinned entry (for which `where(entry)` holds, if
+        given); returns it (released), or None when nothing can go."""
+        victim = self._evictable(where=where)
         if victim is None:
             return None
         self._remove(victim)

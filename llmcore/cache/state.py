@@ -221,6 +221,12 @@ class SeqState:
         """Bytes one context checkpoint of this sequence costs at most."""
         return sum(c.checkpoint_nbytes for c in self.caches.values() if c.needs_checkpoints)
 
+    @property
+    def fixed_state_nbytes(self) -> int:
+        """Bytes of the fixed-size state (not per token, not in a pool: recurrent layers)
+        one sequence holds at most."""
+        return sum(c.checkpoint_nbytes for c in self.caches.values() if c.pool is None)
+
     def min_trim(self) -> int:
         """Shortest prefix this state can be cut back to without a checkpoint."""
         return min(self.n_tokens, max((c.min_trim() for c in self.caches.values()), default=0))

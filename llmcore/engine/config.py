@@ -24,6 +24,9 @@ class EngineConfig:
     cache_idle_slots: bool = True  # publish idle slots' states to the RAM cache on new tasks
     ctx_checkpoints: int = 32  # per slot; <= 0 off
     checkpoint_every_n_tokens: int = 8192  # during prefill; <= 0 off (other positions stay)
+    # all checkpoints of all slots and the RAM cache together, MiB; -1: automatic (what
+    # ctx_checkpoints per slot would take, capped at CHECKPOINT_RAM_FRACTION of free RAM)
+    checkpoint_budget_mib: int = -1
     slot_prompt_similarity: float = 0.1  # reuse a slot's prefix only above this share of the prompt
     swa_full: bool = False  # full KV on sliding-window layers (trimmable, no checkpoints needed)
     model_alias: str | None = None

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from .. import metrics
-from ..cache.checkpoints import plan_positions
+from ..cache.checkpoints import CheckpointBudget, plan_positions
 from ..cache.prompt_cache import PromptCache
 from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
                       RequestError, ShuttingDownError)
@@ -81,6 +81,7 @@ class Engine:
         self.c = EngineCounters()
         self.pcache: PromptCache | None = None
         self.prefix: PrefixPolicy | None = None
+        self.ck_budget = CheckpointBudget(None)
         self.scheduler = Scheduler(self.cfg.n_batch, self.cfg.n_ubatch)
         self.plan = memory.MemoryPlan()  # what the engine may take (set up with the model)
         self._needs_ckpt = False
@@ -124,14 +125,16 @@ class Engine:
         self.pcache = None
         if cfg.cache_ram_mib != 0:
             self.pcache = PromptCache(budget, on_release=lambda e: self.prefix.release_entry(e))
-        self.prefix = PrefixPolicy(m.new_state, self.pcache, self.c, max_checkpoints=cfg.ctx_checkpoints,
-                                   slot_prompt_similarity=cfg.slot_prompt_similarity,
-                                   needs_checkpoints=self._needs_ckpt)
-        self.prefix.fault_hook = self._fault_hook
         n_ck = cfg.ctx_checkpoints
         self.plan = memory.plan_memory(
             m.pools, self._probe, n_ctx=self.n_ctx, n_slots=npar, cache_budget=budget,
-            cache_on=self.pcache is not None, n_checkpoints=n_ck, host=host)
+            cache_on=self.pcache is not None, n_checkpoints=n_ck, host=host,
+            checkpoint_budget_mib=cfg.checkpoint_budget_mib)
+        self.ck_budget = CheckpointBudget(self.plan.checkpoints_max_bytes if self._needs_ckpt else None)
+        self.prefix = PrefixPolicy(m.new_state, self.pcache, self.c, max_checkpoints=cfg.ctx_checkpoints,
+                                   slot_prompt_similarity=cfg.slot_prompt_similarity,
+                                   needs_checkpoints=self._needs_ckpt, checkpoint_budget=self.ck_budget)
+        self.prefix.fault_hook = self._fault_hook
         memory.log_plan(self.plan, n_ctx=self.n_ctx, n_slots=npar,
                         cache_on=self.pcache is not None, needs_checkpoints=self._needs_ckpt,
                         n_checkpoints=n_ck)
@@ -284,6 +287,8 @@ class Engine:
             cache_ram_inserts=pc.stats["inserts"] if pc else 0,
             checkpoints_count=sum(len(s.checkpoints) for s in self.slots),
             checkpoints_bytes=sum(s.checkpoints.nbytes for s in self.slots),
+            checkpoints_live=self.ck_budget.count, checkpoints_live_bytes=self.ck_budget.used,
+            checkpoints_budget_bytes=-1 if self.ck_budget.limit_bytes is None else self.ck_budget.limit_bytes,
             kv_used_bytes=sum(p.used_bytes for p in pools),
             kv_limit_bytes=sum((p.max_blocks or 0) * p.bytes_per_block for p in pools),
         )
@@ -423,7 +428,7 @@ class Engine:
                 if g.phase is Phase.PREFILL:
                     g.i_pending += it.n
                     if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
-                        self.prefix.take_checkpoint(s, g.ckpt_plan.popleft()[1])
+                        self.prefix.take_checkpoint(s, g.ckpt_plan.popleft()[1], self.slots)
                     if g.prefill_left > 0:
                         continue
                     g.t_prompt_done = t1

@@ -24,6 +24,8 @@ log = logging.getLogger("llmcore.engine")
 
 # share of the RAM available at start-up that the KV pools (slots + prompt cache) may take
 KV_RAM_FRACTION = 0.75
+# share of it that context checkpoints may take when no budget is given
+CHECKPOINT_RAM_FRACTION = 0.25
 
 
 def host_memory() -> tuple[int, int]:
@@ -52,7 +54,9 @@ class MemoryPlan:
     kv_slots_max_bytes: int = 0  # what n_ctx tokens of live slots may take
     cache_ram_max_bytes: int | None = 0  # None: bounded only by the pools
     checkpoint_bytes: int = 0  # one context checkpoint of one sequence, at most
-    checkpoints_max_bytes: int = 0
+    checkpoints_max_bytes: int = 0  # the server-wide checkpoint budget (slots + RAM cache)
+    state_bytes_per_seq: int = 0  # fixed-size (recurrent) state of one sequence, f32
+    state_max_bytes: int = 0  # of all slots together (not in the KV pools; -ctk/-ctv do not apply)
     host_total_bytes: int = 0
     host_available_bytes: int = 0
     kv_capped_by_ram: bool = False
@@ -74,7 +78,7 @@ def cache_budget_bytes(cache_ram_mib: int, available: int) -> int | None:
 
 def plan_memory(pools: Mapping[str, BlockPool], probe: SequenceState, *, n_ctx: int, n_slots: int,
                 cache_budget: int | None, cache_on: bool, n_checkpoints: int,
-                host: tuple[int, int]) -> MemoryPlan:
+                host: tuple[int, int], checkpoint_budget_mib: int = -1) -> MemoryPlan:
     """Set each pool's block limit and return the plan (logged by the caller)."""
     avail, total = host
     bpb_total = sum(p.bytes_per_block for p in pools.values()) or 1
@@ -99,11 +103,21 @@ def plan_memory(pools: Mapping[str, BlockPool], probe: SequenceState, *, n_ctx: 
             kv_live += min(p.max_blocks, p.blocks_for(n_ctx) + 2 * n_slots) * p.bytes_per_block
     ck_bytes = probe.checkpoint_nbytes
     n_ck = max(0, n_checkpoints) if probe.needs_checkpoints else 0
+    if n_ck == 0:
+        ck_max = 0
+    elif checkpoint_budget_mib >= 0:
+        ck_max = checkpoint_budget_mib << 20
+    else:  # what every slot's full list would take, within a share of the RAM
+        ck_max = n_ck * ck_bytes * n_slots
+        if avail:
+            ck_max = min(ck_max, max(n_ck * ck_bytes, int(avail * CHECKPOINT_RAM_FRACTION)))
+    state = probe.fixed_state_nbytes
     return MemoryPlan(
         kv_bytes_per_token=sum(p.bytes_per_token for p in pools.values()),
         kv_max_bytes=kv_max, kv_slots_max_bytes=kv_live,
         cache_ram_max_bytes=cache_budget if cache_on else 0,
-        checkpoint_bytes=ck_bytes, checkpoints_max_bytes=n_ck * ck_bytes * n_slots,
+        checkpoint_bytes=ck_bytes, checkpoints_max_bytes=ck_max,
+        state_bytes_per_seq=state, state_max_bytes=state * n_slots,
         host_total_bytes=total, host_available_bytes=avail, kv_capped_by_ram=capped)
 
 
@@ -111,23 +125,27 @@ def log_plan(plan: MemoryPlan, *, n_ctx: int, n_slots: int, cache_on: bool, need
              n_checkpoints: int) -> None:
     avail = plan.host_available_bytes
     ck = ("not needed" if not needs_checkpoints else
-          f"{_mib(plan.checkpoints_max_bytes)} ({n_checkpoints} per slot x {_mib(plan.checkpoint_bytes)})"
+          f"up to {_mib(plan.checkpoints_max_bytes)} for all slots and the prompt cache together "
+          f"({n_checkpoints} per slot, {_mib(plan.checkpoint_bytes)} each)"
           if n_checkpoints > 0 else "off")
+    state = (f"; recurrent state {_mib(plan.state_max_bytes)} ({_mib(plan.state_bytes_per_seq)} per "
+             f"slot, f32: -ctk/-ctv apply to attention KV only)" if plan.state_bytes_per_seq else "")
     log.info("memory: KV for the slots up to %s (%d tokens x %d B/token over %d slot(s), taken "
              "on demand); prompt cache %s (its KV blocks live in the same pools, pool limit "
-             "%s); checkpoints %s; host RAM %s total, %s available",
+             "%s)%s; checkpoints %s; host RAM %s total, %s available",
              _mib(plan.kv_slots_max_bytes), n_ctx, plan.kv_bytes_per_token, n_slots,
-             _mib(plan.cache_ram_max_bytes) if cache_on else "off", _mib(plan.kv_max_bytes), ck,
+             _mib(plan.cache_ram_max_bytes) if cache_on else "off", _mib(plan.kv_max_bytes), state, ck,
              _mib(plan.host_total_bytes), _mib(avail))
     if plan.kv_capped_by_ram:
         log.warning("memory: -c %d and the prompt cache would need more than %.0f%% of the %s "
                     "available; KV pools capped at %s (%d tokens): requests beyond that wait "
                     "or are refused with the numbers", n_ctx, KV_RAM_FRACTION * 100, _mib(avail),
                     _mib(plan.kv_max_bytes), plan.kv_max_bytes // max(1, plan.kv_bytes_per_token))
-    if avail and plan.kv_max_bytes + plan.checkpoints_max_bytes > avail:
-        log.warning("KV + checkpoints may use up to %s, more than the %s available: requests "
-                    "will wait or be refused when memory runs out",
-                    _mib(plan.kv_max_bytes + plan.checkpoints_max_bytes), _mib(avail))
+    most = plan.kv_max_bytes + plan.checkpoints_max_bytes + plan.state_max_bytes
+    if avail and most > avail:
+        log.warning("KV + recurrent state + checkpoints may use up to %s, more than the %s "
+                    "available: requests will wait or be refused when memory runs out",
+                    _mib(most), _mib(avail))
 
 
 def shortfall(batch: Sequence[tuple[SequenceState, object]]) -> dict[BlockPool, int]:

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..cache import pool as _pool
-from ..cache.checkpoints import CheckpointList, restore_checkpoint, take_checkpoint
+from ..cache.checkpoints import CheckpointBudget, CheckpointList, restore_checkpoint, take_checkpoint
 from ..cache.prompt_cache import CacheEntry, PromptCache
 from .events import CacheSource
 from .protocols import SequenceState
@@ -63,8 +63,10 @@ class PrefixPolicy:
 
     def __init__(self, new_state: Callable[[], SequenceState], pcache: PromptCache | None,
                  counters: EngineCounters, *, max_checkpoints: int = 32,
-                 slot_prompt_similarity: float = 0.1, needs_checkpoints: bool = False):
+                 slot_prompt_similarity: float = 0.1, needs_checkpoints: bool = False,
+                 checkpoint_budget: CheckpointBudget | None = None):
         self.new_state = new_state
+        self.checkpoint_budget = checkpoint_budget or CheckpointBudget(None)
         self.pcache = pcache
         self.c = counters
         self.max_checkpoints = max_checkpoints
@@ -305,7 +307,36 @@ class PrefixPolicy:
         return self._scratch_state
 
     # ---- checkpoints -----------------------------------------------------------------------
-    def take_checkpoint(self, slot: Slot, kind: str) -> None:
+    def _make_checkpoint_room(self, slot: Slot, new, slots: Sequence[Slot]) -> bool:
+        """Free checkpoints until the budget holds `new`: first those of idle slots (oldest
+        first), then RAM-cache entries holding checkpoints (LRU; the whole entry goes, so
+        its accounting stays exact), then this slot's own oldest. False: nothing left."""
+        budget = self.checkpoint_budget
+        while budget.over() > 0:
+            victim, holder = None, None
+            for s in slots:
+                if s is slot or s.busy:
+                    continue
+                ck = s.checkpoints.oldest_unshared()
+                if ck is not None and (victim is None or ck.seq < victim.seq):
+                    victim, holder = ck, s.checkpoints
+            if victim is not None:
+                holder.drop(victim)
+                self.c.checkpoints_erased += 1
+                continue
+            if self.pcache is not None and self.pcache.evict_lru(
+                    where=lambda e: e.checkpoints is not None and len(e.checkpoints) > 0) is not None:
+                continue
+            ck = slot.checkpoints.oldest_unshared(keep=new)
+            if ck is None:
+                return False
+            slot.checkpoints.drop(ck)
+            self.c.checkpoints_erased += 1
+        return True
+
+    def take_checkpoint(self, slot: Slot, kind: str, slots: Sequence[Slot] = ()) -> None:
+        """Snapshot the slot's untrimmable state at its position; within the server-wide
+        checkpoint budget (freeing other checkpoints first, see `_make_checkpoint_room`)."""
         try:
             self._fault("checkpoint")
             ck = take_checkpoint(slot.state, kind)
@@ -315,6 +346,13 @@ class PrefixPolicy:
             log.warning("slot %d: creating a context checkpoint failed: %s", slot.id, e)
             return
         if ck is None:
+            return
+        ck.charge(self.checkpoint_budget)
+        if self.checkpoint_budget.over() > 0 and not self._make_checkpoint_room(slot, ck, slots):
+            ck.release()
+            self.c.checkpoints_skipped += 1
+            log.debug("slot %d: checkpoint budget full (%d B); no checkpoint at %d tokens",
+                      slot.id, self.checkpoint_budget.limit_bytes, ck.n_tokens)
             return
         self.c.checkpoints_created += 1
         self.c.checkpoints_erased += slot.checkpoints.add(ck)

@@ -31,6 +31,7 @@ class EngineCounters:
     checkpoints_restored: int = 0
     checkpoints_erased: int = 0
     checkpoint_failures: int = 0
+    checkpoints_skipped: int = 0  # not taken: the server-wide checkpoint budget was full
     forced_reprefills: int = 0
     # memory pressure
     idle_slot_evictions: int = 0
