@@ -15,7 +15,7 @@ import numpy as np
 from .. import nn, quant
 from ..threads import get_num_threads
 from ..gguf_file import Tensor
-from .base import ForwardBatch
+from .batch import ForwardBatch
 
 try:
     _BATCHED_KV_STORE = "seg_start" in inspect.signature(nn.kv_store).parameters
