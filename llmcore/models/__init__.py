@@ -73,7 +73,8 @@ def get_model_class(arch: str) -> type:
 
 def load_model(path_or_gguf, **cfg):
     """Open a GGUF (path or GGUFFile) and build its model. cfg: kv_type, block_size,
-    max_kv_bytes, max_kv_blocks, and ModelArgs overrides via ``args=``."""
+    max_kv_bytes, max_kv_blocks, ``args=`` (a ModelArgs instead of the GGUF's), and the
+    architecture's own options (``swa_full``, ``swa_slack``); others are ignored."""
     from ..gguf_file import GGUFFile
 
     g = path_or_gguf if isinstance(path_or_gguf, GGUFFile) else GGUFFile(os.fspath(path_or_gguf))

@@ -15,7 +15,6 @@ What an architecture defines is in :class:`Model`'s docstring.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -50,10 +49,9 @@ class ModelArgs:
     rope_dim: int = 0  # n_rot; 0 -> head_dim
     rope_freq_scale: float = 1.0
     sliding_window: int = 0
-    extra: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_gguf(cls, g: GGUFFile, **overrides: Any) -> "ModelArgs":
+    def from_gguf(cls, g: GGUFFile) -> "ModelArgs":
         a = g.arch
 
         def key(s, default=...):
@@ -100,11 +98,6 @@ class ModelArgs:
             rope_freq_scale=freq_scale,
             sliding_window=int(key("attention.sliding_window", 0) or 0),
         )
-        for k, v in overrides.items():
-            if hasattr(args, k):
-                setattr(args, k, v)
-            else:
-                args.extra[k] = v
         if args.rope_dim <= 0:
             args.rope_dim = args.head_dim
         return args
