@@ -13,7 +13,7 @@ batches, the activations in scratch: the arithmetic of applying the blocks one b
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -21,10 +21,18 @@ from . import layers as L
 from .batch import ForwardBatch
 from .layers import Attention, GatedFFN, RMSNorm
 
-# A mixer: (h (n, d), fb) -> (n, d); an FFN: h (n, d) -> (n, d). Attention and GatedFFN
-# also take ``out=`` and write their result there.
-Mixer = Callable[..., np.ndarray]
-FFN = Callable[..., np.ndarray]
+
+class Mixer(Protocol):
+    """Mixes positions: attention, short conv, SSM. (n, d) normed input -> (n, d) update;
+    its per-sequence state is in ``fb.seqs[k].caches[group]``."""
+
+    def __call__(self, h: np.ndarray, fb: ForwardBatch) -> np.ndarray: ...
+
+
+class FeedForward(Protocol):
+    """Per token: gated FFN or MoE. (n, d) normed input -> (n, d) update."""
+
+    def __call__(self, h: np.ndarray) -> np.ndarray: ...
 
 
 def _post_norm(norm: RMSNorm | None, y: np.ndarray) -> np.ndarray:
@@ -39,7 +47,7 @@ class PreNormBlock:
     __slots__ = ("mixer_norm", "mixer", "mixer_post_norm", "ffn_norm", "ffn", "ffn_post_norm")
 
     def __init__(self, mixer_norm: RMSNorm, mixer: Mixer, ffn_norm: RMSNorm | None = None,
-                 ffn: FFN | None = None, *, mixer_post_norm: RMSNorm | None = None,
+                 ffn: FeedForward | None = None, *, mixer_post_norm: RMSNorm | None = None,
                  ffn_post_norm: RMSNorm | None = None):
         if (ffn is None) != (ffn_norm is None):
             raise ValueError("PreNormBlock: an FFN needs its norm, and a norm its FFN")
@@ -47,13 +55,15 @@ class PreNormBlock:
         self.ffn_norm, self.ffn, self.ffn_post_norm = ffn_norm, ffn, ffn_post_norm
 
     def mix(self, h: np.ndarray, fb: ForwardBatch, out: np.ndarray | None = None) -> np.ndarray:
-        """The mixer's residual update for the normed input h (into `out` where it can)."""
+        """The mixer's residual update for the normed input h (written into `out` by an
+        Attention, the mixer that can)."""
         m = self.mixer
         y = m(h, fb, out=out) if out is not None and isinstance(m, Attention) else m(h, fb)
         return _post_norm(self.mixer_post_norm, y)
 
     def feed_forward(self, h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """The FFN's residual update for the normed input h (into `out` where it can)."""
+        """The FFN's residual update for the normed input h (written into `out` by a
+        GatedFFN, the FFN that can)."""
         f = self.ffn
         y = f(h, out=out) if out is not None and isinstance(f, GatedFFN) else f(h)
         return _post_norm(self.ffn_post_norm, y)
@@ -91,4 +101,4 @@ def run_blocks(blocks: Sequence[PreNormBlock], x: np.ndarray, fb: ForwardBatch) 
     return x
 
 
-__all__ = ["PreNormBlock", "run_blocks"]
+__all__ = ["FeedForward", "Mixer", "PreNormBlock", "run_blocks"]

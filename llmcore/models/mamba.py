@@ -50,9 +50,9 @@ class MambaMixer:
         self.d_inner, self.d_state, self.dt_rank = m.d_inner, m.d_state, m.dt_rank
         self.ssm_in = quant.Linear(m.tensor(p + "ssm_in.weight"))
         self.conv_w = np.ascontiguousarray(m.f32(p + "ssm_conv1d.weight").reshape(self.d_inner, -1))
-        self.conv_b = m.f32(p + "ssm_conv1d.bias") if m.has(p + "ssm_conv1d.bias") else None
+        self.conv_b = m.optional_f32(p + "ssm_conv1d.bias")
         self.ssm_x = quant.Linear(m.tensor(p + "ssm_x.weight"))
-        dt_b = m.f32(p + "ssm_dt.bias") if m.has(p + "ssm_dt.bias") else None
+        dt_b = m.optional_f32(p + "ssm_dt.bias")
         self.ssm_dt = quant.Linear(m.tensor(p + "ssm_dt.weight"), dt_b)
         self.A = np.ascontiguousarray(m.f32(p + "ssm_a").reshape(self.d_inner, self.d_state))
         self.D = m.f32(p + "ssm_d").reshape(self.d_inner)
@@ -131,7 +131,7 @@ class Mamba2Mixer:
         self.conv_dim = self.d_inner + 2 * self.n_group * self.d_state
         self.ssm_in = quant.Linear(m.tensor(p + "ssm_in.weight"))
         self.conv_w = np.ascontiguousarray(m.f32(p + "ssm_conv1d.weight").reshape(self.conv_dim, -1))
-        self.conv_b = m.f32(p + "ssm_conv1d.bias") if m.has(p + "ssm_conv1d.bias") else None
+        self.conv_b = m.optional_f32(p + "ssm_conv1d.bias")
         self.dt_b = m.f32(p + "ssm_dt.bias").reshape(self.n_head)
         self.A = m.f32(p + "ssm_a").reshape(self.n_head)
         self.D = m.f32(p + "ssm_d").reshape(self.n_head)
