@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
         path = str(resolve_model(path))
     mine = LLMCore(path, a.threads)
-    if not hasattr(mine.model, "moe_stats"):
+    if mine.model.moe_stats is None:
         print(f"{path}: not a MoE model ({mine.model.args.arch})")
         return 1
     rng = np.random.default_rng(0)

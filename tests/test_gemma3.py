@@ -131,6 +131,13 @@ def test_token_by_token_equals_full_and_memory_stays_bounded(models):
     assert (m.pools["swa"].n_used, m.pools["kv"].n_used) == used
 
 
+def test_fused_residual_stream_is_the_block_recipe(models, monkeypatch):
+    """With post norms on both sublayers, run_blocks still gives the recipe bit for bit."""
+    from test_models import check_fused_stream_is_the_recipe
+
+    check_fused_stream_is_the_recipe(models(kv_type="f32"), _toks(23, seed=4), monkeypatch)
+
+
 def test_batched_equals_alone(models):
     check_batched_equals_alone(models(kv_type="f32"), _toks)
 
@@ -156,7 +163,9 @@ def test_trim_refused_where_window_is_gone(models, ref):
     m = models(kv_type="f32")
     toks = _toks(30, 8)
     st = m.new_state()
-    m.forward([(st, toks)])
+    m.forward([(st, toks[:-1])])
+    assert st.can_trim(10)  # a step frees only what its own queries cannot see...
+    m.forward([(st, toks[-1:])])  # ...so the blocks that left the window go with the next one
     assert not st.can_trim(10)
     got = st.trim(10)
     assert got > 10 and st.n_tokens == got and st.tokens == toks[:got].tolist()
@@ -222,8 +231,8 @@ def test_tiny_gemma3_swa_window_is_strict(conformance, tiny_swa):
     rel = {}
     for w in (model.window - 1, model.window, model.window + 1):
         for blk in m.blocks:
-            if blk.attn.group == "swa":
-                blk.attn.window = w
+            if blk.mixer.group == "swa":
+                blk.mixer.window = w
         lg = m.forward([(m.new_state(), toks)])[0]
         rel[w] = float(np.std(lg - ref) / np.std(ref))
     assert rel[model.window] < 0.03 and min(rel[model.window - 1], rel[model.window + 1]) > 3 * rel[model.window]

@@ -93,8 +93,8 @@ def test_layout(models):
     assert m.is_local == [True, False, True, False]
     assert m.pools["swa"].n_layers == 2 and m.pools["kv"].n_layers == 2
     assert isinstance(m.new_state().caches["swa"], SWAKVCacheState)
-    assert m.blocks[0].attn.sinks is not None and m.blocks[0].attn.window == WINDOW
-    assert m.blocks[1].attn.window == 0
+    assert m.blocks[0].mixer.sinks is not None and m.blocks[0].mixer.window == WINDOW
+    assert m.blocks[1].mixer.window == 0
 
 
 @pytest.mark.parametrize("kv_type,tol", [("f32", 2e-4), ("f16", 1e-2)])
@@ -211,7 +211,7 @@ def _watch_router(model):
     margins = []
 
     for blk in model.blocks:
-        moe = blk.moe
+        moe = blk.ffn
         inner = moe.route_fn
 
         def fn(logits, k, _inner=inner):
@@ -243,7 +243,7 @@ def test_tiny_gpt_oss_oracle(tiny_oss, name):
         st.release()
     finally:
         for blk in model.blocks:
-            blk.moe.route_fn = blk.moe.route_fn.__defaults__[0]
+            blk.ffn.route_fn = blk.ffn.route_fn.__defaults__[0]
     ref = np.asarray(ref, np.float32)
     assert float(np.std(last - ref) / np.std(ref)) < 0.05
     if p["last_top5"][0]["logit"] - p["last_top5"][1]["logit"] > MARGIN:

@@ -42,6 +42,52 @@ def test_args_from_gguf(models):
     assert m.kv_bytes_per_token == 2 * 2 * 2 * 32 * 2
 
 
+def test_model_contract(models):
+    """What the engine reads: arch, the pools made at load, one cache per group in each new
+    state, and model-level counters (none for a dense model)."""
+    m = models("qwen3-f32")
+    assert m.arch == "qwen3" and set(m.pools) == {"kv"}
+    st = m.new_state()
+    assert list(st.caches) == ["kv"] and st.caches["kv"].pool is m.pools["kv"]
+    assert m.new_state().caches["kv"] is not st.caches["kv"]
+    assert m.stats() == {}
+
+
+def plain_blocks(blocks, x, fb):
+    """The block recipe applied one block at a time (no fused residual adds, no scratch)."""
+    for blk in blocks:
+        x = blk(x, fb)
+    return x
+
+
+def check_fused_stream_is_the_recipe(m, toks, monkeypatch):
+    """models.blocks.run_blocks gives, bit for bit, the logits of applying each block's
+    recipe in turn: prefill (all logits), decode steps, and a batch of two sequences."""
+    from llmcore.models import base
+
+    def run():
+        a, b = m.new_state(), m.new_state()
+        out = [m.forward([(a, toks)], all_logits=True)]
+        out += [m.forward([(a, [int(t)])]) for t in toks[:3]]
+        out.append(m.forward([(a, toks[3:6]), (b, toks[:9])], all_logits=True))
+        out.append(m.forward([(a, [1]), (b, [2])]))
+        a.release()
+        b.release()
+        return out
+
+    fused = run()
+    with monkeypatch.context() as mp:
+        mp.setattr(base, "run_blocks", plain_blocks)
+        plain = run()
+    for f, p in zip(fused, plain):
+        assert f.dtype == np.float32 and np.array_equal(f, p)
+
+
+@pytest.mark.parametrize("name", ["llama-f32", "qwen3-q8_0"])
+def test_fused_residual_stream_is_the_block_recipe(models, name, monkeypatch):
+    check_fused_stream_is_the_recipe(models(name), _tokens(23, seed=4), monkeypatch)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("wtype", ["f32", "f16", "q8_0", "q4_0"])
 def test_full_sequence_matches_reference(models, tiny_models, arch, wtype):

@@ -94,7 +94,8 @@ def test_registered(models):
     assert "qwen3moe" in supported_architectures()
     m = models("f32")
     assert type(m).__name__ == "Qwen3MoE"
-    assert (m.n_expert, m.n_expert_used) == (N_EXPERT, N_USED)
+    moe = m.blocks[0].ffn
+    assert (moe.n_expert, moe.n_used) == (N_EXPERT, N_USED)
 
 
 def test_full_sequence_matches_reference_f32(models, moe_files):
@@ -188,6 +189,10 @@ def test_expert_stats_count_computed_and_skipped(models):
     m.forward([(m.new_state(), _tokens(64, seed=8))])
     assert s.experts_computed + s.experts_skipped == N_LAYER * N_EXPERT
     assert s.pairs == 64 * N_USED * N_LAYER and int(s.per_expert.sum()) == s.pairs
+    # the model-level counters the engine reads
+    st = m.stats()
+    assert st["moe_experts_computed"] == s.experts_computed and st["moe_experts_skipped"] == s.experts_skipped
+    assert st["moe_pairs"] == s.pairs
 
 
 # ---- conformance: llama.cpp oracles ---------------------------------------------------------

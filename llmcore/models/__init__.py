@@ -6,15 +6,25 @@
     logits = model.forward([(st, prompt_ids)])        # (1, n_vocab), last position
     logits = model.forward([(st, [next_id]), (st2, ids2)])
 
-Adding an architecture: a module ``llmcore/models/<name>.py`` with a ``Model`` subclass
-(``base.Model``, or ``llama.Llama`` to override ``make_block``/``make_attention``) decorated
-``@register("<general.architecture>")``, and its module name in ``_MODULES``. In
-``__init__``: build layers from ``layers.py`` blocks, create one block pool per
-attention-layer group with ``self.add_kv_pool(group, n_layers, ...,
-state_factory=...)`` (each Attention gets ``group``, its ``layer_idx`` within the group and
-``pool``), or ``self.add_cache(group, factory)`` for state without a pool (recurrent);
-implement ``_forward(fb, all_logits)`` (``fb``: :class:`base.ForwardBatch`).
+Adding an architecture: a module ``llmcore/models/<name>.py`` whose :class:`base.Model`
+subclass (or a subclass of an existing architecture: ``qwen3.Qwen3`` is ``llama.Llama``
+with two flags) is decorated ``@register("<general.architecture>")``; add its module name
+to ``_MODULES``. The module reads as the recipe of the graph:
+
+- ``__init__``: create one block pool per attention-layer group (``self.add_pool``; for
+  a local/global layer mix, :class:`sliding_window.SlidingWindowLayers`), then build
+  ``self.embed``, ``self.blocks`` (:class:`blocks.PreNormBlock`: norm, mixer, optional
+  post norm, and optionally norm, FFN, post norm) and ``self.head``
+  (``self.output_head()``) with the ``Model`` helpers ``norm``, ``attention``,
+  ``gated_ffn``, ``experts``; a new kind of layer (a mixer ``(h, fb) -> y`` or an FFN
+  ``h -> y``) is a class in the module;
+- ``make_cache()``: the per-sequence state of each cache group, e.g.
+  ``{"kv": KVCacheState(self.pool)}``, ``SWAKVCacheState`` for windowed layers,
+  ``RecurrentState`` for recurrent ones (what the layers find in ``seq.caches[group]``);
+- ``_forward`` only when the graph is not embed -> blocks (:func:`blocks.run_blocks`) ->
+  head.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,6 +49,7 @@ _REGISTRY: dict[str, type] = {}
 
 def register(arch: str) -> Callable[[type], type]:
     def deco(cls: type) -> type:
+        cls.arch = arch
         _REGISTRY[arch] = cls
         _MODULES.setdefault(arch, cls.__module__.rsplit(".", 1)[-1])
         return cls
@@ -62,7 +73,8 @@ def get_model_class(arch: str) -> type:
 
 def load_model(path_or_gguf, **cfg):
     """Open a GGUF (path or GGUFFile) and build its model. cfg: kv_type, block_size,
-    max_kv_bytes, max_kv_blocks, and ModelArgs overrides via ``args=``."""
+    max_kv_bytes, max_kv_blocks, ``args=`` (a ModelArgs instead of the GGUF's), and the
+    architecture's own options (``swa_full``, ``swa_slack``); others are ignored."""
     from ..gguf_file import GGUFFile
 
     g = path_or_gguf if isinstance(path_or_gguf, GGUFFile) else GGUFFile(os.fspath(path_or_gguf))

@@ -1,23 +1,33 @@
-"""Shared model machinery: ModelArgs from GGUF metadata, the batched forward context, and
-the Model base class every architecture derives from.
+"""The model contract and the base class every architecture derives from.
 
-Batched forward (continuous batching): ``model.forward(batch)`` with ``batch`` a list of
-``(SeqState, tokens)`` segments. Each segment's tokens are appended at its sequence's
-current positions; all tokens of all segments go through each Linear together, and
-attention is one ``nn.attention`` call per layer with per-sequence block tables.
+A model is a GGUF file read into a stack of pre-norm blocks between a token embedding and
+an output head (:mod:`.blocks`), plus the block pools its attention layers write K/V
+into. What the engine uses (``llmcore.engine.protocols.LanguageModel``):
+
+- ``arch``, ``n_vocab``, ``n_ctx_train``, ``pools`` (cache group -> BlockPool, created at
+  load), ``kv_bytes_per_token``;
+- ``new_state()``: a fresh :class:`~llmcore.cache.SeqState` holding ``make_cache()``, the
+  per-sequence cache state of each group;
+- ``forward(batch, all_logits=False)``: one batched step (:mod:`.batch`), float32 logits;
+- ``stats()``: model-level counters (the MoE expert counts), {} for a dense model.
+
+What an architecture defines is in :class:`Model`'s docstring.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .. import nn
-from ..cache import BlockPool, CacheState, KVCacheState, SeqState
+from ..cache import BlockPool, CacheState, SeqState
 from ..errors import ModelLoadError
 from ..gguf_file import GGUFFile
+from .batch import ForwardBatch
+from .blocks import PreNormBlock, run_blocks
+from .layers import Attention, Embedding, GatedFFN, OutputHead, RMSNorm
+from .moe import MoE, MoEStats
 
 
 @dataclass
@@ -39,10 +49,9 @@ class ModelArgs:
     rope_dim: int = 0  # n_rot; 0 -> head_dim
     rope_freq_scale: float = 1.0
     sliding_window: int = 0
-    extra: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_gguf(cls, g: GGUFFile, **overrides: Any) -> "ModelArgs":
+    def from_gguf(cls, g: GGUFFile) -> "ModelArgs":
         a = g.arch
 
         def key(s, default=...):
@@ -89,94 +98,50 @@ class ModelArgs:
             rope_freq_scale=freq_scale,
             sliding_window=int(key("attention.sliding_window", 0) or 0),
         )
-        for k, v in overrides.items():
-            if hasattr(args, k):
-                setattr(args, k, v)
-            else:
-                args.extra[k] = v
         if args.rope_dim <= 0:
             args.rope_dim = args.head_dim
         return args
 
 
-class ForwardBatch:
-    """Everything the layers need about one batched step, computed once per forward.
-
-    - ``tokens`` int32 (N,), ``positions`` int32 (N,), ``seg_start`` int32 (S+1,)
-    - ``seqs``: the SeqStates, ``lengths``: tokens per segment, ``starts``: first position
-    - ``block_tables[group]``: int32 (S, max_blocks) padded with 0, per cache group
-    - ``last_rows``: int (S,) row index of each segment's last token
-    """
-
-    __slots__ = ("tokens", "positions", "seg_start", "seqs", "lengths", "starts",
-                 "block_tables", "last_rows", "n_tokens", "n_seqs", "extra")
-
-    def __init__(self, seqs, token_arrays, starts):
-        self.seqs = seqs
-        self.n_seqs = len(seqs)
-        self.lengths = [len(t) for t in token_arrays]
-        self.starts = starts
-        self.tokens = np.concatenate(token_arrays).astype(np.int32, copy=False) if token_arrays else np.zeros(0, np.int32)
-        self.n_tokens = int(self.tokens.shape[0])
-        seg = np.zeros(self.n_seqs + 1, dtype=np.int32)
-        np.cumsum(self.lengths, out=seg[1:])
-        self.seg_start = seg
-        if self.n_seqs == 1:
-            self.positions = np.arange(starts[0], starts[0] + self.lengths[0], dtype=np.int32)
-        elif self.n_tokens == self.n_seqs:  # batched decode: one token per sequence
-            self.positions = np.array(starts, dtype=np.int32)
-        else:
-            off = np.asarray(starts, dtype=np.int32) - seg[:-1]
-            self.positions = (np.arange(self.n_tokens, dtype=np.int32)
-                              + np.repeat(off, self.lengths).astype(np.int32, copy=False))
-        self.last_rows = seg[1:] - 1
-        self.block_tables: dict[str, np.ndarray] = {}
-        self.extra: dict = {}
-
-    def tables_for(self, group: str) -> np.ndarray:
-        bt = self.block_tables.get(group)
-        if bt is None:
-            tabs = [s.caches[group].block_table for s in self.seqs]
-            width = max(1, max(len(t) for t in tabs))
-            bt = np.zeros((self.n_seqs, width), dtype=np.int32)
-            for i, t in enumerate(tabs):
-                bt[i, : len(t)] = t
-            self.block_tables[group] = bt
-        return bt
-
-
-def as_tokens(tokens) -> np.ndarray:
-    arr = np.asarray(tokens, dtype=np.int32).reshape(-1)
-    return arr
-
-
 class Model:
-    """Base class. Subclasses set up layers in ``__init__`` and implement ``_forward``.
+    """Base class: the contract above, and helpers that build the standard layers from
+    their GGUF tensor names.
+
+    An architecture (one module, see ``llama.py`` for the shortest) defines:
+
+    - ``__init__(g, args=None, **options)``: ``super().__init__(g, args, **options)``, then
+      one block pool per attention-layer group (:meth:`add_pool`), ``self.embed``,
+      ``self.blocks`` (:class:`~.blocks.PreNormBlock`) and ``self.head``
+      (:meth:`output_head`), built with :meth:`norm`, :meth:`attention`, :meth:`gated_ffn`,
+      :meth:`experts`;
+    - ``make_cache() -> {group: CacheState}``: the per-sequence state of each cache group
+      (``KVCacheState(pool)``, ``SWAKVCacheState(pool, window)``, ``RecurrentState(...)``);
+      this is where a group's kind is decided;
+    - ``_forward(fb, all_logits)`` only if its graph is not embed -> blocks -> head.
 
     Construction: ``Cls(gguf_file, args=None, kv_type='f16', block_size=32,
-    max_kv_bytes=None, max_kv_blocks=None)``.
-    Public API: ``new_state()``, ``forward(batch, all_logits=False)``, ``n_vocab``,
-    ``n_ctx_train``, ``kv_bytes_per_token``, ``pools``, ``args``.
+    max_kv_bytes=None, max_kv_blocks=None, **options)``; options an architecture does not
+    take (the engine offers all its settings) are ignored.
     """
 
-    arch: str = ""
-    args_class = ModelArgs
+    arch: str = ""  # set by @register
+    embed: Embedding
+    blocks: list[PreNormBlock]
+    head: OutputHead
 
     def __init__(self, g: GGUFFile, args: ModelArgs | None = None, *, kv_type: str = nn.KV_F16,
                  block_size: int = 32, max_kv_bytes: int | None = None,
-                 max_kv_blocks: int | None = None, **cfg: Any):
+                 max_kv_blocks: int | None = None, **options: Any):
         self.gguf = g
-        self.args = args if args is not None else self.args_class.from_gguf(g)
+        self.args = args if args is not None else ModelArgs.from_gguf(g)
         self.kv_type = kv_type
         self.block_size = block_size
         self.max_kv_bytes = max_kv_bytes
         self.max_kv_blocks = max_kv_blocks
-        self.cfg = cfg
         self.pools: dict[str, BlockPool] = {}
-        # cache group name -> factory of that group's per-sequence CacheState
-        self.cache_factories: dict[str, Callable[[], CacheState]] = {}
+        self.moe_stats: MoEStats | None = None  # shared by the MoE layers (see experts())
 
-    # ---- helpers for subclasses ---------------------------------------------------------------
+    # ---- tensors ------------------------------------------------------------------------------
     def tensor(self, name: str):
         return self.gguf.tensor(name)
 
@@ -187,29 +152,90 @@ class Model:
         """Small tensor (norm weight, bias) as float32."""
         return np.ascontiguousarray(self.gguf.tensor(name).dequantize(), dtype=np.float32)
 
-    def add_kv_pool(self, group: str, n_layers: int, n_kv_heads: int, head_dim: int,
-                    head_dim_v: int | None = None, state_factory: Callable | None = None,
-                    max_bytes: int | None = None) -> BlockPool:
-        """Create the block pool of one attention-layer group and register its cache kind.
+    def optional_f32(self, name: str) -> np.ndarray | None:
+        """:meth:`f32`, or None when the file has no such tensor (optional biases)."""
+        return self.f32(name) if self.has(name) else None
 
-        ``state_factory(pool) -> CacheState`` (default :class:`KVCacheState`; a sliding-window
-        group passes its windowed state). ``max_bytes`` defaults to the model's
+    # ---- caches -------------------------------------------------------------------------------
+    def add_pool(self, group: str, n_layers: int, n_kv_heads: int | None = None,
+                 max_bytes: int | None = None) -> BlockPool:
+        """Create the block pool of one attention-layer group (``self.pools[group]``; the
+        cache group of the same name holds each sequence's block table into it).
+
+        ``n_kv_heads`` defaults to ``args.n_head_kv``; ``max_bytes`` to the model's
         ``max_kv_bytes`` (a model with several pools may split it).
         """
-        pool = BlockPool(n_layers, n_kv_heads, head_dim, head_dim_v, block_size=self.block_size,
-                         kv_type=self.kv_type,
+        a = self.args
+        pool = BlockPool(n_layers, n_kv_heads or a.n_head_kv, a.head_dim, a.head_dim_v,
+                         block_size=self.block_size, kv_type=self.kv_type,
                          max_bytes=self.max_kv_bytes if max_bytes is None else max_bytes,
                          max_blocks=self.max_kv_blocks, name=group)
         self.pools[group] = pool
-        factory = state_factory or KVCacheState
-        self.cache_factories[group] = lambda: factory(pool)
         return pool
 
-    def add_cache(self, group: str, factory: Callable[[], CacheState]) -> None:
-        """Register a cache group without a block pool (e.g. recurrent state)."""
-        self.cache_factories[group] = factory
+    def make_cache(self) -> dict[str, CacheState]:  # pragma: no cover - per architecture
+        """The per-sequence cache state of each cache group, in a fixed order."""
+        raise NotImplementedError
 
-    # ---- public API ---------------------------------------------------------------------------
+    # ---- layers -------------------------------------------------------------------------------
+    def norm(self, name: str) -> RMSNorm:
+        return RMSNorm(self.f32(name), self.args.norm_eps)
+
+    def attention(self, i: int, pool: BlockPool, layer_idx: int | None = None, *, rope_neox: bool,
+                  qk_norm: bool = False, window: int = 0, rope_base: float | None = None,
+                  rope_freq_scale: float | None = None, n_head_kv: int | None = None) -> Attention:
+        """Self-attention of layer ``i`` over ``pool`` (its layer ``layer_idx``, default i).
+
+        Tensors ``blk.i.attn_{q,k,v,output}.weight``; with ``qk_norm`` the per-head
+        ``attn_q_norm``/``attn_k_norm``; where present the biases ``attn_{q,k,v,output}.bias``
+        and the attention sinks ``attn_sinks.weight``. Rope base and scaling default to the
+        GGUF's; ``window`` > 0 makes it sliding-window attention.
+        """
+        a = self.args
+        p = f"blk.{i}."
+        return Attention(
+            wq=self.tensor(p + "attn_q.weight"), wk=self.tensor(p + "attn_k.weight"),
+            wv=self.tensor(p + "attn_v.weight"), wo=self.tensor(p + "attn_output.weight"),
+            n_head=a.n_head, n_head_kv=n_head_kv or a.n_head_kv, head_dim=a.head_dim,
+            head_dim_v=a.head_dim_v, group=pool.name, layer_idx=i if layer_idx is None else layer_idx,
+            rope_base=a.rope_base if rope_base is None else rope_base, rope_dim=a.rope_dim,
+            rope_neox=rope_neox,
+            rope_freq_scale=a.rope_freq_scale if rope_freq_scale is None else rope_freq_scale,
+            q_norm=self.f32(p + "attn_q_norm.weight") if qk_norm else None,
+            k_norm=self.f32(p + "attn_k_norm.weight") if qk_norm else None,
+            norm_eps=a.norm_eps, window=window, sinks=self.optional_f32(p + "attn_sinks.weight"),
+            biases=[self.optional_f32(p + f"attn_{n}.bias") for n in "qkv"],
+            bo=self.optional_f32(p + "attn_output.bias"), pool=pool)
+
+    def gated_ffn(self, i: int, act: str = "silu") -> GatedFFN:
+        """``ffn_down(act(ffn_gate(h)) * ffn_up(h))`` of layer i (act "silu" or "gelu")."""
+        p = f"blk.{i}."
+        return GatedFFN(self.tensor(p + "ffn_gate.weight"), self.tensor(p + "ffn_up.weight"),
+                        self.tensor(p + "ffn_down.weight"), act=act)
+
+    def experts(self, i: int, *, route: str | Callable, act: str | Callable) -> MoE:
+        """The routed experts of layer i (:class:`~.moe.MoE`): router ``ffn_gate_inp``,
+        experts ``ffn_{gate,up,down}_exps`` (biases where present), ``expert_used_count``
+        per token. Every MoE layer counts into ``self.moe_stats`` (what :meth:`stats` reads).
+        """
+        p = f"blk.{i}."
+        if self.moe_stats is None:
+            self.moe_stats = MoEStats()
+        return MoE(self.tensor(p + "ffn_gate_inp.weight"), self.tensor(p + "ffn_gate_exps.weight"),
+                   self.tensor(p + "ffn_up_exps.weight"), self.tensor(p + "ffn_down_exps.weight"),
+                   int(self.gguf.arch_key("expert_used_count")), route=route, act=act,
+                   router_bias=self.optional_f32(p + "ffn_gate_inp.bias"),
+                   gate_bias=self.optional_f32(p + "ffn_gate_exps.bias"),
+                   up_bias=self.optional_f32(p + "ffn_up_exps.bias"),
+                   down_bias=self.optional_f32(p + "ffn_down_exps.bias"), stats=self.moe_stats)
+
+    def output_head(self, norm: str = "output_norm.weight", softcap: float = 0.0) -> OutputHead:
+        """Final RMS norm (tensor ``norm``) and lm_head: ``output.weight``, or the token
+        embedding when the file ties the output to it (no ``output.weight``)."""
+        w = self.tensor("output.weight") if self.has("output.weight") else self.tensor("token_embd.weight")
+        return OutputHead(self.norm(norm), w, softcap=softcap)
+
+    # ---- the contract -------------------------------------------------------------------------
     @property
     def n_vocab(self) -> int:
         return self.args.n_vocab
@@ -232,7 +258,15 @@ class Model:
                 "moe_experts_computed": ms.experts_computed, "moe_experts_skipped": ms.experts_skipped}
 
     def new_state(self) -> SeqState:
-        return SeqState({name: make() for name, make in self.cache_factories.items()})
+        return SeqState(self.make_cache())
+
+    def stats(self) -> dict[str, float]:
+        """Counters since load: ``moe_*`` (:class:`~.moe.MoEStats`: layer calls, tokens routed,
+        (token, expert) rows, experts computed and skipped, summed over the MoE layers) for
+        a model with routed experts; {} otherwise."""
+        if self.moe_stats is None:
+            return {}
+        return {f"moe_{k}": float(v) for k, v in self.moe_stats.as_dict().items()}
 
     def forward(self, batch: Sequence[tuple[SeqState, Any]], all_logits: bool = False) -> np.ndarray:
         """Run one step over several sequences.
@@ -246,7 +280,7 @@ class Model:
         seqs = [s for s, _ in batch]
         if len({id(s) for s in seqs}) != len(seqs):
             raise ValueError("forward: a sequence appears twice in one batch")
-        toks = [as_tokens(t) for _, t in batch]
+        toks = [np.asarray(t, dtype=np.int32).reshape(-1) for _, t in batch]
         if any(t.size == 0 for t in toks):
             raise ValueError("forward: empty segment")
         flat = toks[0] if len(toks) == 1 else np.concatenate(toks)
@@ -276,8 +310,11 @@ class Model:
             s.tokens.extend(t.tolist())
         return logits
 
-    def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
+    def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
+        x = run_blocks(self.blocks, self.embed(fb.tokens), fb)
+        if not all_logits and fb.n_tokens != fb.n_seqs:
+            x = x[fb.last_rows]
+        return self.head(x)
 
     def __repr__(self) -> str:
         a = self.args

@@ -15,7 +15,7 @@ import numpy as np
 from .. import nn, quant
 from ..threads import get_num_threads
 from ..gguf_file import Tensor
-from .base import ForwardBatch
+from .batch import ForwardBatch
 
 try:
     _BATCHED_KV_STORE = "seg_start" in inspect.signature(nn.kv_store).parameters
@@ -70,49 +70,20 @@ def rms_norm_into(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.
     return out
 
 
-def concat_tensors(tensors: Sequence[Tensor], name: str) -> Tensor | None:
-    """One (sum(out), in) tensor from row-stacked tensors of the same type, or None."""
-    t0 = tensors[0]
-    if any(t.ggml_type != t0.ggml_type or len(t.shape) != 2 or t.shape[1] != t0.shape[1] for t in tensors):
-        return None
-    raws = [t.raw() for t in tensors]
-    if any(r.shape[1] != raws[0].shape[1] for r in raws):
-        return None
-    data = np.ascontiguousarray(np.concatenate(raws, axis=0))
-    rows = sum(t.shape[0] for t in tensors)
-    return Tensor(name, t0.ggml_type, (rows, t0.shape[1]), data.reshape(-1))
-
-
 class FusedLinear:
-    """Several Linears over the same input computed as one matmul; returns the parts.
-
-    Uses ``quant.Linear.concat`` when the kernels provide it, else stacks the raw rows
-    into one tensor (same type), else falls back to separate Linears.
-    """
+    """Several Linears over the same input computed as one matmul (``quant.Linear.concat``:
+    same weight type and input size), else as separate Linears; returns the parts."""
 
     def __init__(self, tensors: Sequence[Tensor], biases: Sequence[np.ndarray | None] | None = None):
         self.sizes = [t.shape[0] for t in tensors]
         ends = np.cumsum(self.sizes).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
         biases = list(biases) if biases is not None else [None] * len(tensors)
-        bias = None
-        if any(b is not None for b in biases):
-            bias = np.concatenate([np.zeros(n, np.float32) if b is None else np.asarray(b, np.float32)
-                                   for n, b in zip(self.sizes, biases)])
-        self.fused = None
+        self.fused = (quant.Linear(tensors[0], bias=biases[0]) if len(tensors) == 1
+                      else quant.Linear.concat(list(tensors), biases=biases))
         self.parts = None
-        if len(tensors) == 1:
-            self.fused = quant.Linear(tensors[0], bias=bias)
-        else:
-            concat = getattr(quant.Linear, "concat", None)
-            if concat is not None:
-                self.fused = concat(list(tensors), biases=biases)
-            if self.fused is None:
-                t = concat_tensors(tensors, "+".join(t.name for t in tensors))
-                if t is not None:
-                    self.fused = quant.Linear(t, bias=bias)
-                else:
-                    self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
+        if self.fused is None:
+            self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
         self.out_features = sum(self.sizes)
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:

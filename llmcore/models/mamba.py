@@ -1,13 +1,13 @@
 """mamba and mamba2: attention-free recurrent models (selective state-space layers).
 
-mamba (Mamba-1), per layer, on h = rms_norm(x) * attn_norm:
+Each layer is a pre-norm block without FFN. mamba (Mamba-1), on h = rms_norm(x) * attn_norm:
     x_in, z = split(ssm_in(h), d_inner)
     xc = silu(conv1d_causal(x_in; ssm_conv1d.weight (d_inner, K), .bias; conv state K-1 rows))
     dt, B, C = split(ssm_x(xc), [dt_rank, d_state, d_state])   (rms-normed if ssm.dt_b_c_rms)
     dt = ssm_dt(dt) + ssm_dt.bias
     y = selective_scan(state (d_inner, d_state); xc, softplus(dt), A = ssm_a, B, C) + xc * ssm_d
     x += ssm_out(y * silu(z))
-mamba2, per layer:
+mamba2, on the same h:
     z, xBC, dt = split(ssm_in(h), [d_inner, d_inner + 2*n_group*d_state, n_head])
     xBC = silu(conv1d_causal(xBC) + bias); x_in, B, C = split(xBC)
     y = ssd_scan(state (n_head, head_dim, d_state); x_in, softplus(dt + ssm_dt.bias), A (n_head,),
@@ -28,58 +28,43 @@ from __future__ import annotations
 import numpy as np
 
 from .. import nn, quant, ssm
+from ..cache import CacheState
 from ..cache.recurrent import RecurrentState
 from ..gguf_file import GGUFFile
 from . import register
-from .base import ForwardBatch, Model, ModelArgs, require_tensors
-from .layers import Embedding, OutputHead, RMSNorm
-
-
-class _Lin:
-    """quant.Linear, or a float32 matmul for tiny F32 matrices the kernels may not take."""
-
-    def __init__(self, tensor, bias=None):
-        self.bias = None if bias is None else np.asarray(bias, np.float32)
-        try:
-            self.lin = quant.Linear(tensor, bias=self.bias)
-            self.w = None
-        except Exception:
-            self.lin = None
-            self.w = np.ascontiguousarray(tensor.dequantize(), dtype=np.float32)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if self.lin is not None:
-            return self.lin(x)
-        y = x @ self.w.T
-        return y + self.bias if self.bias is not None else y
+from .base import Model, ModelArgs, require_tensors
+from .batch import ForwardBatch
+from .blocks import PreNormBlock
+from .layers import Embedding
 
 
 # ---- mamba (Mamba-1) -------------------------------------------------------------------------
-class MambaLayer:
+class MambaMixer:
+    """One Mamba-1 selective-SSM layer on the normed input (its state: layer i of the
+    sequence's "rec" cache)."""
+
     def __init__(self, m: "Mamba", i: int):
         p = f"blk.{i}."
         a = m.args
         self.i = i
         self.d_inner, self.d_state, self.dt_rank = m.d_inner, m.d_state, m.dt_rank
-        self.norm = RMSNorm(m.f32(p + "attn_norm.weight"), a.norm_eps)
-        self.ssm_in = _Lin(m.tensor(p + "ssm_in.weight"))
+        self.ssm_in = quant.Linear(m.tensor(p + "ssm_in.weight"))
         self.conv_w = np.ascontiguousarray(m.f32(p + "ssm_conv1d.weight").reshape(self.d_inner, -1))
-        self.conv_b = m.f32(p + "ssm_conv1d.bias") if m.has(p + "ssm_conv1d.bias") else None
-        self.ssm_x = _Lin(m.tensor(p + "ssm_x.weight"))
-        dt_b = m.f32(p + "ssm_dt.bias") if m.has(p + "ssm_dt.bias") else None
-        self.ssm_dt = _Lin(m.tensor(p + "ssm_dt.weight"), dt_b)
+        self.conv_b = m.optional_f32(p + "ssm_conv1d.bias")
+        self.ssm_x = quant.Linear(m.tensor(p + "ssm_x.weight"))
+        dt_b = m.optional_f32(p + "ssm_dt.bias")
+        self.ssm_dt = quant.Linear(m.tensor(p + "ssm_dt.weight"), dt_b)
         self.A = np.ascontiguousarray(m.f32(p + "ssm_a").reshape(self.d_inner, self.d_state))
         self.D = m.f32(p + "ssm_d").reshape(self.d_inner)
-        self.ssm_out = _Lin(m.tensor(p + "ssm_out.weight"))
+        self.ssm_out = quant.Linear(m.tensor(p + "ssm_out.weight"))
         self.dt_b_c_rms = m.dt_b_c_rms
         self.eps = a.norm_eps
 
-    def __call__(self, x: np.ndarray, fb: ForwardBatch) -> np.ndarray:
+    def __call__(self, h: np.ndarray, fb: ForwardBatch) -> np.ndarray:
         di, ds, r = self.d_inner, self.d_state, self.dt_rank
-        xz = self.ssm_in(self.norm(x))
+        xz = self.ssm_in(h)
         xs, z = xz[:, :di], xz[:, di:]
-        xc = np.empty((x.shape[0], di), dtype=np.float32)
+        xc = np.empty((h.shape[0], di), dtype=np.float32)
         ss = fb.seg_start
         states = [s.caches["rec"].layer(self.i) for s in fb.seqs]
         for k, (conv, _) in enumerate(states):
@@ -100,10 +85,8 @@ class MambaLayer:
 
 @register("mamba")
 class Mamba(Model):
-    arch = "mamba"
-
-    def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **cfg):
-        super().__init__(g, args, **cfg)
+    def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **options):
+        super().__init__(g, args, **options)
         a = self.args
         self.d_inner = int(g.arch_key("ssm.inner_size"))
         self.d_state = int(g.arch_key("ssm.state_size"))
@@ -112,36 +95,32 @@ class Mamba(Model):
         self.dt_b_c_rms = bool(g.arch_key("ssm.dt_b_c_rms", False))
         require_tensors(g, ["token_embd.weight", "output_norm.weight"])
         self.embed = Embedding(self.tensor("token_embd.weight"))
-        self.layers = self.make_layers()
-        conv_shapes, ssm_shapes = self.state_shapes()
-        self.add_cache("rec", lambda: RecurrentState(conv_shapes, ssm_shapes))
-        out_w = self.tensor("output.weight") if self.has("output.weight") else self.tensor("token_embd.weight")
-        self.head = OutputHead(RMSNorm(self.f32("output_norm.weight"), a.norm_eps), out_w)
+        self.blocks = [PreNormBlock(self.norm(f"blk.{i}.attn_norm.weight"), self.make_mixer(i))
+                       for i in range(a.n_layer)]
+        self.head = self.output_head()
 
-    def make_layers(self):
-        return [MambaLayer(self, i) for i in range(self.args.n_layer)]
+    def make_mixer(self, i: int):
+        return MambaMixer(self, i)
 
     def state_shapes(self):
+        """Per layer: the conv state (K-1, channels) and the scan state shapes."""
         n = self.args.n_layer
         return [(self.d_conv - 1, self.d_inner)] * n, [(self.d_inner, self.d_state)] * n
 
     @property
     def state_bytes(self) -> int:
         """Bytes of one sequence's recurrent state (= one checkpoint)."""
-        conv, ssm = self.state_shapes()
-        return sum(int(np.prod(c)) * 4 + int(np.prod(s)) * 4 for c, s in zip(conv, ssm))
+        return RecurrentState(*self.state_shapes()).state_bytes
 
-    def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
-        x = self.embed(fb.tokens)
-        for layer in self.layers:
-            x += layer(x, fb)
-        if not all_logits:
-            x = x[fb.last_rows]
-        return self.head(x)
+    def make_cache(self) -> dict[str, CacheState]:
+        return {"rec": RecurrentState(*self.state_shapes())}
 
 
 # ---- mamba2 ----------------------------------------------------------------------------------
-class Mamba2Layer:
+class Mamba2Mixer:
+    """One Mamba-2 (SSD) layer on the normed input (its state: layer i of the sequence's
+    "rec" cache)."""
+
     def __init__(self, m: "Mamba2", i: int):
         p = f"blk.{i}."
         a = m.args
@@ -150,21 +129,20 @@ class Mamba2Layer:
         self.n_head, self.n_group = m.n_head_ssm, m.n_group
         self.head_dim = self.d_inner // self.n_head
         self.conv_dim = self.d_inner + 2 * self.n_group * self.d_state
-        self.norm = RMSNorm(m.f32(p + "attn_norm.weight"), a.norm_eps)
-        self.ssm_in = _Lin(m.tensor(p + "ssm_in.weight"))
+        self.ssm_in = quant.Linear(m.tensor(p + "ssm_in.weight"))
         self.conv_w = np.ascontiguousarray(m.f32(p + "ssm_conv1d.weight").reshape(self.conv_dim, -1))
-        self.conv_b = m.f32(p + "ssm_conv1d.bias") if m.has(p + "ssm_conv1d.bias") else None
+        self.conv_b = m.optional_f32(p + "ssm_conv1d.bias")
         self.dt_b = m.f32(p + "ssm_dt.bias").reshape(self.n_head)
         self.A = m.f32(p + "ssm_a").reshape(self.n_head)
         self.D = m.f32(p + "ssm_d").reshape(self.n_head)
         self.ssm_norm = np.ascontiguousarray(m.f32(p + "ssm_norm.weight").reshape(-1))
-        self.ssm_out = _Lin(m.tensor(p + "ssm_out.weight"))
+        self.ssm_out = quant.Linear(m.tensor(p + "ssm_out.weight"))
         self.eps = a.norm_eps
 
-    def __call__(self, x: np.ndarray, fb: ForwardBatch) -> np.ndarray:
-        n = x.shape[0]
+    def __call__(self, h: np.ndarray, fb: ForwardBatch) -> np.ndarray:
+        n = h.shape[0]
         di, ds, nh, ng, hd = self.d_inner, self.d_state, self.n_head, self.n_group, self.head_dim
-        zxbcdt = self.ssm_in(self.norm(x))
+        zxbcdt = self.ssm_in(h)
         z = zxbcdt[:, :di]
         xbc_in = zxbcdt[:, di:di + self.conv_dim]
         dt = zxbcdt[:, di + self.conv_dim:di + self.conv_dim + nh]
@@ -189,15 +167,13 @@ class Mamba2Layer:
 
 @register("mamba2")
 class Mamba2(Mamba):
-    arch = "mamba2"
-
-    def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **cfg):
+    def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **options):
         self.n_head_ssm = int(g.arch_key("ssm.time_step_rank"))
         self.n_group = int(g.arch_key("ssm.group_count", 1) or 1)
-        super().__init__(g, args, **cfg)
+        super().__init__(g, args, **options)
 
-    def make_layers(self):
-        return [Mamba2Layer(self, i) for i in range(self.args.n_layer)]
+    def make_mixer(self, i: int):
+        return Mamba2Mixer(self, i)
 
     def state_shapes(self):
         n = self.args.n_layer

@@ -9,6 +9,5 @@ from .llama import Llama
 
 @register("qwen3")
 class Qwen3(Llama):
-    arch = "qwen3"
     rope_neox = True
     qk_norm = True
