@@ -249,14 +249,6 @@ class Model:
         """Bytes of KV storage one token costs (all pools; fixed-size state not included)."""
         return sum(p.bytes_per_token for p in self.pools.values())
 
-    def stats(self) -> dict[str, float]:
-        """Model-level counters (MoE models: experts computed / skipped)."""
-        ms = getattr(self, "moe_stats", None)  # (the models engineer replaces this probe)
-        if ms is None:
-            return {}
-        return {"moe_layer_calls": ms.calls, "moe_tokens_routed": ms.tokens,
-                "moe_experts_computed": ms.experts_computed, "moe_experts_skipped": ms.experts_skipped}
-
     def new_state(self) -> SeqState:
         return SeqState(self.make_cache())
 
