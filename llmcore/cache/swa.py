@@ -9,8 +9,10 @@ Window semantics (llama.cpp ``LLAMA_SWA_TYPE_STANDARD``): the query at position 
 key ``j`` iff ``0 <= p - j < window``. After ``n_tokens`` tokens the next query is at
 ``n_tokens`` and needs keys from ``n_tokens - window + 1``; a block is freed once it lies
 wholly before that (minus ``slack`` tokens kept on purpose so that short trims stay
-possible). Memory per sequence is therefore bounded by ``window + slack + block_size``
-tokens between steps (plus the tokens of one batch during a step).
+possible). Freeing happens when a step appends (``append`` frees what that step's queries
+cannot see), so between steps a sequence holds at most ``window + slack + block_size``
+tokens plus the last step's tokens (memory admission plans with window + chunk + block).
+``evict()`` frees the same blocks eagerly (what the next query cannot see).
 
 Trimming: cutting back to ``n`` needs the keys ``[n - window + 1, n)``; once a block of
 them was freed that cut is impossible: ``can_trim(n)`` is False and ``trim(n)`` stops at the
