@@ -6,7 +6,6 @@ import io
 import json
 
 from fakes import FakeChatTemplate, FakeModel, FakeTokenizer
-from fixtures import tiny_models  # noqa: F401
 from llmcore.engine import Engine, EngineConfig
 from llmcore.sampling import SamplingParams
 from llmcore.server import ServerConfig, create_app
