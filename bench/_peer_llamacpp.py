@@ -1,7 +1,9 @@
 """llama.cpp through llama-cpp-python (PyPI), low-level API: the peer in every benchmark.
 
-Weights are loaded with `use_extra_bufts = False`: the AMX buffer type (and with it the
-CPU repacking) crashes on this machine (see shared/conformance/README.md).
+Weights are loaded with `use_extra_bufts = False`: llama.cpp's AMX buffer type (and with it
+the CPU repacking) crashed on some machines (ggml 0.25.3: SIGSEGV in the AMX matmul on any
+decode of 2 or more tokens), and the reference outputs (bench/make_oracle.py) are made the
+same way.
 """
 from __future__ import annotations
 

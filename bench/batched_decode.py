@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     print()
     print(table)
     if a.append_results:
-        cmd = "PYTHONPATH=/work/main /work/venv/bin/python bench/batched_decode.py " + " ".join(
+        cmd = "python bench/batched_decode.py " + " ".join(
             x for x in (argv if argv is not None else sys.argv[1:]) if x != "--append-results")
         res = os.path.join(HERE, "RESULTS.md")
         head = "## Batched decode (bench/batched_decode.py)"

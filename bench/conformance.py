@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Compare llmcore's forward with the llama.cpp oracle outputs of the conformance set.
 
-    python bench/conformance.py [PATH]   (default: ../shared/conformance beside the repo)
+    python bench/conformance.py [PATH]   (default: $LLMCORE_CONFORMANCE)
         [--only SUBSTR] [--greedy N] [--prompts short,long,...]
+
+PATH is a conformance set: models/ (GGUFs) and oracle/ (llama.cpp's outputs for them, made
+by bench/make_oracle.py).
 
 For every oracle in PATH/oracle (its model in PATH/models, or the real models in the
 llmcore model cache), per prompt: max |diff| and relative std (std(diff)/std(oracle)) of
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -84,11 +88,15 @@ def load_oracle(conf: Path, stem: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("path", nargs="?", default=str(REPO.parent / "shared" / "conformance"))
+    ap.add_argument("path", nargs="?", default=os.environ.get("LLMCORE_CONFORMANCE"),
+                    help="the conformance set (default: $LLMCORE_CONFORMANCE)")
     ap.add_argument("--only", default="")
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--prompts", default="")
     args = ap.parse_args(argv)
+    if not args.path:
+        print("no conformance set: pass PATH or set LLMCORE_CONFORMANCE", file=sys.stderr)
+        return 2
     conf = Path(args.path)
     if not (conf / "oracle").is_dir():
         print(f"no oracle directory in {conf}", file=sys.stderr)

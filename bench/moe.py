@@ -4,7 +4,8 @@ and how many experts each step computed vs skipped.
 
     python bench/moe.py [-m PATH] [-t 2] [--pp 256] [--tg 64] [--reps 3]
 
-Default model: tiny-qwen3moe-q4_k from the conformance set (8 experts, 2 used, 4 layers).
+Default model: tiny-qwen3moe-q4_k.gguf of the conformance set in $LLMCORE_CONFORMANCE
+(8 experts, 2 used, 4 layers).
 Same structure as bench/speed.py (the engines alternate rep by rep, llama.cpp in a child
 process; medians).
 """
@@ -23,7 +24,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peer_llamacpp import available, measure_in_subprocess  # noqa: E402
 from speed import LLMCore  # noqa: E402
 
-DEFAULT = "/work/shared/conformance/models/tiny-qwen3moe-q4_k.gguf"
+DEFAULT_STEM = "tiny-qwen3moe-q4_k.gguf"
+
+
+def default_model() -> str | None:
+    conf = os.environ.get("LLMCORE_CONFORMANCE")
+    return os.path.join(conf, "models", DEFAULT_STEM) if conf else None
 
 
 def expert_counts(mine: LLMCore, toks, n_gen: int) -> tuple[dict, dict]:
@@ -44,7 +50,8 @@ def expert_counts(mine: LLMCore, toks, n_gen: int) -> tuple[dict, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", default=DEFAULT)
+    ap.add_argument("-m", "--model", default=default_model(),
+                    help=f"GGUF path (default: $LLMCORE_CONFORMANCE/models/{DEFAULT_STEM})")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--pp", type=int, default=256, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=64, help="generated tokens")
@@ -53,6 +60,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     path = a.model
+    if path is None:
+        ap.error("no model: pass -m PATH or set LLMCORE_CONFORMANCE")
     if not os.path.exists(path):
         from llmcore.pull import resolve_model
 

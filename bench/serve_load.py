@@ -2,7 +2,7 @@
 """Load test of `llmcore serve` over HTTP only: many concurrent streamed chat requests,
 all cache layers on, bad input in the middle, server memory sampled.
 
-    python bench/serve_load.py                      # the issue's workload (slow on 2 cores)
+    python bench/serve_load.py                      # the full workload (slow on 2 cores)
     python bench/serve_load.py --clients 12 -np 4 -c 8192 --ctk f16 --ctv f16 \\
         --prompt-tokens 64 160 --gen-tokens 8 16    # a quick run
     python bench/serve_load.py --url http://host:8080 ...   # against a running server

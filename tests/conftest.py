@@ -1,25 +1,19 @@
-import os
+"""Shared fixtures: the tiny built models (fixtures.py), the real models when pulled, and the
+llama.cpp conformance set when $LLMCORE_CONFORMANCE points at one."""
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def conformance_dir() -> Path | None:
-    """../shared/conformance beside the repo, or $LLMCORE_CONFORMANCE."""
-    env = os.environ.get("LLMCORE_CONFORMANCE")
-    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "conformance"]:
-        if (cand / "models").is_dir() and (cand / "oracle").is_dir():
-            return cand
-    return None
+from fixtures import built_model, tiny_models  # noqa: F401  (session fixtures for every module)
+from oracle import conformance_dir
 
 
 @pytest.fixture(scope="session")
 def conformance() -> Path:
     d = conformance_dir()
     if d is None:
-        pytest.skip("conformance set not found (set LLMCORE_CONFORMANCE or place shared/conformance beside the repo)")
+        pytest.skip("needs llama.cpp's recorded outputs: set LLMCORE_CONFORMANCE to a conformance set "
+                    "(models/ + oracle/, made by bench/make_oracle.py)")
     return d
 
 

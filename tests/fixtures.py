@@ -1,20 +1,35 @@
 """Tiny random GGUF models for tests, written with gguf.GGUFWriter (nothing downloaded).
 
-    build_tiny(path, arch="llama"|"qwen3", wtype="f32"|"f16"|"q8_0"|"q4_0", seed=0)
+One builder per architecture llmcore runs, so that every cache, checkpoint, sliding-window,
+recurrent and MoE test runs on a clean clone. Each takes ``(path, seed=0, ...)``, writes a
+GGUF of a few MB and returns ``path``; weights are seeded and "numerically sane" (logit std
+~2, activations O(1), norm weights 1 + N(0, 0.1) so a missing norm is visible):
 
-2 layers, n_embd 64, vocab 256, GQA (4 heads / 2 kv heads). llama: head_dim 16, untied
-``output.weight``; qwen3: head_dim 32 (q dim 128 != n_embd, so key_length matters), q/k
-norms, tied embedding. Norms stay F32 like llama.cpp. Weights follow the conformance
-fixtures' "numerically sane" init (logit std ~2, activations O(1)).
+    build_tiny(path, arch="llama"|"qwen3", wtype="f32"|"f16"|"q8_0"|"q4_0")   dense attention
+    build_gemma3(path, window=8)          interleaved sliding window (5 local layers, 1 global)
+    build_gpt_oss(path)                   alternating sliding window, sinks, biases, MoE
+    build_qwen3moe(path, wtype="f32"|"q8_0")   MoE, 8 experts / 2 used
+    build_mamba(path), build_mamba2(path)      recurrent (selective scan / SSD, 2 groups)
+    build_lfm2(path)                      short-conv layers + attention layers (hybrid)
 
-Use the session fixture ``tiny_models`` (import it into a test module:
-``from fixtures import tiny_models  # noqa: F401``); it maps names such as
-``"llama-f32"`` or ``"qwen3-q8_0"`` to file paths.
+With ``tokenizer=True`` a builder embeds :func:`tiny_vocab` (a byte-level BPE vocabulary
+with ChatML special tokens and a chat template) and sizes the model's vocabulary to it, so
+``Engine.from_path`` and the CLI load the file like a real model. Without it the vocabulary
+is ``N_VOCAB`` (256) plain ids and tests pair the model with ``fakes.FakeTokenizer``.
+
+Session fixtures (registered in conftest.py, so every test module sees them):
+    tiny_models    name -> path for the dense variants ("llama-f32", "qwen3-q8_0", ...)
+    built_model    ``built_model(name) -> path`` for the names in ``CATALOGUE``, each built
+                   on first use
 """
 from __future__ import annotations
 
+import functools
 import math
+import re
 import zlib
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +47,24 @@ VARIANTS = ["llama-f32", "llama-f16", "llama-q8_0", "llama-q4_0", "qwen3-f32", "
             "qwen3-q4_0"]
 
 
+# ---- weights ----------------------------------------------------------------------------------
+
+def weight_makers(rng):
+    """(normal, linear, norm_w) drawing from ``rng`` in call order: float32, "numerically
+    sane". ``linear(n_in, *n_out)`` is (*n_out, n_in) with std 1/sqrt(n_in);
+    ``norm_w(n, scale=1.0)`` is scale * (1 + 0.1 N(0, 1))."""
+    def normal(shape, std):
+        return (rng.standard_normal(size=shape) * std).astype(np.float32)
+
+    def linear(n_in, *n_out):
+        return normal((*n_out, n_in), 1.0 / math.sqrt(n_in))
+
+    def norm_w(n, scale=1.0):
+        return (scale * (1.0 + 0.1 * rng.standard_normal(size=(n,)))).astype(np.float32)
+
+    return normal, linear, norm_w
+
+
 def _quant(data: np.ndarray, qt: QT) -> np.ndarray:
     data = np.ascontiguousarray(data, dtype=np.float32)
     if qt == QT.F32:
@@ -41,8 +74,146 @@ def _quant(data: np.ndarray, qt: QT) -> np.ndarray:
     return gguf.quants.quantize(data, qt)
 
 
+def add_tensor(w: gguf.GGUFWriter, name: str, data: np.ndarray, qt: QT = QT.F32) -> None:
+    """Add ``data`` (float32, NumPy order) to ``w`` stored as ``qt``."""
+    w.add_tensor(name, _quant(data, qt), raw_dtype=qt if qt not in (QT.F32, QT.F16) else None)
+
+
+def finish_gguf(w, path):
+    """Write header, KV data and tensors of GGUFWriter ``w``, close it, return ``path``."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+# ---- tokenizer: a byte-level BPE vocabulary with ChatML special tokens -------------------------
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 (as in SmolLM2)
+DEFAULT_SYSTEM = "You are a tiny test model."
+# ChatML, with a system message of its own when the conversation has none
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TOKENIZER_VOCAB = 384  # 3 special tokens, 256 bytes, 125 merged tokens
+
+# what the merges are learnt from: any fixed text will do, this one is English with some
+# punctuation, digits and the words chat prompts use
+_BPE_CORPUS = """
+A language model reads a prompt, one token at a time, and writes the next token. The tokens of
+a prompt that was seen before are kept in a cache, so the model does not have to read them again.
+When the user edits the last message of a conversation, the server goes back to the newest state
+it saved before the edit and reads only what changed. A sliding window keeps the last few hundred
+tokens; a recurrent state keeps a summary of everything. Both are saved as checkpoints every few
+tokens, and restored when a request branches off. system user assistant: tell me a story about
+the cat number 12 and the cat number 7, then answer briefly: what is 17 * 23? (It is 391.)
+"""
+
+
+@dataclass(frozen=True)
+class TinyVocab:
+    tokens: list[str]
+    token_types: list[int]  # 1 normal, 3 control
+    merges: list[str]  # "a b", in rank order
+    bos_id: int
+    eos_id: int
+    chat_template: str
+
+    def token_id(self, text: str) -> int:
+        return self.tokens.index(text)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte: the alphabet of byte-level BPE vocabularies."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    out, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def _merge(seq: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
+    out, i = [], 0
+    while i < len(seq):
+        if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
+            out.append(seq[i] + seq[i + 1])
+            i += 2
+        else:
+            out.append(seq[i])
+            i += 1
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_vocab() -> TinyVocab:
+    """SmolLM2's layout at toy size: the special tokens, every byte, then merges learnt on a
+    fixed text by textbook BPE training (most frequent pair first, ties by the pair)."""
+    enc = bytes_to_unicode()
+    words = re.findall(r" ?[^\W\d_]+| ?\d| ?[^\s\w]+|\s+", _BPE_CORPUS)
+    seqs = Counter(tuple(enc[b] for b in w.encode()) for w in words)
+    tokens = list(SPECIAL_TOKENS) + [enc[b] for b in range(256)]
+    known, merges = set(tokens), []
+    while len(tokens) < TOKENIZER_VOCAB:
+        pairs = Counter()
+        for seq, n in seqs.items():
+            for p in zip(seq, seq[1:]):
+                pairs[p] += n
+        if not pairs:
+            raise RuntimeError("BPE corpus too small for the vocabulary size")
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        merges.append(f"{best[0]} {best[1]}")
+        if best[0] + best[1] not in known:
+            known.add(best[0] + best[1])
+            tokens.append(best[0] + best[1])
+        nxt = Counter()
+        for seq, n in seqs.items():
+            nxt[_merge(seq, best)] += n
+        seqs = nxt
+    types = [3] * len(SPECIAL_TOKENS) + [1] * (len(tokens) - len(SPECIAL_TOKENS))
+    return TinyVocab(tokens, types, merges, bos_id=1, eos_id=2, chat_template=CHAT_TEMPLATE)
+
+
+def add_tokenizer(w: gguf.GGUFWriter, vocab: TinyVocab) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_bos_token_id(vocab.bos_id)
+    w.add_eos_token_id(vocab.eos_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(vocab.chat_template)
+
+
+def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool) -> int:
+    """Embed the tiny tokenizer if asked; the model's vocabulary size either way."""
+    if not tokenizer:
+        w.add_vocab_size(N_VOCAB)
+        return N_VOCAB
+    vocab = tiny_vocab()
+    add_tokenizer(w, vocab)
+    w.add_vocab_size(len(vocab.tokens))
+    return len(vocab.tokens)
+
+
+# ---- dense: llama, qwen3 ----------------------------------------------------------------------
+
 def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, context_length: int = 512,
-               rope_base: float = 10000.0) -> Path:
+               rope_base: float = 10000.0, tokenizer: bool = False) -> Path:
+    """2 layers, n_embd 64, GQA (4 heads / 2 kv heads). llama: head_dim 16, untied
+    ``output.weight``; qwen3: head_dim 32 (q dim 128 != n_embd, so key_length matters), q/k
+    norms, tied embedding. Norms stay F32 like llama.cpp."""
     path = Path(path)
     qt = QTYPES[wtype]
     rng = np.random.default_rng(seed + zlib.crc32(arch.encode()))
@@ -67,7 +238,7 @@ def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, con
     w.add_head_count_kv(N_HEAD_KV)
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
-    w.add_vocab_size(N_VOCAB)
+    n_vocab = _vocab_size(w, tokenizer)
     if arch == "llama":
         w.add_rope_dimension_count(hd)
     else:
@@ -79,10 +250,10 @@ def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, con
     def add(name, data, t=QT.F32):
         tensors.append((name, data, t))
 
-    add("token_embd.weight", normal((N_VOCAB, N_EMBD), 2.0 / np.sqrt(N_EMBD)), qt)
+    add("token_embd.weight", normal((n_vocab, N_EMBD), 2.0 / np.sqrt(N_EMBD)), qt)
     add("output_norm.weight", norm_w(N_EMBD))
     if arch == "llama":
-        add("output.weight", normal((N_VOCAB, N_EMBD), 2.0 / np.sqrt(N_EMBD)), qt)
+        add("output.weight", normal((n_vocab, N_EMBD), 2.0 / np.sqrt(N_EMBD)), qt)
     for i in range(N_LAYER):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm_w(N_EMBD))
@@ -98,13 +269,323 @@ def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, con
         add(p + "ffn_up.weight", linear(N_EMBD, N_FF), qt)
         add(p + "ffn_down.weight", linear(N_FF, N_EMBD), qt)
     for name, data, t in tensors:
-        q = _quant(data, t)
-        w.add_tensor(name, q, raw_dtype=t if t not in (QT.F32, QT.F16) else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        add_tensor(w, name, data, t)
+    return finish_gguf(w, path)
+
+
+# ---- sliding window: gemma3 -------------------------------------------------------------------
+
+GEMMA3 = dict(n_layer=6, n_head=4, n_head_kv=2, head_dim=32, n_ff=128, window=8)  # layers 0-4 local
+
+
+def build_gemma3(path, seed: int = 0, window: int | None = None, tokenizer: bool = False) -> Path:
+    """6 layers (layers 0-4 local with ``window``, default 8; layer 5 global), F32 weights."""
+    c = GEMMA3
+    window = window or c["window"]
+    nl, H, Hkv, hd, n_ff = c["n_layer"], c["n_head"], c["n_head_kv"], c["head_dim"], c["n_ff"]
+    normal, linear, norm_w = weight_makers(np.random.default_rng(seed))
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_name(f"tiny-gemma3-w{window}")
+    w.add_context_length(512)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(nl)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(window)
+    n_vocab = _vocab_size(w, tokenizer)
+    # input scaled by sqrt(n_embd) in gemma3: a small embedding keeps the logits O(1)
+    w.add_tensor("token_embd.weight", normal((n_vocab, N_EMBD), 0.3 / math.sqrt(N_EMBD)))
+    w.add_tensor("output_norm.weight", norm_w(N_EMBD))
+    for i in range(nl):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm_w(N_EMBD))
+        w.add_tensor(p + "attn_q.weight", linear(N_EMBD, H * hd))
+        w.add_tensor(p + "attn_k.weight", linear(N_EMBD, Hkv * hd))
+        w.add_tensor(p + "attn_v.weight", linear(N_EMBD, Hkv * hd))
+        w.add_tensor(p + "attn_output.weight", linear(H * hd, N_EMBD))
+        w.add_tensor(p + "attn_q_norm.weight", norm_w(hd, 1.0))
+        w.add_tensor(p + "attn_k_norm.weight", norm_w(hd, 1.0))
+        w.add_tensor(p + "post_attention_norm.weight", norm_w(N_EMBD, 0.5))
+        w.add_tensor(p + "ffn_norm.weight", norm_w(N_EMBD))
+        w.add_tensor(p + "ffn_gate.weight", linear(N_EMBD, n_ff))
+        w.add_tensor(p + "ffn_up.weight", linear(N_EMBD, n_ff))
+        w.add_tensor(p + "ffn_down.weight", linear(n_ff, N_EMBD))
+        w.add_tensor(p + "post_ffw_norm.weight", norm_w(N_EMBD, 0.5))
+    return finish_gguf(w, path)
+
+
+# ---- sliding window + sinks + MoE: gpt-oss ----------------------------------------------------
+
+GPT_OSS = dict(n_layer=4, n_head=4, n_head_kv=2, head_dim=32, n_ff=64, n_expert=8, n_expert_used=2, window=8)
+
+
+def build_gpt_oss(path, seed: int = 0) -> Path:
+    """4 layers, even ones local (window 8); biases, sinks; 8 experts / 2 used, F32 weights
+    scaled so that the SwiGLU clamp at +-7 is hit."""
+    c = GPT_OSS
+    nl, H, Hkv, hd, n_ff, n_exp = c["n_layer"], c["n_head"], c["n_head_kv"], c["head_dim"], c["n_ff"], c["n_expert"]
+    normal, linear, norm_w = weight_makers(np.random.default_rng(seed))
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    w.add_name("tiny-gpt-oss")
+    w.add_context_length(512)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(nl)
+    w.add_feed_forward_length(n_ff)
+    w.add_expert_feed_forward_length(n_ff)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(150000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_sliding_window(c["window"])
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(c["n_expert_used"])
+    w.add_vocab_size(N_VOCAB)
+    w.add_tensor("token_embd.weight", normal((N_VOCAB, N_EMBD), 1.0))
+    w.add_tensor("output_norm.weight", norm_w(N_EMBD))
+    w.add_tensor("output.weight", linear(N_EMBD, N_VOCAB) * 2)
+    for i in range(nl):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm_w(N_EMBD))
+        for n, rows in (("q", H * hd), ("k", Hkv * hd), ("v", Hkv * hd)):
+            w.add_tensor(p + f"attn_{n}.weight", linear(N_EMBD, rows))
+            w.add_tensor(p + f"attn_{n}.bias", normal((rows,), 0.1))
+        w.add_tensor(p + "attn_output.weight", linear(H * hd, N_EMBD))
+        w.add_tensor(p + "attn_output.bias", normal((N_EMBD,), 0.1))
+        w.add_tensor(p + "attn_sinks.weight", normal((H,), 1.0))
+        w.add_tensor(p + "post_attention_norm.weight", norm_w(N_EMBD))
+        w.add_tensor(p + "ffn_gate_inp.weight", linear(N_EMBD, n_exp) * 3)
+        w.add_tensor(p + "ffn_gate_inp.bias", normal((n_exp,), 0.5))
+        w.add_tensor(p + "ffn_gate_exps.weight", linear(N_EMBD, n_exp, n_ff) * 6)
+        w.add_tensor(p + "ffn_gate_exps.bias", normal((n_exp, n_ff), 0.5))
+        w.add_tensor(p + "ffn_up_exps.weight", linear(N_EMBD, n_exp, n_ff) * 6)
+        w.add_tensor(p + "ffn_up_exps.bias", normal((n_exp, n_ff), 0.5))
+        w.add_tensor(p + "ffn_down_exps.weight", linear(n_ff, n_exp, N_EMBD) * 0.1)
+        w.add_tensor(p + "ffn_down_exps.bias", normal((n_exp, N_EMBD), 0.1))
+    return finish_gguf(w, path)
+
+
+# ---- MoE: qwen3moe ----------------------------------------------------------------------------
+
+QWEN3MOE = dict(n_layer=2, n_head=4, n_head_kv=2, head_dim=32, n_expert=8, n_expert_used=2, n_ff_exp=64)
+
+
+def build_qwen3moe(path, wtype: str = "f32", seed: int = 0) -> Path:
+    """2 layers, q/k norms, tied embedding, router F32, experts as 3-D tensors of ``wtype``."""
+    c = QWEN3MOE
+    nl, H, Hkv, hd, n_exp, ff = c["n_layer"], c["n_head"], c["n_head_kv"], c["head_dim"], c["n_expert"], c["n_ff_exp"]
+    qt = QTYPES[wtype]
+    rng = np.random.default_rng(seed)
+
+    def normal(shape, std):
+        return (rng.standard_normal(size=shape) * std).astype(np.float32)
+
+    def norm_w(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_name(f"tiny-qwen3moe-{wtype}")
+    w.add_context_length(512)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(nl)
+    w.add_feed_forward_length(4 * N_EMBD)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(c["n_expert_used"])
+    w.add_expert_feed_forward_length(ff)
+    w.add_vocab_size(N_VOCAB)
+    tensors = [("token_embd.weight", normal((N_VOCAB, N_EMBD), 2.0 / np.sqrt(N_EMBD)), qt),
+               ("output_norm.weight", norm_w(N_EMBD), QT.F32)]
+    for i in range(nl):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", norm_w(N_EMBD), QT.F32),
+            (p + "attn_q.weight", normal((H * hd, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
+            (p + "attn_k.weight", normal((Hkv * hd, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
+            (p + "attn_v.weight", normal((Hkv * hd, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
+            (p + "attn_output.weight", normal((N_EMBD, H * hd), 1 / np.sqrt(H * hd)), qt),
+            (p + "attn_q_norm.weight", norm_w(hd), QT.F32),
+            (p + "attn_k_norm.weight", norm_w(hd), QT.F32),
+            (p + "ffn_norm.weight", norm_w(N_EMBD), QT.F32),
+            (p + "ffn_gate_inp.weight", normal((n_exp, N_EMBD), 3 / np.sqrt(N_EMBD)), QT.F32),
+            (p + "ffn_gate_exps.weight", normal((n_exp, ff, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
+            (p + "ffn_up_exps.weight", normal((n_exp, ff, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
+            (p + "ffn_down_exps.weight", normal((n_exp, N_EMBD, ff), 1 / np.sqrt(ff)), qt),
+        ]
+    for name, data, t in tensors:
+        add_tensor(w, name, data, t)
+    return finish_gguf(w, path)
+
+
+# ---- recurrent: mamba, mamba2 -----------------------------------------------------------------
+# Mamba's reference init: A = -(1..d_state) (stored as ssm_a = -exp(A_log)), D = 1, conv
+# weights U(+-1/sqrt(d_conv)), dt bias = softplus^-1(dt) with dt log-uniform in [1e-3, 1e-1].
+# Big matrices Q8_0 (so the quantized matmuls run), the rest F32, embedding tied.
+
+MAMBA = dict(n_layer=3, d_inner=2 * N_EMBD, d_state=16, d_conv=4, dt_rank=4)
+MAMBA2 = dict(n_layer=3, d_inner=2 * N_EMBD, d_state=32, d_conv=4, n_head=4, n_group=2)
+
+
+def _uniform(rng, shape, lo, hi):
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def _dt_bias(rng, n, dt_min=1e-3, dt_max=1e-1):
+    dt = np.exp(rng.uniform(np.log(dt_min), np.log(dt_max), size=n))
+    return (dt + np.log(-np.expm1(-dt))).astype(np.float32)
+
+
+def _ssm_header(w, c, n_layer):
+    w.add_context_length(1 << 20)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(n_layer)
+    w.add_ssm_conv_kernel(c["d_conv"])
+    w.add_ssm_inner_size(c["d_inner"])
+    w.add_ssm_state_size(c["d_state"])
+    w.add_layer_norm_rms_eps(1e-5)
+
+
+def build_mamba(path, seed: int = 0, tokenizer: bool = False) -> Path:
+    """Mamba-1: 3 layers, d_inner 128, d_state 16, d_conv 4, dt_rank 4."""
+    c = MAMBA
+    di, ds, dc, r = c["d_inner"], c["d_state"], c["d_conv"], c["dt_rank"]
+    rng = np.random.default_rng(seed + zlib.crc32(b"mamba"))
+    normal, linear, norm_w = weight_makers(rng)
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_name("tiny-mamba")
+    _ssm_header(w, c, c["n_layer"])
+    w.add_ssm_time_step_rank(r)
+    w.add_ssm_dt_b_c_rms(False)
+    n_vocab = _vocab_size(w, tokenizer)
+    add_tensor(w, "token_embd.weight", normal((n_vocab, N_EMBD), 2.0 / math.sqrt(N_EMBD)), QT.Q8_0)
+    add_tensor(w, "output_norm.weight", norm_w(N_EMBD))
+    A = -np.tile(np.arange(1, ds + 1, dtype=np.float32), (di, 1))
+    for i in range(c["n_layer"]):
+        p = f"blk.{i}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(N_EMBD))
+        add_tensor(w, p + "ssm_in.weight", linear(N_EMBD, 2 * di), QT.Q8_0)
+        k = 1.0 / math.sqrt(dc)
+        add_tensor(w, p + "ssm_conv1d.weight", _uniform(rng, (di, dc), -k, k))
+        add_tensor(w, p + "ssm_conv1d.bias", _uniform(rng, (di,), -k, k))
+        add_tensor(w, p + "ssm_x.weight", linear(di, r + 2 * ds), QT.Q8_0)
+        add_tensor(w, p + "ssm_dt.weight", _uniform(rng, (di, r), -1 / math.sqrt(r), 1 / math.sqrt(r)))
+        add_tensor(w, p + "ssm_dt.bias", _dt_bias(rng, di))
+        add_tensor(w, p + "ssm_a", A)
+        add_tensor(w, p + "ssm_d", np.ones(di, np.float32))
+        # the gated scan output is small (~0.25 rms): gain 4 keeps each layer's update O(1)
+        add_tensor(w, p + "ssm_out.weight", 4 * linear(di, N_EMBD), QT.Q8_0)
+    return finish_gguf(w, path)
+
+
+def build_mamba2(path, seed: int = 0, tokenizer: bool = False) -> Path:
+    """Mamba-2: 3 layers, d_inner 128 in 4 heads of 32, d_state 32, 2 groups (heads 0-1 read
+    group 0, heads 2-3 group 1), grouped RMSNorm before ssm_out."""
+    c = MAMBA2
+    di, ds, dc, nh, ng = c["d_inner"], c["d_state"], c["d_conv"], c["n_head"], c["n_group"]
+    conv_dim = di + 2 * ng * ds
+    rng = np.random.default_rng(seed + zlib.crc32(b"mamba2"))
+    normal, linear, norm_w = weight_makers(rng)
+    w = gguf.GGUFWriter(str(path), "mamba2")
+    w.add_name("tiny-mamba2")
+    _ssm_header(w, c, c["n_layer"])
+    w.add_ssm_time_step_rank(nh)
+    w.add_ssm_group_count(ng)
+    n_vocab = _vocab_size(w, tokenizer)
+    add_tensor(w, "token_embd.weight", normal((n_vocab, N_EMBD), 2.0 / math.sqrt(N_EMBD)), QT.Q8_0)
+    add_tensor(w, "output_norm.weight", norm_w(N_EMBD))
+    for i in range(c["n_layer"]):
+        p = f"blk.{i}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(N_EMBD))
+        add_tensor(w, p + "ssm_in.weight", linear(N_EMBD, di + conv_dim + nh), QT.Q8_0)  # z, xBC, dt
+        k = 1.0 / math.sqrt(dc)
+        add_tensor(w, p + "ssm_conv1d.weight", _uniform(rng, (conv_dim, dc), -k, k))
+        add_tensor(w, p + "ssm_conv1d.bias", _uniform(rng, (conv_dim,), -k, k))
+        add_tensor(w, p + "ssm_dt.bias", _dt_bias(rng, nh))
+        add_tensor(w, p + "ssm_a", -_uniform(rng, (nh, 1), 1.0, 16.0))
+        add_tensor(w, p + "ssm_d", np.ones((nh, 1), np.float32))
+        add_tensor(w, p + "ssm_norm.weight", norm_w(di).reshape(ng, di // ng))
+        add_tensor(w, p + "ssm_out.weight", linear(di, N_EMBD), QT.Q8_0)
+    return finish_gguf(w, path)
+
+
+# ---- hybrid: lfm2 -----------------------------------------------------------------------------
+
+LFM2 = dict(n_head=2, n_ff=128, l_cache=3, head_count_kv=[0, 0, 1, 0, 0, 1])  # 0: short-conv layer
+
+
+def build_lfm2(path, seed: int = 0, tokenizer: bool = False) -> Path:
+    """6 layers: gated short convolutions (kernel 3) at 0, 1, 3, 4; attention (2 heads of 32,
+    1 KV head, q/k norms) at 2, 5; SwiGLU FFN everywhere; the final norm is
+    ``token_embd_norm``."""
+    c = LFM2
+    H, n_ff, lc, kv = c["n_head"], c["n_ff"], c["l_cache"], c["head_count_kv"]
+    hd = N_EMBD // H  # lfm2 has no key_length: n_head * head_dim == n_embd
+    rng = np.random.default_rng(seed + zlib.crc32(b"lfm2"))
+    normal, linear, norm_w = weight_makers(rng)
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    w.add_name("tiny-lfm2")
+    w.add_context_length(4096)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(len(kv))
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(H)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_shortconv_l_cache(lc)
+    n_vocab = _vocab_size(w, tokenizer)
+    add_tensor(w, "token_embd.weight", normal((n_vocab, N_EMBD), 2.0 / math.sqrt(N_EMBD)), QT.Q8_0)
+    add_tensor(w, "token_embd_norm.weight", norm_w(N_EMBD))
+    for i, n_kv in enumerate(kv):
+        p = f"blk.{i}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(N_EMBD))
+        if n_kv == 0:
+            k = 1.0 / math.sqrt(lc)
+            add_tensor(w, p + "shortconv.conv.weight", _uniform(rng, (N_EMBD, lc), -k, k))
+            add_tensor(w, p + "shortconv.in_proj.weight", linear(N_EMBD, 3 * N_EMBD), QT.Q8_0)  # B, C, x
+            add_tensor(w, p + "shortconv.out_proj.weight", 2 * linear(N_EMBD, N_EMBD), QT.Q8_0)
+        else:
+            add_tensor(w, p + "attn_q.weight", linear(N_EMBD, H * hd), QT.Q8_0)
+            add_tensor(w, p + "attn_k.weight", linear(N_EMBD, n_kv * hd), QT.Q8_0)
+            add_tensor(w, p + "attn_v.weight", linear(N_EMBD, n_kv * hd), QT.Q8_0)
+            add_tensor(w, p + "attn_output.weight", linear(H * hd, N_EMBD), QT.Q8_0)
+            add_tensor(w, p + "attn_q_norm.weight", norm_w(hd))
+            add_tensor(w, p + "attn_k_norm.weight", norm_w(hd))
+        add_tensor(w, p + "ffn_norm.weight", norm_w(N_EMBD))
+        add_tensor(w, p + "ffn_gate.weight", linear(N_EMBD, n_ff), QT.Q8_0)
+        add_tensor(w, p + "ffn_up.weight", linear(N_EMBD, n_ff), QT.Q8_0)
+        add_tensor(w, p + "ffn_down.weight", linear(n_ff, N_EMBD), QT.Q8_0)
+    return finish_gguf(w, path)
+
+
+# ---- the catalogue and the session fixtures ---------------------------------------------------
+
+# name -> builder(path). The models the engine and the CLI load whole (chat, gemma3-swa and
+# the recurrent ones) carry the tiny tokenizer and chat template.
+CATALOGUE = {
+    "chat": lambda p: build_tiny(p, "qwen3", "q8_0", tokenizer=True),
+    "gemma3": lambda p: build_gemma3(p),
+    "gemma3-swa": lambda p: build_gemma3(p, window=32, tokenizer=True),
+    "gpt-oss": lambda p: build_gpt_oss(p),
+    "qwen3moe-f32": lambda p: build_qwen3moe(p, "f32"),
+    "qwen3moe-q8_0": lambda p: build_qwen3moe(p, "q8_0"),
+    "mamba": lambda p: build_mamba(p, tokenizer=True),
+    "mamba2": lambda p: build_mamba2(p, tokenizer=True),
+    "lfm2": lambda p: build_lfm2(p, tokenizer=True),
+}
 
 
 @pytest.fixture(scope="session")
@@ -117,32 +598,21 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-# ---- helpers shared by the per-architecture tests (test_gemma3, test_gpt_oss) ----------------
+@pytest.fixture(scope="session")
+def built_model(tmp_path_factory):
+    """``built_model(name) -> Path``: the ``CATALOGUE`` model, written on first use."""
+    d = tmp_path_factory.mktemp("built_gguf")
+    paths: dict[str, Path] = {}
 
-def weight_makers(rng):
-    """(normal, linear, norm_w) drawing from ``rng`` in call order: the conformance fixtures'
-    "numerically sane" float32 init. ``linear(n_in, *n_out)`` is (*n_out, n_in) with std
-    1/sqrt(n_in); ``norm_w(n, scale=1.0)`` is scale * (1 + 0.1 N(0, 1))."""
-    def normal(shape, std):
-        return (rng.standard_normal(size=shape) * std).astype(np.float32)
+    def get(name: str) -> Path:
+        if name not in paths:
+            paths[name] = CATALOGUE[name](d / f"tiny-{name}.gguf")
+        return paths[name]
 
-    def linear(n_in, *n_out):
-        return normal((*n_out, n_in), 1.0 / math.sqrt(n_in))
-
-    def norm_w(n, scale=1.0):
-        return (scale * (1.0 + 0.1 * rng.standard_normal(size=(n,)))).astype(np.float32)
-
-    return normal, linear, norm_w
+    return get
 
 
-def finish_gguf(w, path):
-    """Write header, KV data and tensors of GGUFWriter ``w``, close it, return ``path``."""
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
+# ---- helpers shared by the per-architecture tests ---------------------------------------------
 
 def named_model_loader(paths):
     """``get(name, **cfg)``: load_model(paths[name], **cfg), loaded once per name and config."""

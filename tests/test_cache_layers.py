@@ -1,15 +1,17 @@
 """The three cache layers in the engine, on real (tiny) models: a reused or restored state
 gives the same tokens and log-probabilities as computing from scratch.
 
-Dense: tiny llama/qwen3 built in fixtures.py. Sliding window: the conformance set's
-tiny-gemma3-swa (window 32). Recurrent: tiny-mamba2. Those skip when absent.
+All built in fixtures.py: dense tiny llama/qwen3 (with a byte-level fake tokenizer), sliding
+window gemma3-swa (window 32) and recurrent mamba2 (both with the tiny BPE tokenizer and chat
+template).
 """
 import numpy as np
 import pytest
 
-from fixtures import tiny_models  # noqa: F401
+from fixtures import TOKENIZER_VOCAB
 from llmcore.engine import Engine, EngineConfig, GenParams
 from llmcore.errors import ContextFullError
+from llmcore.gguf_file import GGUFFile
 from llmcore.metrics import parse_prometheus, to_prometheus
 from llmcore.sampling import SamplingParams
 
@@ -24,7 +26,7 @@ def gp(**kw):
 def start(path, **cfg):
     cfg.setdefault("n_ctx", 1024)
     cfg.setdefault("n_ubatch", 64)
-    if "tiny_gguf" in str(path):  # fixtures.py models carry no tokenizer: a byte-level fake
+    if "tokenizer.ggml.model" not in GGUFFile(path).meta:  # a byte-level fake instead
         from fakes import FakeTokenizer
         from llmcore.models import load_model
 
@@ -63,23 +65,6 @@ def fresh_cache():
     yield get
     for e in engines.values():
         e.stop()
-
-
-def conformance_model(name):
-    from conftest import conformance_dir
-
-    d = conformance_dir()
-    p = d / "models" / f"{name}.gguf" if d else None
-    if p is None or not p.exists():
-        pytest.skip(f"{name} not in the conformance set")
-    arch = {"tiny-gemma3-swa": "gemma3", "tiny-mamba2": "mamba2"}[name]
-    from llmcore.models import get_model_class
-
-    try:
-        get_model_class(arch)
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"model class for {arch} not available: {e}")
-    return p
 
 
 # ---- layer 1: slot prefix reuse -----------------------------------------------------------
@@ -199,14 +184,14 @@ def test_save_and_restore_failures_are_misses(tiny_models, fresh_cache):
 # ---- layer 3: context checkpoints -----------------------------------------------------------
 
 
-def test_swa_branch_restores_checkpoint(fresh_cache):
-    path = conformance_model("tiny-gemma3-swa")
+def test_swa_branch_restores_checkpoint(built_model, fresh_cache):
+    path = built_model("gemma3-swa")
     eng = start(path, n_parallel=1, checkpoint_every_n_tokens=32, cache_ram_mib=0)
     try:
-        base = toks(30, 200, hi=40000)
+        base = toks(30, 200, hi=TOKENIZER_VOCAB)
         eng.generate_sync(base, gp())
         assert eng.stats().checkpoints_created >= 5
-        branch = base[:110] + toks(31, 20, hi=40000)  # diverges far outside the window
+        branch = base[:110] + toks(31, 20, hi=TOKENIZER_VOCAB)  # diverges far outside the window
         r = eng.generate_sync(branch, gp())
         t = r.final.timings
         assert t.cache_source == "checkpoint" and t.checkpoint_restores == 1
@@ -221,13 +206,13 @@ def test_swa_branch_restores_checkpoint(fresh_cache):
         eng.stop()
 
 
-def test_swa_without_checkpoints_reprocesses_and_counts(fresh_cache):
-    path = conformance_model("tiny-gemma3-swa")
+def test_swa_without_checkpoints_reprocesses_and_counts(built_model, fresh_cache):
+    path = built_model("gemma3-swa")
     eng = start(path, n_parallel=1, ctx_checkpoints=0, cache_ram_mib=0)
     try:
-        base = toks(30, 200, hi=40000)
+        base = toks(30, 200, hi=TOKENIZER_VOCAB)
         eng.generate_sync(base, gp())
-        branch = base[:110] + toks(31, 20, hi=40000)
+        branch = base[:110] + toks(31, 20, hi=TOKENIZER_VOCAB)
         r = eng.generate_sync(branch, gp())
         assert r.final.timings.cache_n == 0 and eng.stats().forced_reprefills == 1
         same_output(r, fresh_cache(path, branch))
@@ -235,14 +220,14 @@ def test_swa_without_checkpoints_reprocesses_and_counts(fresh_cache):
         eng.stop()
 
 
-def test_swa_checkpoints_travel_with_ram_entry(fresh_cache):
-    path = conformance_model("tiny-gemma3-swa")
+def test_swa_checkpoints_travel_with_ram_entry(built_model, fresh_cache):
+    path = built_model("gemma3-swa")
     eng = start(path, n_parallel=1, checkpoint_every_n_tokens=32, cache_ram_mib=64)
     try:
-        a, b = toks(40, 150, hi=40000), toks(41, 60, hi=40000)
+        a, b = toks(40, 150, hi=TOKENIZER_VOCAB), toks(41, 60, hi=TOKENIZER_VOCAB)
         eng.generate_sync(a, gp())
         eng.generate_sync(b, gp())  # a (with its checkpoints) goes to RAM
-        branch = a[:100] + toks(42, 10, hi=40000)
+        branch = a[:100] + toks(42, 10, hi=TOKENIZER_VOCAB)
         r = eng.generate_sync(branch, gp())
         t = r.final.timings
         assert t.cache_source == "ram" and t.checkpoint_restores == 1 and t.cache_n == 96
@@ -251,23 +236,23 @@ def test_swa_checkpoints_travel_with_ram_entry(fresh_cache):
         eng.stop()
 
 
-def test_recurrent_repeat_and_branch(fresh_cache):
-    path = conformance_model("tiny-mamba2")
+def test_recurrent_repeat_and_branch(built_model, fresh_cache):
+    path = built_model("mamba2")
     eng = start(path, n_parallel=1, checkpoint_every_n_tokens=32, cache_ram_mib=64)
     try:
-        p = toks(50, 100, hi=40000)
+        p = toks(50, 100, hi=TOKENIZER_VOCAB)
         eng.generate_sync(p, gp())
         r = eng.generate_sync(p, gp())  # identical: the state cannot drop one token
         t = r.final.timings
         assert t.cache_source == "checkpoint" and t.cache_n == len(p) - 4
         same_output(r, fresh_cache(path, p))
-        br = p[:70] + toks(51, 10, hi=40000)
+        br = p[:70] + toks(51, 10, hi=TOKENIZER_VOCAB)
         r = eng.generate_sync(br, gp())
         assert r.final.timings.cache_n == 64 and r.final.timings.checkpoint_restores == 1
         same_output(r, fresh_cache(path, br))
         # appending to the whole previous state needs no checkpoint at all
         full = list(eng.slots[0].state.tokens)
-        ext = full + toks(52, 5, hi=40000)
+        ext = full + toks(52, 5, hi=TOKENIZER_VOCAB)
         r = eng.generate_sync(ext, gp())
         assert r.final.timings.cache_n == len(full) and r.final.timings.cache_source == "slot"
         same_output(r, fresh_cache(path, ext))
@@ -327,14 +312,13 @@ def test_stats_feed_metrics_and_slots(tiny_models):
         eng.stop()
 
 
-def test_checkpoint_at_last_user_message(fresh_cache):
-    path = conformance_model("tiny-gemma3-swa")
+def test_checkpoint_at_last_user_message(built_model, fresh_cache):
+    path = built_model("gemma3-swa")
     from llmcore.server.prompt import build_chat_prompt
 
     eng = start(path, n_parallel=1, checkpoint_every_n_tokens=-1, cache_ram_mib=0)
     try:
-        if eng.chat_template is None:
-            pytest.skip("no chat template")
+        assert eng.chat_template is not None and not eng.chat_template.is_fallback
         story = "tell me a very long story about " + " and ".join(f"cat number {i}" for i in range(12))
 
         def body(last):
@@ -383,15 +367,15 @@ def test_kv_pools_capped_by_available_ram(tiny_models, monkeypatch):
         eng.stop()
 
 
-def test_swa_full_trims_without_checkpoints(fresh_cache):
+def test_swa_full_trims_without_checkpoints(built_model, fresh_cache):
     """--swa-full: local layers keep every block, so a far branch is a plain slot trim."""
-    path = conformance_model("tiny-gemma3-swa")
+    path = built_model("gemma3-swa")
     eng = start(path, n_parallel=1, ctx_checkpoints=0, cache_ram_mib=0, swa_full=True)
     try:
         assert eng.model.swa_full
-        base = toks(30, 200, hi=40000)
+        base = toks(30, 200, hi=TOKENIZER_VOCAB)
         eng.generate_sync(base, gp())
-        branch = base[:110] + toks(31, 20, hi=40000)  # far outside the 32-token window
+        branch = base[:110] + toks(31, 20, hi=TOKENIZER_VOCAB)  # far outside the 32-token window
         r = eng.generate_sync(branch, gp())
         t = r.final.timings
         assert t.cache_source == "slot" and t.cache_n == 110 and t.checkpoint_restores == 0

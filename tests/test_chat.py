@@ -1,6 +1,7 @@
-"""Chat template tests: SmolLM2's template reproduces the conformance chat prompt, ChatML
-fallback, HF-compatible environment (tojson, raise_exception, strftime_now, loop controls,
-trim/lstrip blocks), content parts, errors as RequestError."""
+"""Chat template tests: the template a GGUF carries renders ChatML prompts and its special
+tokens parse (the tiny chat model of fixtures.py, and SmolLM2's real template when pulled),
+ChatML fallback, HF-compatible environment (tojson, raise_exception, strftime_now, loop
+controls, trim/lstrip blocks), content parts, errors as RequestError."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from datetime import datetime
 
 import pytest
 
+from fixtures import DEFAULT_SYSTEM
 from llmcore.chat import CHATML_TEMPLATE, ChatTemplate
 from llmcore.errors import RequestError
 
@@ -16,39 +18,50 @@ CHAT_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is 17 * 23? Answer briefly."},
 ]
+# CHAT_MESSAGES in ChatML with the generation prompt: the conformance set's "chat" prompt
+CHATML_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                 "<|im_start|>user\nWhat is 17 * 23? Answer briefly.<|im_end|>\n"
+                 "<|im_start|>assistant\n")
 
 
-@pytest.fixture(scope="module")
-def smol(conformance):
-    """SmolLM2 tokenizer + template, from the tiny conformance model that copies them."""
+def _load(path):
     from llmcore.gguf_file import GGUFFile
     from llmcore.tokenizer import Tokenizer
 
-    gf = GGUFFile(conformance / "models" / "tiny-qwen3-f32.gguf")
+    gf = GGUFFile(path)
     tok = Tokenizer.from_gguf(gf)
     return gf, tok, ChatTemplate.from_gguf(gf, tok)
 
 
-def _oracle_chat(conformance, name):
-    d = json.loads((conformance / "oracle" / f"{name}.json").read_text())
-    return next(p for p in d["prompts"] if p["name"] == "chat")
+@pytest.fixture(scope="module")
+def chat(built_model):
+    """Tokenizer + template of the tiny chat model (ChatML with a default system message)."""
+    return _load(built_model("chat"))
 
 
-def test_smollm2_template_renders_conformance_prompt(conformance, smol):
-    _, tok, tmpl = smol
+def test_gguf_template_renders_chatml(chat):
+    _, tok, tmpl = chat
     assert not tmpl.is_fallback
-    oracle = _oracle_chat(conformance, "SmolLM2-135M-Instruct.Q4_1")
     text = tmpl.render(CHAT_MESSAGES, add_generation_prompt=True)
-    assert text == oracle["text"]
-    assert tok.encode(text, add_special=True, parse_special=True) == oracle["prompt_tokens"]
+    assert text == CHATML_PROMPT
+    ids = tok.encode(text, add_special=True, parse_special=True)
+    start, end = tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>")
+    assert ids[0] == start and ids.count(start) == 3 and ids.count(end) == 2
+    assert tok.decode(ids, skip_special=False) == text
     # without a system message the template inserts its own
     text = tmpl.render(CHAT_MESSAGES[1:], add_generation_prompt=False)
-    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.startswith(f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\n")
     assert not text.endswith("<|im_start|>assistant\n")
 
 
-def test_content_parts_are_flattened(smol):
-    _, _, tmpl = smol
+def test_chat_prompt_is_the_conformance_prompt(conformance):
+    """The prompt these tests expect is the one llama.cpp's outputs were recorded for."""
+    d = json.loads((conformance / "oracle" / "SmolLM2-135M-Instruct.Q4_1.json").read_text())
+    assert next(p for p in d["prompts"] if p["name"] == "chat")["text"] == CHATML_PROMPT
+
+
+def test_content_parts_are_flattened(chat):
+    _, _, tmpl = chat
     parts = [
         CHAT_MESSAGES[0],
         {"role": "user", "content": [{"type": "text", "text": "What is 17 * 23?"}, {"type": "text", "text": "Answer briefly."}]},
@@ -61,15 +74,15 @@ def test_content_parts_are_flattened(smol):
         tmpl.render([{"content": "hi"}])
 
 
-def test_real_smollm2_template(smollm2_path, conformance):
-    from llmcore.gguf_file import GGUFFile
-    from llmcore.tokenizer import Tokenizer
-
-    gf = GGUFFile(smollm2_path)
-    tok = Tokenizer.from_gguf(gf)
-    tmpl = ChatTemplate.from_gguf(gf, tok)
-    assert tmpl.render(CHAT_MESSAGES) == _oracle_chat(conformance, "SmolLM2-135M-Instruct.Q4_1")["text"]
+def test_real_smollm2_template(smollm2_path):
+    _, _, tmpl = _load(smollm2_path)
+    assert not tmpl.is_fallback
+    assert tmpl.render(CHAT_MESSAGES) == CHATML_PROMPT
     assert tmpl.special["bos_token"] == "<|im_start|>" and tmpl.special["eos_token"] == "<|im_end|>"
+    # without a system message SmolLM2's template inserts its own
+    text = tmpl.render(CHAT_MESSAGES[1:], add_generation_prompt=False)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert not text.endswith("<|im_start|>assistant\n")
 
 
 def test_no_template_falls_back_to_chatml(caplog):
@@ -89,16 +102,10 @@ def test_no_template_falls_back_to_chatml(caplog):
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_gemma3_has_no_template_and_falls_back(gemma3_path, conformance):
-    from llmcore.gguf_file import GGUFFile
-    from llmcore.tokenizer import Tokenizer
-
-    gf = GGUFFile(gemma3_path)
-    tok = Tokenizer.from_gguf(gf)
-    tmpl = ChatTemplate.from_gguf(gf, tok)
+def test_gemma3_has_no_template_and_falls_back(gemma3_path):
+    _, _, tmpl = _load(gemma3_path)
     assert tmpl.is_fallback and tmpl.special["bos_token"] == "<bos>"
-    oracle = _oracle_chat(conformance, "gemma-3-270m-q4_k_m")
-    assert tmpl.render(CHAT_MESSAGES) == oracle["text"]
+    assert tmpl.render(CHAT_MESSAGES) == CHATML_PROMPT
 
 
 def test_raise_exception_is_request_error():

@@ -1,63 +1,24 @@
 """gemma3: interleaved sliding-window attention vs the NumPy reference (banded mask) and
 llama.cpp's oracle; windowed cache behaviour (token-by-token, batching, snapshot/restore,
 refused trims, swa_full, quantized KV)."""
-import math
-
 import numpy as np
 import pytest
 
-import gguf
 import reference_archs as R
-from fixtures import check_batched_equals_alone, finish_gguf, model_loader, rand_tokens, weight_makers
+from fixtures import GEMMA3, N_VOCAB, check_batched_equals_alone, model_loader, rand_tokens
 from fixtures import rel_err as _rel
-from test_conformance import _oracle, _prompt, check
+from oracle import PROMPTS, check, load_oracle, oracle_prompt
 
 from llmcore.cache.swa import SWAKVCacheState
 from llmcore.models import load_model
 
-N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HD, N_FF, WINDOW = 256, 64, 6, 4, 2, 32, 128, 8
+WINDOW = GEMMA3["window"]
 BS = 4  # block size in these tests: windows span several blocks, blocks get freed
 
 
-def build_gemma3(path, seed=0, window=WINDOW):
-    """6 layers (layers 0-4 local, 5 global), F32 weights, random but numerically sane."""
-    normal, linear, norm_w = weight_makers(np.random.default_rng(seed))
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_context_length(512)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HD)
-    w.add_value_length(HD)
-    w.add_rope_freq_base(1000000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_sliding_window(window)
-    w.add_vocab_size(N_VOCAB)
-    w.add_tensor("token_embd.weight", normal((N_VOCAB, N_EMBD), 0.3 / math.sqrt(N_EMBD)))
-    w.add_tensor("output_norm.weight", norm_w(N_EMBD))
-    for i in range(N_LAYER):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", norm_w(N_EMBD))
-        w.add_tensor(p + "attn_q.weight", linear(N_EMBD, N_HEAD * HD))
-        w.add_tensor(p + "attn_k.weight", linear(N_EMBD, N_HEAD_KV * HD))
-        w.add_tensor(p + "attn_v.weight", linear(N_EMBD, N_HEAD_KV * HD))
-        w.add_tensor(p + "attn_output.weight", linear(N_HEAD * HD, N_EMBD))
-        w.add_tensor(p + "attn_q_norm.weight", norm_w(HD, 1.0))
-        w.add_tensor(p + "attn_k_norm.weight", norm_w(HD, 1.0))
-        w.add_tensor(p + "post_attention_norm.weight", norm_w(N_EMBD, 0.5))
-        w.add_tensor(p + "ffn_norm.weight", norm_w(N_EMBD))
-        w.add_tensor(p + "ffn_gate.weight", linear(N_EMBD, N_FF))
-        w.add_tensor(p + "ffn_up.weight", linear(N_EMBD, N_FF))
-        w.add_tensor(p + "ffn_down.weight", linear(N_FF, N_EMBD))
-        w.add_tensor(p + "post_ffw_norm.weight", norm_w(N_EMBD, 0.5))
-    return finish_gguf(w, path)
-
-
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_gemma3(tmp_path_factory.mktemp("gemma3") / "tiny-gemma3.gguf")
+def tiny(built_model):
+    return built_model("gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -205,26 +166,23 @@ def test_quantized_kv_close_to_f16(models, kv_type, tol):
 
 # ---- llama.cpp oracle ------------------------------------------------------------------------
 
-PROMPTS = ["short", "long", "chat", "unicode"]
-
-
 @pytest.fixture(scope="module")
 def tiny_swa(conformance):
     return (load_model(conformance / "models" / "tiny-gemma3-swa.gguf"),
-            _oracle(conformance, "tiny-gemma3-swa"))
+            load_oracle(conformance, "tiny-gemma3-swa"))
 
 
 @pytest.mark.parametrize("name", PROMPTS)
 def test_tiny_gemma3_swa_oracle(tiny_swa, name):
     model, oracle = tiny_swa
-    p, ref = _prompt(oracle, name)
+    p, ref = oracle_prompt(oracle, name)
     check(model, p, ref, max_rel_std=0.03, noise=0.3)
 
 
 def test_tiny_gemma3_swa_window_is_strict(conformance, tiny_swa):
     """llama.cpp: key j visible to query p iff p - j < window (not <=): 31 or 33 is far off."""
     model, oracle = tiny_swa
-    p, ref = _prompt(oracle, "long")
+    p, ref = oracle_prompt(oracle, "long")
     assert len(p["prompt_tokens"]) > 4 * model.window
     m = load_model(conformance / "models" / "tiny-gemma3-swa.gguf", swa_full=True)
     toks = np.asarray(p["prompt_tokens"], np.int32)
@@ -240,12 +198,12 @@ def test_tiny_gemma3_swa_window_is_strict(conformance, tiny_swa):
 
 @pytest.fixture(scope="module")
 def gemma3_270m(conformance, gemma3_path):
-    return load_model(gemma3_path), _oracle(conformance, "gemma-3-270m-q4_k_m")
+    return load_model(gemma3_path), load_oracle(conformance, "gemma-3-270m-q4_k_m")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PROMPTS)
 def test_gemma3_270m_oracle(gemma3_270m, name):
     model, oracle = gemma3_270m
-    p, ref = _prompt(oracle, name)
+    p, ref = oracle_prompt(oracle, name)
     check(model, p, ref, max_rel_std=0.06, noise=1.0)

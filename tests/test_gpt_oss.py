@@ -4,66 +4,22 @@ llama.cpp's oracle; windowed cache behaviour."""
 import numpy as np
 import pytest
 
-import gguf
 import reference_archs as R
-from fixtures import check_batched_equals_alone, finish_gguf, model_loader, rand_tokens, weight_makers
+from fixtures import GPT_OSS, N_VOCAB, check_batched_equals_alone, model_loader, rand_tokens
 from fixtures import rel_err as _rel
-from test_conformance import MARGIN, N_GREEDY, _oracle, _prompt
+from oracle import MARGIN, N_GREEDY, PROMPTS, load_oracle, oracle_prompt
 
 from llmcore.cache.swa import SWAKVCacheState
 from llmcore.models import load_model
 from llmcore.models.gpt_oss import swiglu_oai
 
-N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HD, N_FF, N_EXP, N_USED, WINDOW = 256, 64, 4, 4, 2, 32, 64, 8, 2, 8
+N_LAYER, N_USED, WINDOW = GPT_OSS["n_layer"], GPT_OSS["n_expert_used"], GPT_OSS["window"]
 BS = 4
 
 
-def build_gpt_oss(path, seed=0):
-    normal, linear, norm_w = weight_makers(np.random.default_rng(seed))
-    w = gguf.GGUFWriter(str(path), "gpt-oss")
-    w.add_context_length(512)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_expert_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HD)
-    w.add_value_length(HD)
-    w.add_rope_freq_base(150000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_sliding_window(WINDOW)
-    w.add_expert_count(N_EXP)
-    w.add_expert_used_count(N_USED)
-    w.add_vocab_size(N_VOCAB)
-    w.add_tensor("token_embd.weight", normal((N_VOCAB, N_EMBD), 1.0))
-    w.add_tensor("output_norm.weight", norm_w(N_EMBD))
-    w.add_tensor("output.weight", linear(N_EMBD, N_VOCAB) * 2)
-    for i in range(N_LAYER):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", norm_w(N_EMBD))
-        for n, rows in (("q", N_HEAD * HD), ("k", N_HEAD_KV * HD), ("v", N_HEAD_KV * HD)):
-            w.add_tensor(p + f"attn_{n}.weight", linear(N_EMBD, rows))
-            w.add_tensor(p + f"attn_{n}.bias", normal((rows,), 0.1))
-        w.add_tensor(p + "attn_output.weight", linear(N_HEAD * HD, N_EMBD))
-        w.add_tensor(p + "attn_output.bias", normal((N_EMBD,), 0.1))
-        w.add_tensor(p + "attn_sinks.weight", normal((N_HEAD,), 1.0))
-        w.add_tensor(p + "post_attention_norm.weight", norm_w(N_EMBD))
-        w.add_tensor(p + "ffn_gate_inp.weight", linear(N_EMBD, N_EXP) * 3)
-        w.add_tensor(p + "ffn_gate_inp.bias", normal((N_EXP,), 0.5))
-        # large enough that the SwiGLU clamp at +-7 is hit
-        w.add_tensor(p + "ffn_gate_exps.weight", linear(N_EMBD, N_EXP, N_FF) * 6)
-        w.add_tensor(p + "ffn_gate_exps.bias", normal((N_EXP, N_FF), 0.5))
-        w.add_tensor(p + "ffn_up_exps.weight", linear(N_EMBD, N_EXP, N_FF) * 6)
-        w.add_tensor(p + "ffn_up_exps.bias", normal((N_EXP, N_FF), 0.5))
-        w.add_tensor(p + "ffn_down_exps.weight", linear(N_FF, N_EXP, N_EMBD) * 0.1)
-        w.add_tensor(p + "ffn_down_exps.bias", normal((N_EXP, N_EMBD), 0.1))
-    return finish_gguf(w, path)
-
-
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_gpt_oss(tmp_path_factory.mktemp("gpt_oss") / "tiny-gpt-oss.gguf")
+def tiny(built_model):
+    return built_model("gpt-oss")
 
 
 @pytest.fixture(scope="module")
@@ -196,14 +152,13 @@ def test_quantized_kv_close_to_f16(models, kv_type, tol):
 
 # ---- llama.cpp oracle ------------------------------------------------------------------------
 
-PROMPTS = ["short", "long", "chat", "unicode"]
 ROUTER_TIE = 0.1  # router logits this close between the k-th and (k+1)-th expert: a near-tie
 
 
 @pytest.fixture(scope="module")
 def tiny_oss(conformance):
     return (load_model(conformance / "models" / "tiny-gpt-oss.gguf"),
-            _oracle(conformance, "tiny-gpt-oss"))
+            load_oracle(conformance, "tiny-gpt-oss"))
 
 
 def _watch_router(model):
@@ -225,10 +180,10 @@ def _watch_router(model):
 
 @pytest.mark.parametrize("name", PROMPTS)
 def test_tiny_gpt_oss_oracle(tiny_oss, name):
-    """Same rule as test_conformance.check, where a greedy step may also differ after a
+    """Same rule as oracle.check, where a greedy step may also differ after a
     router near-tie (expert choice flips on rounding: README 'How close is close enough')."""
     model, oracle = tiny_oss
-    p, ref = _prompt(oracle, name)
+    p, ref = oracle_prompt(oracle, name)
     margins = _watch_router(model)
     try:
         st = model.new_state()

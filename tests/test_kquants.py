@@ -51,7 +51,7 @@ def nmse(y, ref):
     return float(((np.asarray(y, np.float64) - ref) ** 2).mean() / (ref ** 2).mean())
 
 
-# --- llama.cpp activation quantization, NumPy (same as conformance/tools/ref_numpy.py) ---
+# --- llama.cpp activation quantization, NumPy (as in reference_archs.act_q8_0 / act_q8_k) ---
 def act_q8_k(x):
     b = x.reshape(-1, 256).astype(np.float32)
     mx = b[np.arange(len(b)), np.abs(b).argmax(1)][:, None]
@@ -223,7 +223,8 @@ def test_bad_inputs():
 
 @pytest.mark.slow  # loading three GGUFs takes ~10 s
 def test_conformance_model_tensors_dequantize_exactly(conformance):
-    """Real K-quant / MXFP4 tensors from the conformance GGUFs."""
+    """K-quant / MXFP4 tensors made by a real quantizer (the conformance GGUFs; gguf.quants
+    has no K-quant quantizer to build them here), not random bytes as above."""
     from llmcore.gguf_file import GGUFFile
 
     seen = set()

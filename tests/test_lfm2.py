@@ -1,18 +1,19 @@
-"""lfm2 (short-conv + attention hybrid) on the conformance set: llama.cpp oracle, NumPy
-reference, KV + conv state through the cache."""
+"""lfm2 (short-conv + attention hybrid): the NumPy reference, KV + conv state through the
+cache on the tiny model of fixtures.py, and llama.cpp's oracle on the conformance set."""
 import numpy as np
 import pytest
 
+from fixtures import LFM2, N_EMBD, TOKENIZER_VOCAB
 from llmcore.cache import KVCacheFullError, KVCacheState
 from llmcore.cache.recurrent import RecurrentState
 from llmcore.models import load_model
-from test_conformance import _oracle, _prompt, check
+from oracle import PROMPTS, check, load_oracle, oracle_prompt
 
 STEM = "tiny-lfm2"
 
 
 def _tokens(n, seed=0):
-    return np.random.default_rng(seed).integers(1, 49152, size=n).astype(np.int32)
+    return np.random.default_rng(seed).integers(1, TOKENIZER_VOCAB, size=n).astype(np.int32)
 
 
 def _rel(a, b):
@@ -20,8 +21,8 @@ def _rel(a, b):
 
 
 @pytest.fixture(scope="module")
-def path(conformance):
-    return conformance / "models" / f"{STEM}.gguf"
+def path(built_model):
+    return built_model("lfm2")
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +30,15 @@ def model(path):
     return load_model(path)
 
 
-@pytest.mark.parametrize("name", ["short", "long", "chat", "unicode"])
-def test_oracle(model, conformance, name):
-    p, ref = _prompt(_oracle(conformance, STEM), name)
+@pytest.fixture(scope="module")
+def conf_model(conformance):
+    return load_model(conformance / "models" / f"{STEM}.gguf"), load_oracle(conformance, STEM)
+
+
+@pytest.mark.parametrize("name", PROMPTS)
+def test_oracle(conf_model, name):
+    model, oracle = conf_model
+    p, ref = oracle_prompt(oracle, name)
     # Q8_0 weights: 2.5-3.5 % from llama.cpp (README: 1.5-5 % without exact activation rounding)
     check(model, p, ref, max_rel_std=0.06, noise=0.3)
 
@@ -46,12 +53,13 @@ def test_numpy_reference(model, path):
 
 
 def test_layout(model):
-    assert model.head_count_kv == [0, 0, 2, 0, 0, 2]
+    assert model.head_count_kv == [0, 0, 1, 0, 0, 1]
     assert model.pools["kv"].n_layers == 2  # KV only for the attention layers
     st = model.new_state()
     assert isinstance(st.caches["kv"], KVCacheState) and isinstance(st.caches["rec"], RecurrentState)
     model.forward([(st, _tokens(5))])
-    assert st.caches["rec"].nbytes == model.state_bytes == 4 * 2 * 128 * 4
+    # 4 conv layers x (kernel 3 - 1) rows x n_embd, float32
+    assert st.caches["rec"].nbytes == model.state_bytes == 4 * (LFM2["l_cache"] - 1) * N_EMBD * 4
 
 
 def test_token_by_token_equals_full(model):

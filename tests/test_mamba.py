@@ -1,18 +1,19 @@
-"""mamba and mamba2 on the conformance set: llama.cpp oracle, NumPy reference, recurrent
-state through the cache (token-by-token = full sequence, checkpoints, refused trims,
-batched sequences)."""
+"""mamba and mamba2: the NumPy reference, recurrent state through the cache (token-by-token =
+full sequence, checkpoints, refused trims, batched sequences) on the tiny models of
+fixtures.py, and llama.cpp's oracle on the conformance set."""
 import numpy as np
 import pytest
 
+from fixtures import TOKENIZER_VOCAB
 from llmcore.cache.recurrent import RecurrentState
 from llmcore.models import load_model
-from test_conformance import _oracle, _prompt, check
+from oracle import PROMPTS, check, load_oracle, oracle_prompt
 
-ARCHS = ["tiny-mamba", "tiny-mamba2"]
+ARCHS = ["mamba", "mamba2"]
 
 
 def _tokens(n, seed=0):
-    return np.random.default_rng(seed).integers(1, 49152, size=n).astype(np.int32)
+    return np.random.default_rng(seed).integers(1, TOKENIZER_VOCAB, size=n).astype(np.int32)
 
 
 def _rel(a, b):
@@ -20,23 +21,36 @@ def _rel(a, b):
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def tiny(request, conformance):
-    stem = request.param
-    return stem, load_model(conformance / "models" / f"{stem}.gguf"), conformance
+def tiny(request, built_model):
+    path = built_model(request.param)
+    return path, load_model(path)
 
 
-@pytest.mark.parametrize("name", ["short", "long", "chat", "unicode"])
-def test_oracle(tiny, name):
-    stem, model, conf = tiny
-    p, ref = _prompt(_oracle(conf, stem), name)
+@pytest.fixture(scope="module")
+def conf_models(conformance):
+    cache = {}
+
+    def get(stem):
+        if stem not in cache:
+            cache[stem] = load_model(conformance / "models" / f"{stem}.gguf"), load_oracle(conformance, stem)
+        return cache[stem]
+
+    return get
+
+
+@pytest.mark.parametrize("name", PROMPTS)
+@pytest.mark.parametrize("stem", ["tiny-mamba", "tiny-mamba2"])
+def test_oracle(conf_models, stem, name):
+    model, oracle = conf_models(stem)
+    p, ref = oracle_prompt(oracle, name)
     # Q8_0 weights: ~2 % from llama.cpp (README: 1.5-5 % without exact activation rounding)
     check(model, p, ref, max_rel_std=0.05, noise=0.3)
 
 
 def test_numpy_reference(tiny):
     ra = pytest.importorskip("reference_archs")
-    stem, model, conf = tiny
-    w, meta = ra.load_gguf(conf / "models" / f"{stem}.gguf")
+    path, model = tiny
+    w, meta = ra.load_gguf(path)
     toks = _tokens(40, 1)
     want = ra.forward(w, meta, toks.tolist(), emulate=True)
     got = model.forward([(model.new_state(), toks)], all_logits=True)
@@ -44,7 +58,7 @@ def test_numpy_reference(tiny):
 
 
 def test_state_is_recurrent(tiny):
-    _, model, _ = tiny
+    _, model = tiny
     st = model.new_state()
     rec = st.caches["rec"]
     assert isinstance(rec, RecurrentState) and model.pools == {}  # no KV at all
@@ -55,7 +69,7 @@ def test_state_is_recurrent(tiny):
 
 
 def test_token_by_token_equals_full(tiny):
-    _, model, _ = tiny
+    _, model = tiny
     toks = _tokens(24)
     full = model.forward([(model.new_state(), toks)], all_logits=True)
     st = model.new_state()
@@ -67,7 +81,7 @@ def test_token_by_token_equals_full(tiny):
 
 
 def test_snapshot_restore_same_next_logits(tiny):
-    _, model, _ = tiny
+    _, model = tiny
     toks = _tokens(20, 3)
     st = model.new_state()
     model.forward([(st, toks[:12])])
@@ -86,7 +100,7 @@ def test_snapshot_restore_same_next_logits(tiny):
 
 
 def test_trim_zero_and_fork(tiny):
-    _, model, _ = tiny
+    _, model = tiny
     toks = _tokens(15, 5)
     st = model.new_state()
     first = model.forward([(st, toks)])[0]
@@ -99,7 +113,7 @@ def test_trim_zero_and_fork(tiny):
 
 
 def test_batched_equals_alone(tiny):
-    _, model, _ = tiny
+    _, model = tiny
     a, b, c = _tokens(9, 6), _tokens(4, 7), _tokens(13, 8)
     sa, sb = model.new_state(), model.new_state()
     model.forward([(sa, a)])  # sa is mid-conversation, sb fresh
@@ -123,15 +137,14 @@ def _greedy(model, prompt, n):
     return out
 
 
-@pytest.mark.parametrize("stem", ARCHS)
-def test_engine_checkpoint_on_divergence(conformance, stem):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_engine_checkpoint_on_divergence(built_model, arch):
     """Through the engine: a request that diverges from the slot's tokens restores the
     newest recurrent checkpoint before the divergence and generates what a fresh run does."""
     from llmcore.engine import Engine, EngineConfig, GenParams
     from llmcore.sampling import SamplingParams
 
-    path = conformance / "models" / f"{stem}.gguf"
-    eng = Engine.from_path(path, EngineConfig(n_parallel=1, checkpoint_every_n_tokens=16, cache_ram_mib=0))
+    eng = Engine.from_path(built_model(arch), EngineConfig(n_parallel=1, checkpoint_every_n_tokens=16, cache_ram_mib=0))
     eng.start()
     try:
         assert eng.wait_ready(60)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fixtures import N_VOCAB, named_model_loader, rand_tokens, tiny_models  # noqa: F401
+from fixtures import N_VOCAB, named_model_loader, rand_tokens
 from reference import reference_logits
 
 from llmcore.cache import KVCacheFullError

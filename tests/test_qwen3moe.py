@@ -1,79 +1,20 @@
 """qwen3moe: the model vs the NumPy reference (tests/reference_archs.py), cache consistency,
 batching, expert statistics, and the conformance set vs llama.cpp."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-import gguf
-from gguf import GGMLQuantizationType as QT
-
 import reference_archs as R
-from fixtures import finish_gguf, named_model_loader, rand_tokens
-from test_conformance import PROMPTS, _oracle, _prompt, check
+from fixtures import N_VOCAB, QWEN3MOE, named_model_loader, rand_tokens
+from oracle import PROMPTS, check, load_oracle, oracle_prompt
 
 from llmcore.models import load_model, supported_architectures
 
-N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HD, N_EXPERT, N_USED, FF_EXP = 256, 64, 2, 4, 2, 32, 8, 2, 64
-QTYPES = {"f32": QT.F32, "q8_0": QT.Q8_0}
-
-
-def build_tiny_qwen3moe(path, wtype="f32", seed=0) -> Path:
-    qt = QTYPES[wtype]
-    rng = np.random.default_rng(seed)
-
-    def normal(shape, std):
-        return (rng.standard_normal(size=shape) * std).astype(np.float32)
-
-    def norm_w(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_name(f"tiny-qwen3moe-{wtype}")
-    w.add_context_length(512)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(4 * N_EMBD)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HD)
-    w.add_value_length(HD)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(N_EXPERT)
-    w.add_expert_used_count(N_USED)
-    w.add_expert_feed_forward_length(FF_EXP)
-    w.add_vocab_size(N_VOCAB)
-    tensors = [("token_embd.weight", normal((N_VOCAB, N_EMBD), 2.0 / np.sqrt(N_EMBD)), qt),
-               ("output_norm.weight", norm_w(N_EMBD), QT.F32)]
-    for i in range(N_LAYER):
-        p = f"blk.{i}."
-        tensors += [
-            (p + "attn_norm.weight", norm_w(N_EMBD), QT.F32),
-            (p + "attn_q.weight", normal((N_HEAD * HD, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
-            (p + "attn_k.weight", normal((N_HEAD_KV * HD, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
-            (p + "attn_v.weight", normal((N_HEAD_KV * HD, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
-            (p + "attn_output.weight", normal((N_EMBD, N_HEAD * HD), 1 / np.sqrt(N_HEAD * HD)), qt),
-            (p + "attn_q_norm.weight", norm_w(HD), QT.F32),
-            (p + "attn_k_norm.weight", norm_w(HD), QT.F32),
-            (p + "ffn_norm.weight", norm_w(N_EMBD), QT.F32),
-            (p + "ffn_gate_inp.weight", normal((N_EXPERT, N_EMBD), 3 / np.sqrt(N_EMBD)), QT.F32),
-            (p + "ffn_gate_exps.weight", normal((N_EXPERT, FF_EXP, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
-            (p + "ffn_up_exps.weight", normal((N_EXPERT, FF_EXP, N_EMBD), 1 / np.sqrt(N_EMBD)), qt),
-            (p + "ffn_down_exps.weight", normal((N_EXPERT, N_EMBD, FF_EXP), 1 / np.sqrt(FF_EXP)), qt),
-        ]
-    for name, data, t in tensors:
-        if t == QT.F32:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(data, t), raw_dtype=t)
-    return Path(finish_gguf(w, path))
+N_LAYER, N_EXPERT, N_USED = QWEN3MOE["n_layer"], QWEN3MOE["n_expert"], QWEN3MOE["n_expert_used"]
 
 
 @pytest.fixture(scope="module")
-def moe_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_qwen3moe")
-    return {wt: build_tiny_qwen3moe(d / f"tiny-qwen3moe-{wt}.gguf", wt) for wt in QTYPES}
+def moe_files(built_model):
+    return {wt: built_model(f"qwen3moe-{wt}") for wt in ("f32", "q8_0")}
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +149,7 @@ def conf_models(conformance):
 
     def get(stem):
         if stem not in cache:
-            cache[stem] = load_model(conformance / "models" / f"{stem}.gguf"), _oracle(conformance, stem)
+            cache[stem] = load_model(conformance / "models" / f"{stem}.gguf"), load_oracle(conformance, stem)
         return cache[stem]
 
     return get
@@ -218,5 +159,5 @@ def conf_models(conformance):
 @pytest.mark.parametrize("stem", list(CONF))
 def test_conformance(conf_models, stem, name):
     model, oracle = conf_models(stem)
-    p, ref = _prompt(oracle, name)
+    p, ref = oracle_prompt(oracle, name)
     check(model, p, ref, **CONF[stem])

@@ -1,9 +1,10 @@
 """The NumPy reference forwards (tests/reference_archs.py) agree with llama.cpp.
 
-Oracle: /work/shared/conformance (README there). Agreement measure: rel = std(ref - oracle)
-/ std(oracle) over the full last-position logits; argmax must match where the oracle's
-top-1/top-2 margin is > 0.3. ``emulate=True`` reproduces llama.cpp's activation and F16-KV
-rounding, so quantized models land well inside the README's 1.5-5 % band.
+Oracle: the conformance set ($LLMCORE_CONFORMANCE, see oracle.py; skipped without it).
+Agreement measure: rel = std(ref - oracle) / std(oracle) over the full last-position logits;
+argmax must match where the oracle's top-1/top-2 margin is > 0.3. ``emulate=True``
+reproduces llama.cpp's activation and F16-KV rounding, so quantized models land well inside
+the 1.5-5 % that plain float math gets.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 
 import reference_archs as R
+from fixtures import TOKENIZER_VOCAB
+from oracle import MARGIN
 
 # model -> (arch, max rel with emulate=True, max rel plain float math)
 MODELS = {
@@ -26,7 +29,6 @@ MODELS = {
     "tiny-mamba2": ("mamba2", 0.02, 0.05),
     "tiny-lfm2": ("lfm2", 0.03, 0.08),
 }
-MARGIN = 0.3
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,12 +111,12 @@ def test_gpt_oss_sinks_and_swiglu_matter(conformance):
     assert (lg - ref).std() / ref.std() > 0.05
 
 
-def test_full_logits_shape_and_causality(conformance):
+def test_full_logits_shape_and_causality(built_model):
     """forward returns (n, vocab); position t only depends on tokens[:t+1]."""
-    W, meta = _load(str(conformance / "models" / "tiny-lfm2.gguf"))
-    toks = [1, 504, 3575, 282, 4649, 314, 42, 7]
+    W, meta = _load(str(built_model("lfm2")))
+    toks = [1, 50, 357, 282, 46, 314, 42, 7]
     full = R.forward(W, meta, toks)
-    assert full.shape == (len(toks), 49152)
+    assert full.shape == (len(toks), TOKENIZER_VOCAB)
     head = R.forward(W, meta, toks[:5])
     np.testing.assert_allclose(full[:5], head, rtol=1e-5, atol=1e-5)
 

@@ -1,5 +1,6 @@
-"""Tokenizer tests: llama.cpp conformance (oracle token ids and pieces) on the SmolLM2 vocab
-(tiny conformance model and the real model) and gemma-3 (SPM, slow), plus hand-built
+"""Tokenizer tests: llama.cpp's token ids and pieces (the conformance set's oracle) on the
+SmolLM2 vocab (tiny conformance model and the real model) and gemma-3 (SPM, slow); the tiny
+byte-level BPE vocabulary of fixtures.py (special tokens, round trip, streaming); hand-built
 vocabularies checked against small independent reference implementations."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import pytest
 
+from fixtures import tiny_vocab
 from llmcore.tokenizer import (
     BYTE_TO_UNICODE,
     StreamDecoder,
@@ -26,6 +28,12 @@ def _oracle(conformance, name):
     return json.loads((conformance / "oracle" / f"{name}.json").read_text())
 
 
+def _tokenizer(path) -> Tokenizer:
+    from llmcore.gguf_file import GGUFFile
+
+    return Tokenizer.from_gguf(GGUFFile(path))
+
+
 def _check_oracle(tok: Tokenizer, oracle: dict) -> None:
     assert len(oracle["prompts"]) == 4
     for p in oracle["prompts"]:
@@ -37,16 +45,9 @@ def _check_oracle(tok: Tokenizer, oracle: dict) -> None:
         assert tok.decode(p["generated"]) == p["generated_text"], p["name"]
 
 
-@pytest.fixture(scope="module")
-def smol_tok(conformance) -> Tokenizer:
+def test_tiny_models_match_oracle(conformance):
     """SmolLM2's tokenizer, from the tiny conformance model that copies it (fast to load)."""
-    from llmcore.gguf_file import GGUFFile
-
-    return Tokenizer.from_gguf(GGUFFile(conformance / "models" / "tiny-qwen3-f32.gguf"))
-
-
-def test_tiny_models_match_oracle(conformance, smol_tok):
-    _check_oracle(smol_tok, _oracle(conformance, "tiny-qwen3-f32"))
+    _check_oracle(_tokenizer(conformance / "models" / "tiny-qwen3-f32.gguf"), _oracle(conformance, "tiny-qwen3-f32"))
 
 
 def test_smollm2_matches_oracle(conformance, smollm2_path):
@@ -75,8 +76,34 @@ def test_gemma3_matches_oracle(conformance, gemma3_path):
     assert tok.decode(tok.encode(text), skip_special=True) == text
 
 
-def test_smol_special_tokens(smol_tok):
-    tok = smol_tok
+# ---------------------------------------------------------------------------------------
+# the tiny chat model's byte-level BPE vocabulary (fixtures.tiny_vocab)
+
+
+@pytest.fixture(scope="module")
+def bpe_tok(built_model) -> Tokenizer:
+    return _tokenizer(built_model("chat"))
+
+
+def test_gguf_vocab_is_read_whole(bpe_tok):
+    vocab = tiny_vocab()
+    assert bpe_tok.type == "bpe" and bpe_tok.pre == "smollm" and bpe_tok.vocab_size == len(vocab.tokens)
+    assert not bpe_tok.add_bos and (bpe_tok.bos_id, bpe_tok.eos_id) == (vocab.bos_id, vocab.eos_id)
+    assert [bpe_tok.token_id(t) for t in vocab.tokens] == list(range(len(vocab.tokens)))
+
+
+def test_gguf_vocab_matches_reference_bpe(bpe_tok):
+    ranks = {tuple(m.split(" ")): i for i, m in enumerate(tiny_vocab().merges)}
+    text = "The model reads a prompt: tell me a story about the cat number 12, then answer briefly!"
+    expected = []
+    for word in regex_split(text, _pre_regexes("smollm")):
+        expected += [bpe_tok.token_id(s) for s in _ref_bpe(byte_encode(word), ranks)]
+    ids = bpe_tok.encode(text, add_special=False)
+    assert ids == expected and len(ids) < len(text) // 2  # merged tokens of merged tokens
+
+
+def test_bpe_special_tokens(bpe_tok):
+    tok = bpe_tok
     im_start, im_end = tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>")
     with_special = tok.encode("<|im_start|>user<|im_end|>", parse_special=True)
     assert with_special[0] == im_start and with_special[-1] == im_end
@@ -89,33 +116,33 @@ def test_smol_special_tokens(smol_tok):
     assert {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")} <= tok.eog_ids
 
 
-def test_smol_roundtrip_and_speed(smol_tok):
+def test_bpe_roundtrip_and_speed(bpe_tok):
     rng = random.Random(0)
     words = ["the", "printing", " press", "Gutenberg", "1440", "日本語", "🦙", "\n", "  ", "\t", "é", "'s", "—", "x**2"]
     text = "".join(rng.choice(words) + rng.choice([" ", "", "\n", ", "]) for _ in range(600))
-    ids = smol_tok.encode(text, add_special=False)
-    assert smol_tok.decode(ids) == text
-    assert 900 < len(ids)
-    smol_tok._bpe_cache.clear()
+    ids = bpe_tok.encode(text, add_special=False)
+    assert bpe_tok.decode(ids) == text
+    assert 900 < len(ids) < len(text.encode())  # merges were applied
+    bpe_tok._bpe_cache.clear()
     t0 = time.perf_counter()
-    smol_tok.encode(text)
+    bpe_tok.encode(text)
     dt = time.perf_counter() - t0
     assert dt < 0.2, f"tokenizing {len(ids)} tokens took {dt * 1000:.0f} ms"
 
 
-def test_stream_decoder_never_splits_utf8(smol_tok):
+def test_stream_decoder_never_splits_utf8(bpe_tok):
     text = "a🦙b日本é!"
-    ids = smol_tok.encode(text, add_special=False)
-    sd = StreamDecoder(smol_tok)
+    ids = bpe_tok.encode(text, add_special=False)
+    sd = StreamDecoder(bpe_tok)
     chunks = [sd.feed(i) for i in ids] + [sd.flush()]
     assert "".join(chunks) == text
     for c in chunks:
         assert "\ufffd" not in c
     # an incomplete character at the end comes out as U+FFFD on flush
-    partial = [i for i in ids if smol_tok.token_to_piece(i) != b""]
+    partial = [i for i in ids if bpe_tok.token_to_piece(i) != b""]
     llama_bytes = "🦙".encode()
-    byte_ids = [smol_tok.token_id(BYTE_TO_UNICODE[b]) for b in llama_bytes[:2]]
-    sd2 = StreamDecoder(smol_tok)
+    byte_ids = [bpe_tok.token_id(BYTE_TO_UNICODE[b]) for b in llama_bytes[:2]]
+    sd2 = StreamDecoder(bpe_tok)
     assert sd2.feed(byte_ids[0]) == "" and sd2.feed(byte_ids[1]) == ""
     assert sd2.flush() == "\ufffd"
     assert partial

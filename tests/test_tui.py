@@ -7,7 +7,6 @@ import json
 import re
 
 from fakes import FakeChatTemplate, FakeModel, FakeTokenizer
-from fixtures import tiny_models  # noqa: F401
 from rich.console import Console
 
 from llmcore.engine import Engine, EngineConfig
