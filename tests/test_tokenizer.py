@@ -11,9 +11,11 @@ import pytest
 
 from llmcore.tokenizer import (
     BYTE_TO_UNICODE,
+    PRE_TOKENIZERS,
+    BPETokenizer,
+    SPMTokenizer,
     StreamDecoder,
     Tokenizer,
-    _pre_regexes,
     byte_encode,
     regex_split,
 )
@@ -96,7 +98,7 @@ def test_smol_roundtrip_and_speed(smol_tok):
     ids = smol_tok.encode(text, add_special=False)
     assert smol_tok.decode(ids) == text
     assert 900 < len(ids)
-    smol_tok._bpe_cache.clear()
+    smol_tok._word_cache.clear()
     t0 = time.perf_counter()
     smol_tok.encode(text)
     dt = time.perf_counter() - t0
@@ -140,7 +142,7 @@ def test_stream_decoder_never_splits_utf8(smol_tok):
     ],
 )
 def test_pre_tokenizer_splits(pre, text, expected):
-    assert regex_split(text, _pre_regexes(pre)) == expected
+    assert PRE_TOKENIZERS[pre].split(text) == expected
 
 
 # ---------------------------------------------------------------------------------------
@@ -179,8 +181,8 @@ def _tiny_bpe(pre="gpt-2", **kw) -> tuple[Tokenizer, dict]:
         pool.append(a + b)
     tokens += ["<|begin|>", "<|end|>", "<tool>"]
     types = [1] * (len(tokens) - 3) + [3, 3, 4]
-    tok = Tokenizer("gpt2", tokens, token_types=types, merges=merges, pre=pre, bos_id=len(tokens) - 3,
-                    eos_id=len(tokens) - 2, **kw)
+    tok = BPETokenizer(tokens, token_types=types, merges=merges, pre=pre, bos_id=len(tokens) - 3,
+                       eos_id=len(tokens) - 2, **kw)
     return tok, ranks
 
 
@@ -190,7 +192,7 @@ def test_bpe_matches_reference_bpe():
     for _ in range(200):
         text = "".join(rng.choice("abcde .") for _ in range(rng.randint(1, 30)))
         expected = []
-        for word in regex_split(text, _pre_regexes("gpt-2")):
+        for word in regex_split(text, PRE_TOKENIZERS["gpt-2"].patterns):
             expected += [tok.token_id(s) for s in _ref_bpe(byte_encode(word), ranks)]
         assert tok.encode(text, add_special=False) == expected, text
         raw = tok.detokenize(expected, clean_spaces=False)
@@ -218,7 +220,7 @@ def test_bpe_special_and_bos():
 
 def test_longest_special_match_first():
     tokens = list(BYTE_TO_UNICODE) + ["<a>", "<a><b>", "<b>"]
-    tok = Tokenizer("gpt2", tokens, token_types=[1] * 256 + [3, 3, 3], merges=[], pre="gpt-2")
+    tok = BPETokenizer(tokens, token_types=[1] * 256 + [3, 3, 3], merges=[], pre="gpt-2")
     ids = tok.encode("x<a><b>y<b><a>", add_special=False, parse_special=True)
     a, ab, b = 256, 257, 258
     assert [i for i in ids if i >= 256] == [ab, b, a]
@@ -227,7 +229,7 @@ def test_longest_special_match_first():
 def test_unknown_pre_falls_back_to_default(caplog):
     tokens = list(BYTE_TO_UNICODE)
     with caplog.at_level("WARNING", logger="llmcore"):
-        tok = Tokenizer("gpt2", tokens, merges=[], pre="no-such-pre")
+        tok = BPETokenizer(tokens, merges=[], pre="no-such-pre")
     assert tok.pre == "default" and "no-such-pre" in caplog.text
     assert tok.decode(tok.encode("Hi 1234, you!")) == "Hi 1234, you!"
 
@@ -275,7 +277,7 @@ def _tiny_spm(cross=True, **kw):
     tokens.append("<turn>")
     types.append(3)
     scores.append(0.0)
-    tok = Tokenizer("llama", tokens, token_types=types, scores=scores, bos_id=1, eos_id=2, unk_id=0, **kw)
+    tok = SPMTokenizer(tokens, token_types=types, scores=scores, bos_id=1, eos_id=2, unk_id=0, **kw)
     return tok, vocab
 
 
@@ -293,7 +295,7 @@ def _spm_ids(tok: Tokenizer, syms: list[str]) -> list[int]:
 @pytest.mark.parametrize("cross", [True, False])
 def test_spm_matches_reference(cross):
     tok, vocab = _tiny_spm(cross=cross)
-    assert bool(tok._spm_cross) == cross  # word-by-word only when no vocab string crosses "▁"
+    assert bool(tok._cross_word_tokens) == cross  # word-by-word only when no vocab string crosses "▁"
     assert tok.add_bos and tok.add_space_prefix  # llama.cpp SPM defaults
     rng = random.Random(4)
     for _ in range(300):
