@@ -13,9 +13,11 @@ import pytest
 from fixtures import tiny_vocab
 from llmcore.tokenizer import (
     BYTE_TO_UNICODE,
+    PRE_TOKENIZERS,
+    BPETokenizer,
+    SPMTokenizer,
     StreamDecoder,
     Tokenizer,
-    _pre_regexes,
     byte_encode,
     regex_split,
 )
@@ -96,7 +98,7 @@ def test_gguf_vocab_matches_reference_bpe(bpe_tok):
     ranks = {tuple(m.split(" ")): i for i, m in enumerate(tiny_vocab().merges)}
     text = "The model reads a prompt: tell me a story about the cat number 12, then answer briefly!"
     expected = []
-    for word in regex_split(text, _pre_regexes("smollm")):
+    for word in PRE_TOKENIZERS["smollm"].split(text):
         expected += [bpe_tok.token_id(s) for s in _ref_bpe(byte_encode(word), ranks)]
     ids = bpe_tok.encode(text, add_special=False)
     assert ids == expected and len(ids) < len(text) // 2  # merged tokens of merged tokens
@@ -123,7 +125,7 @@ def test_bpe_roundtrip_and_speed(bpe_tok):
     ids = bpe_tok.encode(text, add_special=False)
     assert bpe_tok.decode(ids) == text
     assert 900 < len(ids) < len(text.encode())  # merges were applied
-    bpe_tok._bpe_cache.clear()
+    bpe_tok._word_cache.clear()
     t0 = time.perf_counter()
     bpe_tok.encode(text)
     dt = time.perf_counter() - t0
@@ -167,7 +169,7 @@ def test_stream_decoder_never_splits_utf8(bpe_tok):
     ],
 )
 def test_pre_tokenizer_splits(pre, text, expected):
-    assert regex_split(text, _pre_regexes(pre)) == expected
+    assert PRE_TOKENIZERS[pre].split(text) == expected
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,8 +208,8 @@ def _tiny_bpe(pre="gpt-2", **kw) -> tuple[Tokenizer, dict]:
         pool.append(a + b)
     tokens += ["<|begin|>", "<|end|>", "<tool>"]
     types = [1] * (len(tokens) - 3) + [3, 3, 4]
-    tok = Tokenizer("gpt2", tokens, token_types=types, merges=merges, pre=pre, bos_id=len(tokens) - 3,
-                    eos_id=len(tokens) - 2, **kw)
+    tok = BPETokenizer(tokens, token_types=types, merges=merges, pre=pre, bos_id=len(tokens) - 3,
+                       eos_id=len(tokens) - 2, **kw)
     return tok, ranks
 
 
@@ -217,7 +219,7 @@ def test_bpe_matches_reference_bpe():
     for _ in range(200):
         text = "".join(rng.choice("abcde .") for _ in range(rng.randint(1, 30)))
         expected = []
-        for word in regex_split(text, _pre_regexes("gpt-2")):
+        for word in regex_split(text, PRE_TOKENIZERS["gpt-2"].patterns):
             expected += [tok.token_id(s) for s in _ref_bpe(byte_encode(word), ranks)]
         assert tok.encode(text, add_special=False) == expected, text
         raw = tok.detokenize(expected, clean_spaces=False)
@@ -245,7 +247,7 @@ def test_bpe_special_and_bos():
 
 def test_longest_special_match_first():
     tokens = list(BYTE_TO_UNICODE) + ["<a>", "<a><b>", "<b>"]
-    tok = Tokenizer("gpt2", tokens, token_types=[1] * 256 + [3, 3, 3], merges=[], pre="gpt-2")
+    tok = BPETokenizer(tokens, token_types=[1] * 256 + [3, 3, 3], merges=[], pre="gpt-2")
     ids = tok.encode("x<a><b>y<b><a>", add_special=False, parse_special=True)
     a, ab, b = 256, 257, 258
     assert [i for i in ids if i >= 256] == [ab, b, a]
@@ -254,7 +256,7 @@ def test_longest_special_match_first():
 def test_unknown_pre_falls_back_to_default(caplog):
     tokens = list(BYTE_TO_UNICODE)
     with caplog.at_level("WARNING", logger="llmcore"):
-        tok = Tokenizer("gpt2", tokens, merges=[], pre="no-such-pre")
+        tok = BPETokenizer(tokens, merges=[], pre="no-such-pre")
     assert tok.pre == "default" and "no-such-pre" in caplog.text
     assert tok.decode(tok.encode("Hi 1234, you!")) == "Hi 1234, you!"
 
@@ -302,7 +304,7 @@ def _tiny_spm(cross=True, **kw):
     tokens.append("<turn>")
     types.append(3)
     scores.append(0.0)
-    tok = Tokenizer("llama", tokens, token_types=types, scores=scores, bos_id=1, eos_id=2, unk_id=0, **kw)
+    tok = SPMTokenizer(tokens, token_types=types, scores=scores, bos_id=1, eos_id=2, unk_id=0, **kw)
     return tok, vocab
 
 
@@ -320,7 +322,7 @@ def _spm_ids(tok: Tokenizer, syms: list[str]) -> list[int]:
 @pytest.mark.parametrize("cross", [True, False])
 def test_spm_matches_reference(cross):
     tok, vocab = _tiny_spm(cross=cross)
-    assert bool(tok._spm_cross) == cross  # word-by-word only when no vocab string crosses "▁"
+    assert bool(tok._cross_word_tokens) == cross  # word-by-word only when no vocab string crosses "▁"
     assert tok.add_bos and tok.add_space_prefix  # llama.cpp SPM defaults
     rng = random.Random(4)
     for _ in range(300):

@@ -203,6 +203,129 @@ def test_detect_format():
     assert detect_format("<|python_tag|> ipython") == "llama3"
     assert detect_format(None) == "hermes"
 
+    from llmcore.toolcalls import FORMATS, NEEDS_SPECIAL
+
+    assert set(FORMATS) == {"hermes", "qwen3coder", "llama3", "mistral", "harmony"}
+    assert NEEDS_SPECIAL == {"mistral", "harmony"}
+
+
+def _stream_matches_whole(fmt, text, **kw):
+    want = parse_output(text, fmt, tools=TOOLS, **kw)
+    want = {"content": want.content, "reasoning": want.reasoning,
+            "calls": [[c.name, c.arguments] for c in want.calls]}
+    for k in range(len(text) + 1):
+        assert stream(fmt, [text[:k], text[k:]], **kw)[0] == want, k
+    assert stream(fmt, list(text), **kw)[0] == want
+    return want
+
+
+def test_bare_function_after_text():
+    """A bare <function=..> call after text longer than the call: the text after the call
+    is content again (this once re-read the call forever)."""
+    text = "Some text that is longer than the call: <function=run><parameter=cmd>ls</parameter></function> done"
+    got = _stream_matches_whole("qwen3coder", text)
+    assert got["content"] == "Some text that is longer than the call:  done"
+    assert [(n, json.loads(a)) for n, a in got["calls"]] == [("run", {"cmd": "ls"})]
+
+
+@pytest.mark.parametrize("fmt,text", [
+    # a block closed while its JSON is unfinished: the closer is not streamed as arguments
+    ("hermes", '<tool_call>{"name": "run", "arguments": {"cmd": "a</tool_call> after'),
+    # arguments before the name: a call once the object is complete, never content
+    ("llama3", '{"arguments": {"cmd": "x"}, "name": "run"}'),
+    ("hermes", '<tool_call>{"arguments": {"cmd": "x"}, "name": "run"}</tool_call>'),
+    # parameters with markup in their values, and text between them
+    ("qwen3coder", "<tool_call><function=run>\n<parameter=cmd>\na <b>\n</parameter> x "
+                   "<parameter=\nno>\n<parameter=env>{}</parameter></function></tool_call>"),
+    ("mistral", 'a[TOOL_CALLS] [ {"name": "run", "arguments": {"cmd": "]"}} , 12, {"name": "read_file"} ]'),
+    ("harmony", '<|start|>assistant to=functions.run<|channel|>commentary<|message|> {"cmd": "a\nb"} <|call|>'),
+])
+def test_stream_matches_whole(fmt, text):
+    _stream_matches_whole(fmt, text)
+
+
+def test_invalid_escape_in_a_name_is_not_a_crash():
+    p = parse_output('<tool_call>{"name": "r\\q", "arguments": {}</tool_call>', "hermes", tools=TOOLS)
+    assert p.calls == [] and "r\\q" in p.content
+    _stream_matches_whole("hermes", '<tool_call>{"name": "r\\q", "arguments": {}</tool_call>')
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3coder", "llama3", "mistral", "harmony"])
+def test_streaming_a_long_argument_is_linear(fmt):
+    """A 100k-character argument streamed a few characters at a time: each piece is read
+    once (re-parsing the whole text at each piece took minutes)."""
+    value = ("def f(x):\n    return {'a': [x, 2]}\t# done\n" * 2500)[:100_000]
+    raw = json.dumps(value, ensure_ascii=False)[1:-1].replace("\\n", "\n")  # raw newlines, as models write
+    text = {
+        "hermes": '<tool_call>\n{"name": "run", "arguments": {"cmd": "' + raw + '"}}\n</tool_call>',
+        "qwen3coder": "<tool_call>\n<function=run>\n<parameter=cmd>\n" + value + "\n</parameter>\n</function>\n</tool_call>",
+        "llama3": '{"name": "run", "parameters": {"cmd": "' + raw + '"}}',
+        "mistral": '[TOOL_CALLS]run[ARGS]{"cmd": "' + raw + '"}',
+        "harmony": '<|channel|>commentary to=functions.run<|message|>{"cmd": "' + raw + '"}<|call|>',
+    }[fmt]
+    t0 = time.perf_counter()
+    got, p = stream(fmt, [text[i:i + 4] for i in range(0, len(text), 4)])
+    dt = time.perf_counter() - t0
+    assert [(n, json.loads(a)) for n, a in got["calls"]] == [("run", {"cmd": value})]
+    assert dt < 10, f"{dt:.1f} s"
+
+
+def test_incremental_json_scan_matches_whole():
+    import random
+
+    from llmcore.toolcalls.jsontext import JsonScan, sanitize
+
+    rng = random.Random(0)
+    for _ in range(300):
+        s = "".join(rng.choice(['{', '}', '[', ']', '"', '\\', 'a', '\n', '\t', '\x01', ' ']) for _ in range(rng.randint(1, 40)))
+        whole = "".join(c if c >= " " else "?" for c in s)  # reference: a char-by-char escape
+        out, in_str, esc = [], False, False
+        for c in s:
+            if in_str:
+                if esc:
+                    esc = False
+                elif c == "\\":
+                    esc = True
+                elif c == '"':
+                    in_str = False
+                elif c < " ":
+                    c = {"\n": "\\n", "\t": "\\t"}.get(c, "\\u%04x" % ord(c))
+            elif c == '"':
+                in_str = True
+            out.append(c)
+        whole = "".join(out)
+        assert sanitize(s) == whole
+        scan, parts, i = JsonScan(), [], 0
+        while i < len(s):
+            k = rng.randint(1, 5)
+            parts.append(scan.feed(s[i:i + k], sanitize=True, stop_at_close=False)[0])
+            i += k
+        assert "".join(parts) == whole, s
+
+
+def test_marker_scan_matches_find():
+    import random
+
+    from llmcore.toolcalls.scan import MarkerScan
+
+    rng = random.Random(1)
+    markers = ["</tool_call>", "<tool_call>", "<|end|>"]
+    for _ in range(300):
+        s = "".join(rng.choice(["<", "/", "tool_call>", "<tool_", "x", "<|end", "|>", "</tool_call>"]) for _ in range(rng.randint(1, 12)))
+        hits = [(s.find(m), m) for m in markers if m in s]
+        want = (s[:min(hits)[0]], min(hits)[1]) if hits else (s, None)
+        scan, before, i = MarkerScan(markers), "", 0
+        found = None
+        while i < len(s) and found is None:
+            k = rng.randint(1, 4)
+            f = scan.feed(s[i:i + k])
+            before += f.before
+            found = f.marker
+            i += k
+        if found is None:
+            before += scan.flush()
+        assert (before, found) == want, s
+
 
 # ---- through the server (a model scripted to emit given text) -----------------------------
 
