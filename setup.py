@@ -67,7 +67,6 @@ extensions = [
 ]
 
 
-
 def _say(msg):
     """To stderr, and to the terminal when pip captures the build's output (it shows it only
     with -v): a first install should not look stuck for minutes."""
