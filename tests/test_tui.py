@@ -255,6 +255,14 @@ def test_events_between_snapshots():
         "slot 1: task 113 started, 32 of 128 prompt tokens cached")
     lost = Snapshot.lost("refused")
     assert H.diff_events(b, lost) == [("error", "connection lost: refused")]
+    # a slot's numbers are its last task's: given only when no other task ran in between
+    busy = {"id": 0, "task_id": 1, "state": "decode", "n_decoded": 5}
+    idle = {"id": 0, "task_id": None, "state": "idle", "n_decoded": 15}
+    a = Snapshot(time=0.0, stats={"requests_total": 0}, slots=(busy,))
+    assert H.diff_events(a, Snapshot(time=1.0, stats={"requests_total": 1}, slots=(idle,))) == [
+        ("info", "1 request(s) finished"), ("info", "slot 0: task 1 done, 15 tokens generated")]
+    assert H.diff_events(a, Snapshot(time=1.0, stats={"requests_total": 2}, slots=(idle,)))[1] == \
+        ("info", "slot 0: task 1 done")
     # a normal start: loading is news, not a warning
     loading = Snapshot(time=0.0, stats={"status": "loading"})
     assert H.diff_events(None, loading) == [("info", "loading the model")]
@@ -494,7 +502,10 @@ async def test_log_records_reach_the_event_log():
         await pilot.pause(0.05)
         lines = [str(line.text) for line in app.event_log.lines]
         assert any("cache: save failed, served as a miss" in l and "WARNING" in l for l in lines)
-        assert any(l.endswith("WARNING POST /v1/completions 200  in 5  out 3  0.10 s") for l in lines)
+        assert any(re.search(r" WARNING +POST /v1/completions 200  in 5  out 3  0.10 s *$", l) for l in lines)
+        logging.getLogger("llmcore.engine").warning("slot %d task %d eos: said by the access line", 0, 1)
+        await pilot.pause(0.05)
+        assert not any("said by the access line" in str(line.text) for line in app.event_log.lines)
     assert app._log_bridge is None  # handler removed on exit
 
 

@@ -35,6 +35,8 @@ INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 LOG_LEVELS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning"}
 # loggers whose records are shown without their name (the line says what it is)
 PLAIN_LOGGERS = ("llmcore.access",)
+# records the event log leaves out: (logger, message format) the access line already says
+REPEATED = (("llmcore.engine", "slot %d task %d "),)
 
 
 def screenshot_dir() -> Path:
@@ -53,6 +55,8 @@ class _LogBridge(logging.Handler):
         self.app = app
 
     def emit(self, record: logging.LogRecord) -> None:
+        if any(record.name == name and str(record.msg).startswith(fmt) for name, fmt in REPEATED):
+            return
         try:
             lvl = "error" if record.levelno >= logging.ERROR else LOG_LEVELS.get(record.levelno, "info")
             name = record.name.removeprefix("llmcore.")

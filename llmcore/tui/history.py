@@ -80,10 +80,11 @@ class History:
         if len(self._samples) < 2:
             return None
         last = self._samples[-1]
-        start = self._samples[0]
-        for s in self._samples:  # the newest sample at least a window old
-            if s.t <= last.t - self.window_s:
-                start = s
+        # the oldest sample within the window (half a poll of slack: polls are not exactly on time)
+        slack = 0.5 * (last.t - self._samples[-2].t)
+        start = next(s for s in self._samples if s.t >= last.t - self.window_s - slack)
+        if start is last:
+            start = self._samples[-2]
         if series not in last.done or series not in start.done:
             return None
         dt = last.t - start.t
@@ -168,18 +169,21 @@ def _status_event(snap: Snapshot) -> tuple[str, str]:
 
 
 def _slot_events(prev: Snapshot, cur: Snapshot) -> list[tuple[str, str]]:
-    out = []
     before = {s.get("id"): s for s in prev.slots}
-    for s in cur.slots:
-        p = before.get(s.get("id"))
-        if p is None:
-            continue
+    pairs = [(before[s.get("id")], s) for s in cur.slots if s.get("id") in before]
+    n_done = sum(1 for p, s in pairs if p.get("task_id") is not None
+                 and (s.get("task_id") != p.get("task_id") or s.get("state") == "idle" != p.get("state")))
+    # a slot's numbers are its last task's: when more requests finished than slots were seen
+    # finishing, some ran between two polls and the numbers may be another task's
+    exact = _delta(prev.get("requests_total"), cur.get("requests_total")) <= n_done
+    out = []
+    for p, s in pairs:
         was, now = p.get("task_id"), s.get("task_id")
         if was is not None and now == was and s.get("state") == "idle" and p.get("state") != "idle":
-            out.append(("info", f"slot {s.get('id')}: task {was} done, "
-                                f"{fmt_num(s.get('n_decoded'))} tokens generated"))
+            out.append(("info", f"slot {s.get('id')}: task {was} done"
+                                + (f", {fmt_num(s.get('n_decoded'))} tokens generated" if exact else "")))
         elif was is not None and now != was:
-            n = s.get("n_decoded") if now is None else None
+            n = s.get("n_decoded") if now is None and exact else None
             out.append(("info", f"slot {s.get('id')}: task {was} done"
                                 + (f", {fmt_num(n)} tokens generated" if n is not None else "")))
         if now is not None and now != was:
