@@ -15,8 +15,9 @@ STEPS = 13  # fake polls fed before the picture: the history and the event log f
 
 
 @pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    """Event-log times in UTC whatever the machine's zone."""
+def same_everywhere(monkeypatch):
+    """Event-log times in UTC whatever the machine's zone; colours whatever NO_COLOR says."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield

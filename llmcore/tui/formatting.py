@@ -132,18 +132,6 @@ def flow(phrases: Sequence[str], width: int, first: int | None = None) -> list[s
     return lines
 
 
-def fit(phrases: Sequence[str], width: int) -> str:
-    """As many phrases as fit on one line, in order of importance (the first ones)."""
-    out = ""
-    for p in phrases:
-        if not p:
-            continue
-        cand = p if not out else out + GAP + p
-        if len(cand) <= width:
-            out = cand
-    return out
-
-
 # ---- memory gauges ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Gauge:

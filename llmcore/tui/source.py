@@ -34,7 +34,7 @@ class EngineSource:
 
     async def fetch(self) -> Snapshot:
         try:
-            snap = from_engine_stats(self.engine.stats(), memory_plan=_plan(self.engine))
+            snap = from_engine_stats(self.engine.stats(), memory_plan=self.engine.memory_plan)
         except Exception as e:  # noqa: BLE001 - shown as state, never raised
             return Snapshot.lost(f"{type(e).__name__}: {e}")
         if snap.get("status") == "error":  # why it failed is not a number: ask the engine
@@ -43,13 +43,6 @@ class EngineSource:
 
     async def close(self) -> None:
         pass
-
-
-def _plan(engine) -> dict | None:
-    try:
-        return engine.memory_plan
-    except AttributeError:  # not loaded yet: no plan
-        return None
 
 
 class HttpSource:
