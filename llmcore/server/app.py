@@ -69,9 +69,9 @@ def _graceful_exit() -> None:
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket: taken before any model loads, so a port in use is an
-    OSError at once (the caller says so in one line) and clients that connect while the model
-    loads wait in the backlog, then get 503 from /health until it is ready."""
+    """A bound, listening TCP socket, taken before any model loads: a port in use is an
+    OSError at once (the caller says so in one line). A client that connects before the
+    server accepts waits in the backlog; /health answers 503 until the model is ready."""
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                       flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
@@ -100,5 +100,5 @@ def run_server(engine: Engine, cfg: ServerConfig | None = None, sock: socket.soc
     url = socket_url(sock)
     app = create_app(engine, cfg)
     app.on_startup.append(_exit_on_load_error)
-    web.run_app(app, sock=sock, shutdown_timeout=cfg.shutdown_timeout,
+    web.run_app(app, sock=sock, shutdown_timeout=cfg.shutdown_timeout, access_log=None,  # ours: access_log.py
                 print=lambda *_: log.info("listening on %s", url))
