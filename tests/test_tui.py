@@ -346,6 +346,20 @@ async def test_80x24_shows_every_panes_essentials():
         assert keys.startswith("q quit  ? help  s screenshot")
 
 
+async def test_more_slots_than_rows_say_how_many_are_left_out():
+    app, feed = fed(n_slots=8)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await feed(pilot)
+        lines = app.slot_table.text().splitlines()
+        assert len(lines) == 1 + 6 + 1 and lines[-1] == "+2 more slots (slot order; o sorts)"
+        assert app.slot_table.size.height == len(lines)
+        await pilot.press("o")  # busy ones first: the ones left out are idle
+        assert all("idle" not in line for line in app.slot_table.text().splitlines()[1:4])
+        await pilot.resize_terminal(80, 40)
+        await pilot.pause()
+        assert len(app.slot_table.text().splitlines()) == 1 + 8  # room for all of them now
+
+
 async def test_wider_terminals_add_columns_and_details():
     app, feed = fed()
     async with app.run_test(size=(200, 50)) as pilot:
