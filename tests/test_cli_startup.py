@@ -9,6 +9,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from fakes import FakeChatTemplate, FakeModel, FakeTokenizer
@@ -105,9 +106,7 @@ def test_port_in_use_is_one_line_before_anything_loads(cmd, taken_port, model_fi
     (["--interval", "0"], "--interval 0"),
 ])
 def test_tui_start_up_errors_are_one_line_before_the_screen(args, needle, nothing_starts, monkeypatch):
-    from conftest import REPO
-
-    monkeypatch.chdir(REPO)  # README.md of the repo: a file, not a model
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # README.md of the repo: a file, not a model
     code, out = run("tui", *args)
     assert code == 1
     assert needle in one_line_error(out)
