@@ -12,11 +12,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 
 def _compiles(flags, source="int main(void){return 0;}\n", link_flags=()):
@@ -64,7 +66,35 @@ extensions = [
     or os.path.splitext(os.path.basename(path))[0] in os.environ["LLMCORE_ONLY"].split(",")
 ]
 
+
+def _say(msg):
+    """To stderr, and to the terminal when pip captures the build's output (it shows it only
+    with -v): a first install should not look stuck for minutes."""
+    print(msg, file=sys.stderr, flush=True)
+    if not sys.stderr.isatty():
+        try:
+            with open("/dev/tty", "w") as tty:
+                tty.write("\n" + msg + "\n")
+        except OSError:
+            pass
+
+
+class build_kernels(build_ext):
+    """build_ext that says it is compiling the kernels, how long that takes, and how long it took."""
+
+    def run(self):
+        n = len(self.extensions)
+        flags = " ".join(f for f in compile_args if f.startswith(("-O", "-march", "-fopenmp")))
+        # a fresh -O3 build of all of them takes about a minute on 2 cores
+        _say(f"llmcore: compiling {n} kernel module(s) with {flags} (about 1 minute for all on 2 cores, "
+             f"once; LLMCORE_PORTABLE=1 skips -march=native)...")
+        t0 = time.monotonic()
+        super().run()
+        _say(f"llmcore: kernels compiled in {time.monotonic() - t0:.0f} s")
+
+
 setup(
+    cmdclass={"build_ext": build_kernels},
     ext_modules=cythonize(
         extensions,
         compiler_directives={

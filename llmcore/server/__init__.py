@@ -1,5 +1,5 @@
 """aiohttp server: OpenAI-, Anthropic- and llama-server-compatible routes over the engine."""
-from .app import create_app, run_server
+from .app import create_app, listen_socket, run_server, socket_url
 from .config import ServerConfig
 
-__all__ = ["ServerConfig", "create_app", "run_server"]
+__all__ = ["ServerConfig", "create_app", "listen_socket", "run_server", "socket_url"]

@@ -1,13 +1,15 @@
-"""App factory: `create_app(engine, cfg)`; `run_server` for the CLI."""
+"""App factory: `create_app(engine, cfg)`; `listen_socket` and `run_server` for the CLI."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import weakref
 
 from aiohttp import web
 
 from ..engine import Engine, EngineStatus
+from .access_log import access_middleware
 from .config import ServerConfig
 from .errors import error_middleware
 from .keys import CONFIG, ENGINE, STREAMS
@@ -33,7 +35,7 @@ async def _close_streams(app: web.Application) -> None:
 
 def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Application:
     cfg = cfg or ServerConfig()
-    app = web.Application(middlewares=[error_middleware], client_max_size=cfg.client_max_size)
+    app = web.Application(middlewares=[access_middleware, error_middleware], client_max_size=cfg.client_max_size)
     app[ENGINE] = engine
     app[CONFIG] = cfg
     app[STREAMS] = weakref.WeakSet()
@@ -66,11 +68,37 @@ def _graceful_exit() -> None:
     raise web.GracefulExit()
 
 
-def run_server(engine: Engine, cfg: ServerConfig | None = None) -> None:
-    """Serve until interrupted, or until the model fails to load (EngineStatus.FAILED)."""
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket, taken before any model loads: a port in use is an
+    OSError at once (the caller says so in one line). A client that connects before the
+    server accepts waits in the backlog; /health answers 503 until the model is ready."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does: TIME_WAIT is fine
+        sock.bind(addr)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run_server(engine: Engine, cfg: ServerConfig | None = None, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted, or until the model fails to load (EngineStatus.FAILED).
+    The port is bound first (`sock`, or `listen_socket` here), then the model loads in the
+    background; "listening" is logged once the server accepts connections."""
     cfg = cfg or ServerConfig()
+    sock = sock if sock is not None else listen_socket(cfg.host, cfg.port)
+    url = socket_url(sock)
     app = create_app(engine, cfg)
     app.on_startup.append(_exit_on_load_error)
-    log.info("listening on http://%s:%d", cfg.host, cfg.port)
-    web.run_app(app, host=cfg.host, port=cfg.port, shutdown_timeout=cfg.shutdown_timeout,
-                print=lambda *a: None)
+    web.run_app(app, sock=sock, shutdown_timeout=cfg.shutdown_timeout, access_log=None,  # ours: access_log.py
+                print=lambda *_: log.info("listening on %s", url))

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ..engine import FinalEvent, Task
 from .encoders.base import Encoder
-from .keys import CONFIG
+from .keys import CONFIG, FINAL_EVENT
 from .sse import ClientGone, SSEWriter, client_gone
 
 
@@ -56,6 +56,7 @@ async def events(request: web.Request, task: Task, sse: SSEWriter | None):
                     raise ClientGone() from None
                 continue
             if isinstance(ev, FinalEvent):
+                request[FINAL_EVENT] = ev  # for the request's log line
                 yield ev
                 return
             if sse is None and client_gone(request):
