@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -11,6 +12,8 @@ from .config import ServerConfig
 ENGINE = web.AppKey("engine", Engine)
 CONFIG = web.AppKey("config", ServerConfig)
 STREAMS = web.AppKey("streams", weakref.WeakSet)  # open SSE responses, closed on shutdown
+WORKERS = web.AppKey("workers", ThreadPoolExecutor)  # request work off the event loop (offload.py)
+CONNECTIONS = web.AppKey("connections", object)  # connections.ConnectionGuard
 
 
 def ready_engine(request: web.Request) -> Engine:

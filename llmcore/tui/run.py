@@ -28,19 +28,10 @@ class InProcessServer:
         self.runner = None
 
     async def start(self) -> None:
-        from aiohttp import web
+        from ..server import create_app, start_server
 
-        from ..server import create_app
-
-        runner = web.AppRunner(create_app(self.engine, self.cfg), handle_signals=False,
-                               shutdown_timeout=self.cfg.shutdown_timeout, access_log=None)
-        await runner.setup()  # starts the engine thread (the model loads there)
-        try:
-            await web.TCPSite(runner, self.cfg.host, self.cfg.port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self.runner = runner
+        # starts the engine thread (the model loads there); the same listener as `serve`
+        self.runner = await start_server(create_app(self.engine, self.cfg), self.cfg, access_log=False)
         log.info("serving on %s", self.url)
 
     @property
