@@ -152,13 +152,19 @@ def _checked_join_size(items, sep) -> None:
     _check_size(len(str(sep)) * max(0, len(items) - 1) + sum(_size(x) for x in items))
 
 
+# the filters and str methods whose number arguments are sizes of what they build
+_SIZED_FILTERS = frozenset({"center", "indent", "batch", "slice", "format"})
+_SIZED_STR_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
+
+
 def _limited_filter(name: str, f):
     skip = 1 if hasattr(f, "jinja_pass_arg") else 0  # context / eval-context comes first
 
     def checked(*args, **kwargs):
         if _cap() is not None:
             vals = args[skip:]
-            _check_int_args(vals[1:], kwargs)
+            if name in _SIZED_FILTERS:
+                _check_int_args(vals[1:], kwargs)
             if name == "format" and vals:
                 _check_format(vals[0])
             elif name == "replace" and len(vals) >= 3:
@@ -212,15 +218,17 @@ def _limited_env_class():
                     raise TemplateLimitError("chat template error: exponent too large")
                 elif operator == "%" and isinstance(left, str):
                     _check_format(left)
-                    _check_int_args(right if isinstance(right, tuple) else (right,), {})
+                    if "*" in left:  # '%*d' % (width, x)
+                        _check_int_args(right if isinstance(right, tuple) else (right,), {})
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's own signature
             if _cap() is not None:
-                _check_int_args(args, kwargs)
                 name = getattr(__obj, "__name__", "")
                 owner = getattr(__obj, "__self__", None)
-                if isinstance(owner, str) and name == "replace" and len(args) >= 2:
+                if isinstance(owner, str) and name in _SIZED_STR_METHODS:
+                    _check_int_args(args, kwargs)
+                elif isinstance(owner, str) and name == "replace" and len(args) >= 2:
                     _checked_replace(owner, *args[:2], *(args[2:3] or [kwargs.get("count", -1)]))
                 elif isinstance(owner, str) and name == "join" and args:
                     _checked_join_size(list(args[0]) if not isinstance(args[0], (list, tuple)) else args[0], owner)

@@ -14,11 +14,15 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 
 from aiohttp import web
 
+from .config import ServerConfig
 from .errors import ForbiddenHostError, UnsupportedMediaTypeError
 from .keys import CONFIG
+
+log = logging.getLogger("llmcore.server")
 
 JSON_ONLY = ("application/json",)
 _BODY_METHODS = ("POST", "PUT", "PATCH")
@@ -35,6 +39,14 @@ def is_loopback_address(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def warn_if_exposed(cfg: ServerConfig) -> None:
+    """At start: a bind other machines can reach, with no API key, is said in the log."""
+    if not is_loopback_address(cfg.host) and not cfg.api_key:
+        log.warning("listening on %s, which other machines can reach, without an API key: anyone "
+                    "who can connect can use this server (bind to 127.0.0.1, or put an "
+                    "authenticating proxy in front)", cfg.host)
 
 
 def host_name(header: str) -> str:

@@ -18,7 +18,7 @@ from collections import Counter
 
 from aiohttp import web
 
-from .access import is_loopback_address
+from .access import warn_if_exposed
 from .config import ServerConfig
 from .keys import CONNECTIONS
 
@@ -193,8 +193,5 @@ async def start_server(app: web.Application, cfg: ServerConfig, handle_signals: 
     except BaseException:
         await runner.cleanup()
         raise
-    if not is_loopback_address(cfg.host) and not cfg.api_key:
-        log.warning("listening on %s, which other machines can reach, without an API key: anyone who "
-                    "can connect can use this server (bind to 127.0.0.1, or put an authenticating "
-                    "proxy in front)", cfg.host)
+    warn_if_exposed(cfg)
     return runner

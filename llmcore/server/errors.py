@@ -50,7 +50,8 @@ class BodyTooLargeError(SpoiledConnectionError):
 
 
 class BodyTimeoutError(SpoiledConnectionError):
-    """The body did not arrive within ServerConfig.body_timeout_s: 408."""
+    """The body did not arrive within ServerConfig.body_timeout_s: 408, and the connection
+    is closed at once (aiohttp would otherwise linger on it, reading what never comes)."""
 
 
 class TooLargeError(RequestError):
@@ -194,6 +195,11 @@ async def error_middleware(request: web.Request, handler):
         resp = web.json_response(body, status=status)
         if isinstance(exc, SpoiledConnectionError):
             resp.force_close()
+        if isinstance(exc, BodyTimeoutError):
+            await resp.prepare(request)
+            await resp.write_eof()
+            if request.transport is not None:
+                request.transport.close()  # after what is written is sent
         return resp
 
 

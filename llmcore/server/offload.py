@@ -32,11 +32,24 @@ async def maybe_in_worker(request: web.Request, big: bool, fn: Callable[..., T],
     return fn(*args)
 
 
-def _dumps(data: Any) -> bytes:
-    return json.dumps(data).encode()  # as web.json_response writes it
+_SLICE = 8192  # list items json.dumps writes in one go (it holds the GIL while it runs)
+
+
+def _dumps(v: Any) -> str:
+    """json.dumps(v) (as web.json_response writes it), long lists a slice at a time so the
+    event loop's thread gets the GIL between slices."""
+    if isinstance(v, list) and len(v) > _SLICE:
+        return "[" + ", ".join(json.dumps(v[i:i + _SLICE])[1:-1] for i in range(0, len(v), _SLICE)) + "]"
+    if isinstance(v, dict) and any(isinstance(x, list) and len(x) > _SLICE for x in v.values()):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_dumps(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v)
+
+
+def _dumps_bytes(data: Any) -> bytes:
+    return _dumps(data).encode()
 
 
 async def json_answer(request: web.Request, data: Any, big: bool) -> web.Response:
     """A JSON response; encoded in a worker when `big` (e.g. a long token list)."""
-    body = await maybe_in_worker(request, big, _dumps, data)
+    body = await maybe_in_worker(request, big, _dumps_bytes, data)
     return web.Response(body=body, content_type="application/json")
