@@ -517,3 +517,43 @@ def _gen(n):
     from llmcore.engine import GenParams
 
     return GenParams(n_predict=n, ignore_eos=True, cache_prompt=False, sampling=SamplingParams(temperature=0.0))
+
+
+# ---- the flags -----------------------------------------------------------------------------
+
+
+def test_serve_and_tui_take_the_hardening_flags(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import llmcore.engine
+    import llmcore.server
+    import llmcore.tui.run
+    from llmcore import cli
+
+    class Idle:
+        status, load_error = "ok", ""
+
+        def stop(self):
+            pass
+
+    served, dashboards = [], []
+    monkeypatch.setattr(llmcore.engine.Engine, "from_path", classmethod(lambda cls, path, cfg: Idle()))
+    monkeypatch.setattr(llmcore.server, "run_server", lambda engine, cfg: served.append(cfg))
+    monkeypatch.setattr(llmcore.tui.run, "main", lambda **kw: dashboards.append(kw["server_cfg"]) or 0)
+    monkeypatch.setattr(cli, "_check_model", lambda path: None)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    flags = ["-m", str(model), "--cors", "http://a.example", "--cors", "http://b.example/,http://c.example",
+             "-to", "30", "--header-timeout", "4", "--idle-timeout", "2.5",
+             "--max-connections-per-client", "8", "--max-body-mib", "2"]
+    for cmd in (["serve"], ["tui", "--no-tui"]):
+        r = CliRunner().invoke(cli.app, [*cmd, *flags])
+        assert r.exit_code == 0, r.output
+    want = ServerConfig(cors_origins=("http://a.example", "http://b.example", "http://c.example"),
+                        body_timeout_s=30.0, header_timeout_s=4.0, idle_timeout_s=2.5,
+                        max_conns_per_client=8, max_body_bytes=2 * 1024 * 1024)
+    assert served == [want] and dashboards == [want]
+    defaults = cli.ServerOptions().server_config()
+    assert (defaults.cors_origins, defaults.body_timeout_s, defaults.idle_timeout_s) == ((), 600.0, 5.0)
+    r = CliRunner().invoke(cli.app, ["serve", "-m", str(model), "--idle-timeout", "0"])
+    assert r.exit_code == 1 and "--idle-timeout" in r.output

@@ -37,9 +37,8 @@ class Prompt:
 
 async def chat_prompt(request: web.Request, eng: Engine, body: dict, checkpoint: bool = True) -> Prompt:
     """build_chat_prompt in a worker thread, with the server's render limits."""
-    chat = read_chat(body)
     limits = RenderLimits(timeout_s=request.app[CONFIG].template_timeout_s)
-    return await in_worker(request, _build_chat, eng, chat, checkpoint, limits)
+    return await in_worker(request, build_chat_prompt, eng, body, checkpoint, limits)
 
 
 def build_chat_prompt(eng: Engine, body: dict, checkpoint: bool = True,
@@ -86,7 +85,8 @@ def _render(eng: Engine, chat: ChatRequest, limits: RenderLimits) -> tuple[str, 
         raise ContextFullError(
             f"the request exceeds the available context size, try increasing it (the chat "
             f"template built more than {e.max_chars} characters, more than {n_ctx} tokens can "
-            f"hold). This model's maximum context length is {n_ctx} tokens.", n_ctx=n_ctx) from None
+            f"hold). This model's maximum context length is {n_ctx} tokens.",
+            n_prompt_tokens=n_ctx + 1, n_ctx=n_ctx) from None  # at least that many
     except RequestError:
         raise
     except Exception as e:  # noqa: BLE001 - template errors are the request's fault here

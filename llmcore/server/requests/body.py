@@ -103,16 +103,26 @@ def _max_values(request: web.Request) -> int:
     return request.app[CONFIG].max_json_values + 2 * int(getattr(eng, "n_ctx", 0) or 0)
 
 
-async def read_json(request: web.Request, schema: Obj | None = None) -> dict:
-    """The JSON object body, checked against `schema`; RequestError (HTTP 400) if it is
-    not one, 413 / 408 past the limits."""
-    raw = await read_raw(request)
-    body = await maybe_in_worker(request, len(raw) > SMALL, parse_json, raw, _max_values(request))
+def _parse_and_check(raw: bytes, max_values: int, schema: Obj | None) -> dict:
+    body = parse_json(raw, max_values)
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     if schema is not None:
         check(body, schema)
     return body
+
+
+async def read_json(request: web.Request, schema: Obj | None = None) -> dict:
+    """The JSON object body, checked against `schema`; RequestError (HTTP 400) if it is
+    not one, 413 / 408 past the limits. A big body is parsed and checked in a worker."""
+    raw = await read_raw(request)
+    return await maybe_in_worker(request, len(raw) > SMALL, _parse_and_check, raw,
+                                 _max_values(request), schema)
+
+
+def body_is_big(request: web.Request) -> bool:
+    """Whether the body read is big enough that walking it belongs in a worker thread."""
+    return len(request.get(_RAW, b"")) > SMALL
 
 
 Handler = Callable[[web.Request, dict], Awaitable[web.StreamResponse]]

@@ -151,16 +151,20 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
 
 # ---- the schema of these fields (requests/schema.py) ----------------------------------
 
-_LOGIT_BIAS = AnyOf((Map(AnyOf((Num(), Bool()))),
-                     List(List(AnyOf((Int(), Str(), Num(), Bool())), min_items=2, max_items=2,
-                               name="a [token, bias] pair"))),
+# the sampler works in float32: numbers past these would make logits infinite (NaN odds)
+_SAMPLING = Num(-1e6, 1e6)
+_PENALTY = Num(1e-6, 1e6)  # divides positive logits
+MAX_LOGIT_BIAS = 4096  # entries (a string key is tokenized while the request is read)
+_LOGIT_BIAS = AnyOf((Map(AnyOf((_SAMPLING, Bool())), max_items=MAX_LOGIT_BIAS),
+                     List(List(AnyOf((Int(), Str(), _SAMPLING, Bool())), min_items=2, max_items=2,
+                               name="a [token, bias] pair"), max_items=MAX_LOGIT_BIAS)),
                     name="an object or a list of [token, bias] pairs")
 STOP = AnyOf((Str(), List(Str(), name="a list of strings")))
 
 SAMPLING_FIELDS: dict[str, Spec] = {
-    "temperature": Num(), "top_k": Int(), "top_p": Num(), "min_p": Num(),
-    "repeat_penalty": Num(), "repetition_penalty": Num(), "repeat_last_n": Int(lo=-1),
-    "presence_penalty": Num(), "frequency_penalty": Num(), "seed": Int(), "n_probs": Int(lo=0),
+    "temperature": _SAMPLING, "top_k": Int(), "top_p": _SAMPLING, "min_p": _SAMPLING,
+    "repeat_penalty": _PENALTY, "repetition_penalty": _PENALTY, "repeat_last_n": Int(lo=-1),
+    "presence_penalty": _SAMPLING, "frequency_penalty": _SAMPLING, "seed": Int(), "n_probs": Int(lo=0),
     "logit_bias": _LOGIT_BIAS,
 }
 # what gen_params reads, llama-server names and OpenAI names

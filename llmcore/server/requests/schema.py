@@ -86,12 +86,20 @@ class Int(Spec):
 
 @dataclass(frozen=True)
 class Num(Spec):
-    """A finite number (NaN and infinities are refused)."""
+    """A finite number (NaN and infinities are refused), within [lo, hi] when given."""
 
-    what = "a number"
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def what(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"a number from {self.lo:g} to {self.hi:g}"
+        return "a number"
 
     def check(self, v, path):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
             raise FieldError(path, self.what)
 
 
