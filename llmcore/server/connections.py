@@ -90,7 +90,11 @@ class GuardedConnection(asyncio.Protocol):
                         self.address, cap)
             transport.write(_status_line(429, "Too Many Requests",
                                          f"too many connections from this address (limit {cap})"))
-            transport.close()
+            # half-close: the answer then FIN; what the client still sends is read and
+            # dropped (closing with it unread would reset the connection, answer and all)
+            if transport.can_write_eof():
+                transport.write_eof()
+            self.timer = asyncio.get_running_loop().call_later(2.0, transport.abort)
             return
         self.guard.per_address[self.address] += 1
         self.inner = self.server()
@@ -107,7 +111,7 @@ class GuardedConnection(asyncio.Protocol):
         self.inner.data_received(data)
 
     def eof_received(self):
-        return self.inner.eof_received() if self.inner is not None else None
+        return self.inner.eof_received() if self.inner is not None else None  # None: close
 
     def pause_writing(self) -> None:
         if self.inner is not None:
