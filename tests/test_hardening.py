@@ -435,6 +435,30 @@ async def test_an_idle_connection_is_closed_after_the_idle_timeout():
         assert out.startswith(b"HTTP/1.1 200") and 0.4 < time.perf_counter() - t0 < 3.0
 
 
+async def test_a_client_that_stops_reading_a_stream_frees_its_slot_after_the_timeout():
+    eng = fake_engine(n_ctx=100_000)
+    with server(eng, body_timeout_s=0.5) as srv:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        # big frames (100 top log-probabilities a token) fill the socket buffers fast
+        body = json.dumps({"prompt": "a", "n_predict": 90_000, "ignore_eos": True, "stream": True,
+                           "n_probs": 100}).encode()
+        sock.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        try:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 10:
+                st = eng.stats()
+                if st.requests_cancelled >= 1 and st.requests_processing == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert st.requests_cancelled >= 1 and st.requests_processing == 0, "the slot is still held"
+            assert time.perf_counter() - t0 < 5.0
+        finally:
+            sock.close()
+
+
 async def test_connections_per_client_address_are_capped():
     with server(max_conns_per_client=3, idle_timeout_s=30) as srv:
         held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(3)]
