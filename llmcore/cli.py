@@ -138,7 +138,7 @@ class ServerOptions(RuntimeOptions):
     idle_timeout: Annotated[float, typer.Option(
         "--idle-timeout", help="seconds a kept-alive connection may wait for its next request")] = 5.0
     max_conns_per_client: Annotated[int, typer.Option(
-        "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 64
+        "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
     max_body_mib: Annotated[float, typer.Option(
         "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
 

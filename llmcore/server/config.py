@@ -19,7 +19,7 @@ class ServerConfig:
     header_timeout_s: float = 30.0  # first byte of a request to the end of its headers
     body_timeout_s: float = 600.0  # reading a body; writing each part of an answer
     idle_timeout_s: float = 5.0  # a kept-alive connection with no request
-    max_conns_per_client: int = 64  # concurrent connections per client address (0: no cap)
+    max_conns_per_client: int = 256  # concurrent connections per client address (0: no cap)
     template_timeout_s: float = 5.0  # one chat template render
     workers: int = 4  # threads for request work off the event loop (offload.py)
     api_key: str | None = None  # no flag sets it yet; access.py checks it first once one does
