@@ -158,27 +158,31 @@ _SIZED_STR_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs
 
 
 def _limited_filter(name: str, f):
-    skip = 1 if hasattr(f, "jinja_pass_arg") else 0  # context / eval-context comes first
+    """`f` with the size checks. It takes the context (pass_context) whatever `f` takes, so
+    Jinja never runs it at compile time on constants ('x' | center(10**10) would build its
+    string while the model loads, before any limit applies)."""
+    from jinja2 import pass_context
 
-    def checked(*args, **kwargs):
+    wants = getattr(getattr(f, "jinja_pass_arg", None), "name", None)
+
+    @pass_context
+    def checked(context, *args, **kwargs):
         if _cap() is not None:
-            vals = args[skip:]
             if name in _SIZED_FILTERS:
-                _check_int_args(vals[1:], kwargs)
-            if name == "format" and vals:
-                _check_format(vals[0])
-            elif name == "replace" and len(vals) >= 3:
-                _checked_replace(*vals[:3], *(vals[3:4] or [kwargs.get("count", -1)]))
-            elif name == "join" and vals and isinstance(vals[0], (list, tuple)):
-                _checked_join_size(vals[0], vals[1] if len(vals) > 1 else kwargs.get("d", ""))
-        out = f(*args, **kwargs)
+                _check_int_args(args[1:], kwargs)
+            if name == "format" and args:
+                _check_format(args[0])
+            elif name == "replace" and len(args) >= 3:
+                _checked_replace(*args[:3], *(args[3:4] or [kwargs.get("count", -1)]))
+            elif name == "join" and args and isinstance(args[0], (list, tuple)):
+                _checked_join_size(args[0], args[1] if len(args) > 1 else kwargs.get("d", ""))
+        first = {"context": (context,), "eval_context": (context.eval_ctx,),
+                 "environment": (context.environment,)}.get(wants, ())
+        out = f(*first, *args, **kwargs)
         _check_size(_size(out))
         return out
 
     checked.__name__ = getattr(f, "__name__", name)
-    for attr in ("jinja_pass_arg",):  # context / eval-context filters keep their marker
-        if hasattr(f, attr):
-            setattr(checked, attr, getattr(f, attr))
     return checked
 
 
@@ -481,9 +485,9 @@ class ChatTemplate:
             raise RequestError(f"chat template error: {type(e).__name__}: {e}") from None
 
     def _generate(self, ctx: dict, max_chars: int | None) -> str:
+        _active.max_chars = max_chars  # set every time: an interrupt may have skipped a reset
         if max_chars is None:
             return self.template.render(**ctx)
-        _active.max_chars = max_chars
         try:
             parts, n = [], 0
             for chunk in self.template.generate(**ctx):

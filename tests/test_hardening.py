@@ -153,6 +153,42 @@ async def test_a_hostile_template_is_stopped_without_stalling(name):
     assert gap < GAP_S and health < GAP_S, (gap, health, took)
 
 
+@pytest.mark.parametrize("source", [
+    "{{ 'x' * 100000000 }}", "{{ 'x'.ljust(100000000) }}", "{{ 'x' | center(100000000) }}",
+    "{{ '%0999999999d' % 1 }}", "{{ '%*d' % (999999999, 1) }}", "{{ '{:>999999999}'.format(1) }}",
+    "{{ '{:>{}}'.format(1, 999999999) }}", "{{ range(10) | batch(100000000, 'x') | list | length }}",
+    "{{ range(100000) | join('x' * 1000) }}",
+    "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s | replace('x', 'xx') %}{% endfor %}",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{{ messages | tojson(indent=100000000) }}",
+])
+def test_template_tricks_that_build_huge_strings_stop_at_the_size_limit(source):
+    from llmcore.chat import RenderLimits, TemplateLimitError
+
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateLimitError):
+        ChatTemplate(source).render(MSG, limits=RenderLimits(max_chars=100_000, timeout_s=5.0))
+    assert time.perf_counter() - t0 < 1.0
+    # the same template without limits is the caller's own business: not refused here
+    assert ChatTemplate("{{ 'ab' * 3 }}").render(MSG, limits=RenderLimits(max_chars=6)) == "ababab"
+
+
+def test_real_templates_render_the_same_within_limits(smollm2_path, gemma3_path):
+    from llmcore.chat import RenderLimits
+    from llmcore.loader import load_gguf
+
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}, {"role": "user", "content": "more"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for path in (smollm2_path, gemma3_path):
+        tmpl = load_gguf(path).chat_template
+        plain = tmpl.render(msgs, tools=tools)
+        limited = tmpl.render(msgs, tools=tools, limits=RenderLimits(max_chars=len(plain) + 1, timeout_s=5.0))
+        assert limited == plain
+
+
 async def test_many_long_stop_strings_are_capped_and_cheap():
     rng = random.Random(1)
 
