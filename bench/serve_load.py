@@ -529,7 +529,8 @@ async def misbehave(session: aiohttp.ClientSession, base: str, n_ctx: int, pm: P
         if req is not None:
             async with req as r:
                 body = await r.json(content_type=None)
-                ok = r.status == 400 and "error" in body
+                # 413: a token-id body past the server's body limit (--max-body-mib)
+                ok = r.status in (400, 413) and "error" in body
                 checks.append(Check(name, ok, f"HTTP {r.status} {json.dumps(body)[:200]}"))
     except Exception as e:  # noqa: BLE001
         checks.append(Check(name, False, repr(e)))

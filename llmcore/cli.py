@@ -181,6 +181,19 @@ class ServerOptions(RuntimeOptions):
     top_p: Annotated[float, typer.Option("--top-p", help="default top-p (1 = off)")] = 0.95
     min_p: Annotated[float, typer.Option("--min-p", help="default min-p (0 = off)")] = 0.05
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info"
+    cors: Annotated[Optional[list[str]], typer.Option(
+        "--cors", help="let web pages from ORIGIN call the API (repeat, or comma-separate; * = any); "
+                       "default: CORS off")] = None
+    timeout: Annotated[float, typer.Option(
+        "-to", "--timeout", help="seconds to read a request body, and to write each part of an answer")] = 600.0
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", help="seconds from a request's first byte to the end of its headers")] = 30.0
+    idle_timeout: Annotated[float, typer.Option(
+        "--idle-timeout", help="seconds a kept-alive connection may wait for its next request")] = 5.0
+    max_conns_per_client: Annotated[int, typer.Option(
+        "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
+    max_body_mib: Annotated[float, typer.Option(
+        "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -198,7 +211,18 @@ class ServerOptions(RuntimeOptions):
 
         if not 0 <= self.port <= 65535:
             raise LLMCoreError(f"--port {self.port}: expected 0..65535")
-        return ServerConfig(host=self.host, port=self.port)
+        for name, v in (("timeout", self.timeout), ("header-timeout", self.header_timeout),
+                        ("idle-timeout", self.idle_timeout), ("max-body-mib", self.max_body_mib)):
+            if not v > 0:
+                raise LLMCoreError(f"--{name} {v:g}: expected a number of seconds > 0"
+                                   if name != "max-body-mib" else f"--{name} {v:g}: expected > 0")
+        if self.max_conns_per_client < 0:
+            raise LLMCoreError("--max-connections-per-client must be >= 0 (0 = no cap)")
+        origins = tuple(o.strip().rstrip("/") for arg in (self.cors or ()) for o in arg.split(",") if o.strip())
+        return ServerConfig(host=self.host, port=self.port, cors_origins=origins,
+                            body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
+                            idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
+                            max_body_bytes=int(self.max_body_mib * 1024 * 1024))
 
 
 def with_options(options: type[RuntimeOptions]):

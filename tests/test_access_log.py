@@ -29,7 +29,8 @@ async def test_one_line_per_request(aiohttp_client, caplog):
         for path in ("/health", "/metrics", "/slots", "/props"):
             assert (await client.get(path)).status == 200
         assert (await client.get("/nowhere")).status == 404
-        assert (await client.post("/v1/chat/completions", data=b"{not json")).status == 400
+        assert (await client.post("/v1/chat/completions", data=b"{not json",
+                                  headers={"Content-Type": "application/json"})).status == 400
     lines = access_lines(caplog)
     assert len(lines) == 5, lines
     assert re.fullmatch(r"POST /completion 200  in 7  out 3  \d+\.\d\d s", lines[0]), lines[0]

@@ -32,7 +32,7 @@ def access_line(method: str, path: str, status: int, seconds: float, final: Fina
 
 
 @web.middleware
-async def access_middleware(request: web.Request, handler):
+async def access_log_middleware(request: web.Request, handler):
     t0 = time.perf_counter()
     status = 500
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -14,6 +15,8 @@ STREAMS = web.AppKey("streams", weakref.WeakSet)  # open SSE responses, closed o
 # per request: the final event of a generating request (its log line reads the token counts);
 # a plain string key where aiohttp predates RequestKey
 FINAL_EVENT = web.RequestKey("final_event", FinalEvent) if hasattr(web, "RequestKey") else "final_event"
+WORKERS = web.AppKey("workers", ThreadPoolExecutor)  # request work off the event loop (offload.py)
+CONNECTIONS = web.AppKey("connections", object)  # connections.ConnectionGuard
 
 
 def ready_engine(request: web.Request) -> Engine:

@@ -31,21 +31,12 @@ class InProcessServer:
         self.runner = None
 
     async def start(self) -> None:
-        from aiohttp import web
-
-        from ..server import create_app, listen_socket
+        from ..server import create_app, listen_socket, start_server
 
         if self.sock is None:
             self.sock = listen_socket(self.cfg.host, self.cfg.port)
-        runner = web.AppRunner(create_app(self.engine, self.cfg), handle_signals=False,
-                               shutdown_timeout=self.cfg.shutdown_timeout, access_log=None)
-        await runner.setup()  # starts the engine thread (the model loads there)
-        try:
-            await web.SockSite(runner, self.sock).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self.runner = runner
+        # starts the engine thread (the model loads there); the same listener as `serve`
+        self.runner = await start_server(create_app(self.engine, self.cfg), self.cfg, sock=self.sock)
         log.info("listening on %s", self.url)
 
     @property
