@@ -136,6 +136,11 @@ def forward(weights, meta, tokens, *, emulate=False, last_only=False):
     eps = c.g("attention.layer_norm_rms_epsilon")
     interval = c.g("full_attention_interval", 4)
     pos = np.arange(len(tokens))
+    for name in [k for k in W if k.endswith("ffn_gate_up_exps.weight")]:  # fused: [gate | up]
+        ff = W[name].shape[1] // 2
+        for part, sl in (("gate", slice(0, ff)), ("up", slice(ff, None))):
+            W[name.replace("gate_up", part)] = W[name][:, sl]
+            W.types[name.replace("gate_up", part)] = W.types.get(name)
     x = W["token_embd.weight"][tokens].astype(np.float64)
     for il in range(nl):
         p = f"blk.{il}."
