@@ -31,10 +31,10 @@ Per sequence and token t, per value head h reading q/k head m = head_map[h]:
     M_h <- g M_h;  d = b (v - M_h k);  M_h <- M_h + d k^T;  o = M_h q      (M_h = the D x D state)
     out = rms_norm(o) * norm_w * silu(z)
 
-All float32 (state included). One parallel region: conv (items: sequence x 64 channels),
-q/k norms and gates (items: tokens), the recurrence (items: sequence x value head x 32
-state rows; each item walks its sequence's tokens with its rows hot in L1), the gated norm
-(items: tokens). Every output element is computed by one thread in a fixed order: results
+All float32 (state included). One parallel region: conv (items: sequence x up to 64
+channels), q/k norms and gates (items: tokens), the recurrence (items: sequence x value head
+x 32 state rows; each item walks its sequence's tokens with its rows hot in L1, reading q, k
+and v from a head-major copy), the gated norm (items: tokens). Every output element is computed by one thread in a fixed order: results
 do not depend on the thread count, and splitting a sequence's tokens over several calls
 gives the same result as one call. The GIL is released while the kernel runs.
 """
@@ -53,9 +53,11 @@ cdef extern from "simd_deltanet.h" nogil:
                   float *o, int n, int S)
     void conv_row(float *y, const float *const *src, const float *w, long C, int K, int n)
     float dn_sum_sq(const float *x, int n)
+    void dn_silu_inplace(float *y, int n)
+    void dn_gated_norm(const float *o, const float *z, const float *w, float *y, int n, float eps)
 
 cdef enum:
-    CONV_CHUNK = 64   # channels per conv work item
+    CONV_CHUNK = 64   # channels per conv work item, at most (a divisor of the head dim)
     ROW_BLOCK = 32    # state rows per recurrence work item
     MAX_TAPS = 16
 
@@ -86,15 +88,14 @@ cdef int _pointers(list arrays, Py_ssize_t n_want, Py_ssize_t size, float **ptrs
     return 0
 
 
-cdef void _conv_item(const float *qkv, Py_ssize_t ldq, float *state, const float *w, float *xc,
-                     Py_ssize_t C, int K, Py_ssize_t r0, Py_ssize_t n, Py_ssize_t c0, int nc) noexcept nogil:
-    """Conv + SiLU of channels c0:c0+nc of one sequence's n tokens (rows r0..), then roll its
-    conv state to the last K-1 inputs."""
+cdef void _conv_item(const float *qkv, Py_ssize_t ldq, float *state, const float *w, float *y,
+                     Py_ssize_t C, int K, Py_ssize_t r0, Py_ssize_t n, Py_ssize_t c0, int nc, int D) noexcept nogil:
+    """Conv + SiLU of channels c0:c0+nc (inside one head) of one sequence's n tokens (rows
+    r0..), written to y[t * D] (the head-major buffer at this head, token r0 and offset c0 % D);
+    then its conv state rolled to the last K-1 inputs."""
     cdef const float *src[MAX_TAPS]
     cdef Py_ssize_t t, j
-    cdef int k, c, km1 = K - 1
-    cdef float *y
-    cdef float v
+    cdef int k, km1 = K - 1
     for t in range(n):
         for k in range(K):
             j = t + k - km1  # input index of tap k; < 0: from the state
@@ -102,11 +103,8 @@ cdef void _conv_item(const float *qkv, Py_ssize_t ldq, float *state, const float
                 src[k] = state + (km1 + j) * C + c0
             else:
                 src[k] = qkv + (r0 + j) * ldq + c0
-        y = xc + (r0 + t) * C + c0
-        conv_row(y, src, w + c0, C, K, nc)
-        for c in range(nc):
-            v = y[c]
-            y[c] = v / (1.0 + expf(-v))
+        conv_row(y + t * D, src, w + c0, C, K, nc)
+        dn_silu_inplace(y + t * D, nc)
     if km1 == 0:
         return
     if n >= km1:
@@ -155,26 +153,33 @@ def gated_delta_net(const float[:, :] qkv, const float[:, :] z, const float[:, :
         if seg_start[s + 1] < seg_start[s]:
             raise ValueError("gated_delta_net: seg_start must be non-decreasing")
 
+    # scratch, head-major so that a recurrence item reads its head's tokens contiguously:
+    # xh (2*n_qk + n_v heads, N, D) the conv outputs [q heads | k heads | v heads], oh (n_v, N, D)
     cdef float **conv_p = <float **>malloc(n_seq * sizeof(float *))
     cdef float **ssm_p = <float **>malloc(n_seq * sizeof(float *))
-    cdef float *xc = <float *>malloc(N * C * sizeof(float))
+    cdef float *xh = <float *>malloc(N * C * sizeof(float))
+    cdef float *oh = <float *>malloc(N * VD * sizeof(float))
     cdef float *gb = <float *>malloc(N * 2 * n_v * sizeof(float))  # per token: g (n_v), beta (n_v)
-    if conv_p == NULL or ssm_p == NULL or xc == NULL or gb == NULL:
-        free(conv_p); free(ssm_p); free(xc); free(gb)
+    if conv_p == NULL or ssm_p == NULL or xh == NULL or oh == NULL or gb == NULL:
+        free(conv_p); free(ssm_p); free(xh); free(oh); free(gb)
         raise MemoryError()
     try:
         _pointers(conv_states, n_seq, (K - 1) * C, conv_p, "conv_states")
         _pointers(ssm_states, n_seq, VD * D, ssm_p, "ssm_states")
     except Exception:
-        free(conv_p); free(ssm_p); free(xc); free(gb)
+        free(conv_p); free(ssm_p); free(xh); free(oh); free(gb)
         raise
 
-    cdef Py_ssize_t n_cchunk = (C + CONV_CHUNK - 1) // CONV_CHUNK
+    cdef int cw = D  # conv chunk: a divisor of D, at most CONV_CHUNK when D allows
+    while cw > CONV_CHUNK and cw % 2 == 0:
+        cw = cw // 2
+    cdef Py_ssize_t n_cchunk = C // cw
     cdef int n_rblock = (D + ROW_BLOCK - 1) // ROW_BLOCK
     cdef Py_ssize_t n_conv_items = n_seq * n_cchunk
     cdef Py_ssize_t n_rec_items = n_seq * n_v * n_rblock
     cdef Py_ssize_t ldq = qkv.strides[0] // 4, ldz = z.strides[0] // 4
     cdef Py_ssize_t ldb = beta.strides[0] // 4, lda = alpha.strides[0] // 4
+    cdef Py_ssize_t HS = N * D  # stride between heads in xh / oh
     cdef const float *qkv_p = &qkv[0, 0]
     cdef const float *z_p = &z[0, 0]
     cdef const float *b_p = &beta[0, 0]
@@ -183,31 +188,33 @@ def gated_delta_net(const float[:, :] qkv, const float[:, :] z, const float[:, :
     cdef const float *nw = &norm_w[0]
     cdef float *o_p = &out[0, 0]
     cdef float q_scale = 1.0 / sqrtf(<float>D)
-    cdef Py_ssize_t it, r0, r1, t, c0, hq
-    cdef int nc, h, m, rb, i0, nr, j
+    cdef Py_ssize_t it, r0, t, c0, hq
+    cdef int h, m, rb, i0, nr, j
     cdef float *x
-    cdef float *o
     cdef float *st
-    cdef const float *zz
-    cdef float nrm, sc, g, bt, zv
+    cdef const float *qh
+    cdef const float *kh
+    cdef const float *vh
+    cdef float *ohh
+    cdef float nrm, sc
     with nogil, parallel(num_threads=n_threads):
-        # 1. causal conv + SiLU over [q | k | v], conv states rolled
+        # 1. causal conv + SiLU over [q | k | v] into xh, conv states rolled
         for it in prange(n_conv_items, schedule='static'):
             s = it // n_cchunk
-            c0 = (it % n_cchunk) * CONV_CHUNK
-            nc = <int>(C - c0) if C - c0 < CONV_CHUNK else CONV_CHUNK
+            c0 = (it % n_cchunk) * cw
             r0 = seg_start[s]
-            _conv_item(qkv_p, ldq, conv_p[s], w_p, xc, C, K, r0, seg_start[s + 1] - r0, c0, nc)
+            _conv_item(qkv_p, ldq, conv_p[s], w_p, xh + (c0 // D) * HS + r0 * D + c0 % D, C, K, r0,
+                       seg_start[s + 1] - r0, c0, cw, D)
         # 2. per token: L2-normalised q (scaled) and k per q/k head; decay and beta per value head
         for t in prange(N, schedule='static'):
-            x = xc + t * C
             for m in range(2 * n_qk):
-                nrm = sqrtf(dn_sum_sq(x + m * D, D))
+                x = xh + m * HS + t * D
+                nrm = sqrtf(dn_sum_sq(x, D))
                 sc = 1.0 / (nrm if nrm > eps else eps)
                 if m < n_qk:
                     sc = sc * q_scale
                 for j in range(D):
-                    x[m * D + j] = x[m * D + j] * sc
+                    x[j] = x[j] * sc
             for h in range(n_v):
                 gb[t * 2 * n_v + h] = expf(ssm_a[h] * _softplus(a_p[t * lda + h] + dt_bias[h]))
                 gb[t * 2 * n_v + n_v + h] = _sigmoid(b_p[t * ldb + h])
@@ -220,21 +227,20 @@ def gated_delta_net(const float[:, :] qkv, const float[:, :] z, const float[:, :
             nr = D - i0 if D - i0 < ROW_BLOCK else ROW_BLOCK
             hq = head_map[h]
             st = ssm_p[s] + (<Py_ssize_t>h * D + i0) * D
+            qh = xh + hq * HS
+            kh = xh + (n_qk + hq) * HS
+            vh = xh + (2 * n_qk + h) * HS + i0
+            ohh = oh + h * HS + i0
             for t in range(seg_start[s], seg_start[s + 1]):
-                x = xc + t * C
-                gdn_rows(st, x + (n_qk + hq) * D, x + hq * D, x + 2 * n_qk * D + <Py_ssize_t>h * D + i0,
-                         gb[t * 2 * n_v + h], gb[t * 2 * n_v + n_v + h],
-                         o_p + t * VD + <Py_ssize_t>h * D + i0, nr, D)
-        # 4. gated RMS norm per value head: rms_norm(o) * norm_w * silu(z)
+                gdn_rows(st, kh + t * D, qh + t * D, vh + t * D, gb[t * 2 * n_v + h], gb[t * 2 * n_v + n_v + h],
+                         ohh + t * D, nr, D)
+        # 4. gated RMS norm per value head: rms_norm(o) * norm_w * silu(z), into out (token-major)
         for t in prange(N, schedule='static'):
             for h in range(n_v):
-                o = o_p + t * VD + <Py_ssize_t>h * D
-                zz = z_p + t * ldz + <Py_ssize_t>h * D
-                sc = 1.0 / sqrtf(dn_sum_sq(o, D) / D + eps)
-                for j in range(D):
-                    zv = zz[j]
-                    o[j] = o[j] * sc * nw[j] * (zv / (1.0 + expf(-zv)))
+                dn_gated_norm(oh + h * HS + t * D, z_p + t * ldz + <Py_ssize_t>h * D, nw,
+                              o_p + t * VD + <Py_ssize_t>h * D, D, eps)
     free(conv_p)
     free(ssm_p)
-    free(xc)
+    free(xh)
+    free(oh)
     free(gb)

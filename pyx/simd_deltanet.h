@@ -4,15 +4,54 @@
 #ifndef LLMCORE_SIMD_DELTANET_H
 #define LLMCORE_SIMD_DELTANET_H
 #include <math.h>
+#include "simd_nn.h" /* nn_silu_row: SiLU with ggml's vector exp (llama.cpp's values) */
 
 /* One token of the delta rule on `n` state rows of one value head (row i = value dim i,
  * contiguous over the S key dims; llama.cpp's layout):
  *     sk = (g s_i) . k;  d = beta (v_i - sk);  s_i <- g s_i + d k;  o_i = s_i . q
  * Four rows at a time so that the reductions of independent rows overlap. */
+#if defined(__AVX512F__)
+/* The same for 8 rows and S % 16 == 0 with explicit 512-bit vectors (the compiler keeps to
+ * 256): 8 independent accumulator chains per pass keep both FMA ports busy. */
+static inline void gdn_rows8_avx512(float *restrict s, const float *restrict k, const float *restrict q,
+                                    const float *restrict v, float g, float beta, float *restrict o, int S) {
+    __m512 a[8];
+    for (int r = 0; r < 8; r++)
+        a[r] = _mm512_setzero_ps();
+    for (int j = 0; j < S; j += 16) {
+        const __m512 kj = _mm512_loadu_ps(k + j);
+        for (int r = 0; r < 8; r++)
+            a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(s + r * S + j), kj, a[r]);
+    }
+    const __m512 vg = _mm512_set1_ps(g);
+    __m512 d[8], b[8];
+    for (int r = 0; r < 8; r++) {
+        d[r] = _mm512_set1_ps(beta * (v[r] - g * _mm512_reduce_add_ps(a[r])));
+        b[r] = _mm512_setzero_ps();
+    }
+    for (int j = 0; j < S; j += 16) {
+        const __m512 kj = _mm512_loadu_ps(k + j), qj = _mm512_loadu_ps(q + j);
+        for (int r = 0; r < 8; r++) {
+            const __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(s + r * S + j), vg, _mm512_mul_ps(d[r], kj));
+            _mm512_storeu_ps(s + r * S + j, x);
+            b[r] = _mm512_fmadd_ps(x, qj, b[r]);
+        }
+    }
+    for (int r = 0; r < 8; r++)
+        o[r] = _mm512_reduce_add_ps(b[r]);
+}
+#endif
+
 static inline void gdn_rows(float *restrict s, const float *restrict k, const float *restrict q,
                             const float *restrict v, float g, float beta, float *restrict o,
                             int n, int S) {
     int i = 0;
+#if defined(__AVX512F__)
+    if (S % 16 == 0) {
+        for (; i + 8 <= n; i += 8)
+            gdn_rows8_avx512(s + (long)i * S, k, q, v + i, g, beta, o + i, S);
+    }
+#endif
     for (; i + 4 <= n; i += 4) {
         float *restrict s0 = s + (long)i * S, *restrict s1 = s0 + S, *restrict s2 = s1 + S,
               *restrict s3 = s2 + S;
@@ -66,6 +105,26 @@ static inline void conv_row(float *restrict y, const float *const *src, const fl
 #pragma omp simd
         for (int c = 0; c < n; c++)
             y[c] += wk[c] * x[c];
+    }
+}
+
+/* Conv output row in place: SiLU. */
+static inline void dn_silu_inplace(float *y, int n) { nn_silu_row(y, NULL, y, n); }
+
+/* y = o / sqrt(mean(o^2) + eps) * w * silu(z) over one head of n values (the gated RMS norm). */
+static inline void dn_gated_norm(const float *restrict o, const float *restrict z, const float *restrict w,
+                                 float *restrict y, int n, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+:ss)
+    for (int j = 0; j < n; j++)
+        ss += o[j] * o[j];
+    const float sc = 1.0f / sqrtf(ss / (float)n + eps);
+    float g[64];
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        const int m = n - j0 < 64 ? n - j0 : 64;
+        nn_silu_row(z + j0, NULL, g, m);
+        for (int j = 0; j < m; j++)
+            y[j0 + j] = o[j0 + j] * sc * w[j0 + j] * g[j];
     }
 }
 
