@@ -278,3 +278,32 @@ def test_conformance_state_size(conf_models):
     model, _ = conf_models("tiny-qwen35moe")
     assert model.state_bytes == 6 * (3 * 256 + 4 * 32 * 32) * 4
     assert N_EMBD == 64  # the fixture models are smaller than the conformance ones
+
+
+# ---- the field workload's command line, reduced --------------------------------------------------
+
+def test_serve_load_np32_q4_0(built_model, tmp_path):
+    """`llmcore serve -m <tiny qwen35moe> -np 32 -c 4500000 -ctk q4_0 -ctv q4_0` starts, states
+    its memory plan (KV, recurrent state, checkpoints) and serves 64 concurrent streamed chats
+    with every cache layer on; nothing fails and the RSS growth stays within the announcement."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from serve_load import ServerProcess, format_report, run_load
+
+    srv = ServerProcess(["-m", str(built_model("qwen35moe")), "-np", "32", "-c", "4500000", "-ctk", "q4_0",
+                         "-ctv", "q4_0", "-n", "64"], log_path=tmp_path / "serve.log")
+    with srv:
+        rep = asyncio.run(asyncio.wait_for(
+            run_load(srv.url, n_clients=64, prompt_tokens=(48, 160), gen_tokens=(4, 12), seed=4,
+                     pid=srv.proc.pid, log_text=srv.log_text, alive=srv.alive, request_timeout=240), 300))
+        alive = srv.alive()
+        log = srv.log_text()
+    text = format_report(rep) + "\n--- server log tail ---\n" + log[-2000:]
+    assert rep.passed, text
+    assert alive and rep.requests >= 64 and rep.within_budget, text
+    plan = next(line for line in log.splitlines() if "memory: KV for the slots" in line)
+    assert "recurrent state" in plan and "-ctk/-ctv apply to attention KV only" in plan and "checkpoints up to" in plan
+    shared = [k for k in ("shared", "multi", "return") if k in rep.by_kind]
+    assert sum(rep.by_kind[k]["cached"] for k in shared) > 0, text  # prefix reuse happened
