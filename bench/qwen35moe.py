@@ -33,7 +33,10 @@ own OpenMP settings and ``use_extra_bufts = False`` as in every benchmark here):
 prompt processing of --pp tokens from empty; --tg generated tokens after 16 prompt tokens;
 --streams sequences of --ctx prompt tokens advanced together for --steps decode steps
 (aggregate t/s; prefill not timed). The experts line counts, per MoE layer call, the
-distinct experts computed and those skipped (no token chose them).
+distinct experts computed and those skipped (no token chose them). ``--clock cpu`` times
+each engine by its process's CPU time instead of the wall clock: with ``-t 1`` that is the
+compute alone, a fair comparison on a machine other work shares (llama.cpp's threads spin
+at barriers, so with more threads its CPU time counts the spinning).
 """
 from __future__ import annotations
 
@@ -202,18 +205,50 @@ def prompts_for(n: int, length: int, n_vocab: int, seed: int) -> list[list[int]]
 
 # ---- llama.cpp, in a child process -----------------------------------------------------------
 
+def clock(kind: str):
+    """wall: time.perf_counter; cpu: this process's CPU time (with -t 1 the compute time
+    alone, whatever else the machine runs)."""
+    return time.process_time if kind == "cpu" else time.perf_counter
+
+
 def _child(a) -> int:
     from _peer_llamacpp import LlamaCpp
 
     B = a.streams
+    clk = clock(a.clock)
     m = LlamaCpp(a.model_path, a.threads, n_ctx=max(a.pp, B * (a.ctx + a.steps + 8)) + 256, n_batch=512, n_seq=B)
     prompt = prompts_for(1, a.pp, m.n_vocab, a.seed)[0]
     multi = prompts_for(B, a.ctx, m.n_vocab, a.seed + 1)
-    m.prefill(prompt[:64])
-    m.generate(prompt[:16], 2)
-    out = {"pp": a.pp / m.prefill(prompt), "tg": a.tg / m.generate(prompt[:16], a.tg)}
+
+    def prefill(toks):
+        m.clear()
+        t0 = clk()
+        for i in range(0, len(toks), 512):
+            m.decode(toks[i:i + 512])
+        return clk() - t0
+
+    def decode(prompts, steps):
+        """`steps` decode steps of one sequence per prompt, all in one batch per step."""
+        m.clear()
+        nxt = []
+        for s, toks in enumerate(prompts):
+            m._batch_decode([(t, p, s) for p, t in enumerate(toks)], last_only=True)
+            nxt.append(int(np.argmax(m.logits())))
+        pos = [len(t) for t in prompts]
+        t0 = clk()
+        for _ in range(steps):
+            m._batch_decode([(nxt[s], pos[s], s) for s in range(len(prompts))], last_only=False)
+            for s in range(len(prompts)):
+                lg = np.ctypeslib.as_array(m.L.llama_get_logits_ith(m.ctx, s), shape=(m.n_vocab,))
+                nxt[s] = int(np.argmax(lg))
+                pos[s] += 1
+        return clk() - t0
+
+    prefill(prompt[:64])
+    decode([prompt[:16]], 2)
+    out = {"pp": a.pp / prefill(prompt), "tg": a.tg / decode([prompt[:16]], a.tg)}
     if B > 1:
-        out["multi"] = B * a.steps / m.decode_parallel(multi, a.steps)
+        out["multi"] = B * a.steps / decode(multi, a.steps)
     m.close()
     print("RESULT " + json.dumps(out), flush=True)
     return 0
@@ -225,7 +260,7 @@ def peer(a, path: str) -> dict:
         env.pop("OMP_WAIT_POLICY", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model-path", path, "-t", str(a.threads),
            "--pp", str(a.pp), "--tg", str(a.tg), "--streams", str(a.streams), "--ctx", str(a.ctx),
-           "--steps", str(a.steps), "--seed", str(a.seed)]
+           "--steps", str(a.steps), "--seed", str(a.seed), "--clock", a.clock]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -236,12 +271,13 @@ def peer(a, path: str) -> dict:
 # ---- llmcore ------------------------------------------------------------------------------------
 
 class Mine:
-    def __init__(self, path: str, n_threads: int):
+    def __init__(self, path: str, n_threads: int, clock_kind: str = "wall"):
         from llmcore import threads
         from llmcore.models import load_model
 
         self.threads = threads
         self.n_threads = n_threads
+        self.clk = clock(clock_kind)
         threads.set_num_threads(n_threads)
         self.adaptive = threads.AdaptiveThreads(n_threads)  # decode threads by measured speed, as the engine does
         self.model = load_model(path)
@@ -250,21 +286,23 @@ class Mine:
         self.threads.set_num_threads(self.n_threads)
         st = self.model.new_state()
         arr = np.asarray(toks, np.int32)
-        t0 = time.perf_counter()
+        t0 = self.clk()
         for i in range(0, len(arr), ub):
             self.model.forward([(st, arr[i:i + ub])])
-        dt = time.perf_counter() - t0
+        dt = self.clk() - t0
         st.release()
         return dt
 
     def decode(self, prompts, steps: int) -> float:
-        """Seconds for `steps` decode steps of all prompts' sequences together (prefill untimed)."""
+        """Seconds for `steps` decode steps of all prompts' sequences together (prefill
+        untimed, and not counted in the expert statistics)."""
         m = self.model
         self.threads.set_num_threads(self.n_threads)
         sts = [m.new_state() for _ in prompts]
         nxt = [int(np.argmax(m.forward([(st, np.asarray(p, np.int32))])[0])) for st, p in zip(sts, prompts)]
+        m.moe_stats.reset()
         B = len(prompts)
-        t0 = time.perf_counter()
+        t0 = self.clk()
         for _ in range(steps):
             nt = self.adaptive.choose(B)
             self.threads.set_num_threads(nt)
@@ -272,7 +310,7 @@ class Mine:
             lg = m.forward([(st, np.array([t], np.int32)) for st, t in zip(sts, nxt)])
             self.adaptive.record(B, nt, time.perf_counter() - ts)
             nxt = np.argmax(lg, axis=1).tolist()
-        dt = time.perf_counter() - t0
+        dt = self.clk() - t0
         for st in sts:
             st.release()
         return dt
@@ -280,7 +318,7 @@ class Mine:
     def experts(self, fn) -> dict:
         s = self.model.moe_stats
         s.reset()
-        fn()
+        fn()  # decode() resets them after its prefill
         d = s.as_dict()
         return {"computed": d["experts_computed"] / max(1, d["calls"]),
                 "skipped": d["experts_skipped"] / max(1, d["calls"])}
@@ -299,6 +337,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", help="write the model here and keep it (reused when it exists)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall clock, or each process's CPU time (use with -t 1 on a busy machine)")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
@@ -329,7 +369,7 @@ def main(argv=None) -> int:
 def run(a, path: str) -> int:
     why = "--no-peer" if a.no_peer else available()
     t0 = time.perf_counter()
-    mine = Mine(path, a.threads)
+    mine = Mine(path, a.threads, a.clock)
     print(f"llmcore loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     m = mine.model
     prompt = prompts_for(1, a.pp, m.n_vocab, a.seed)[0]
@@ -357,7 +397,7 @@ def run(a, path: str) -> int:
     print()
     print(f"qwen35moe, Qwen3.6-35B-A3B layer shapes, {a.layers} layers ({a.layers - a.layers // 4} DeltaNet, "
           f"{a.layers // 4} attention), vocab {a.vocab}, {os.path.getsize(path) / 2**30:.2f} GiB; "
-          f"{a.threads} threads; median of {a.reps}")
+          f"{a.threads} thread(s), {a.clock} clock; median of {a.reps}; load average {os.getloadavg()[0]:.1f}")
     print(f"| engine | pp{a.pp} t/s | tg{a.tg} t/s (1 stream) | {a.streams} streams t/s (aggregate) | "
           f"{a.streams} streams / 1 stream |")
     print("|---|---|---|---|---|")
