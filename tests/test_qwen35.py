@@ -273,6 +273,20 @@ def test_split_prefill(conf_models, stem):
     assert float(np.max(np.abs(split - ref))) < sp["max_abs_last_logit_diff_second_half_alone"]
 
 
+@pytest.mark.parametrize("stem,name,tol", [
+    ("tiny-qwen3next", "short", 1e-5), ("tiny-qwen3next", "chat", 1e-5), ("tiny-qwen3next-ssm_in", "chat", 1e-5),
+    ("tiny-qwen35", "short", 1e-5), ("tiny-qwen35moe", "short", 0.06), ("tiny-qwen35moe-q4_k", "short", 0.06)])
+def test_numpy_reference_matches_llamacpp(conformance, stem, name, tol):
+    """The recipe itself (tests/reference_hybrid.py with llama.cpp's activation rounding)
+    against llama.cpp: to float noise on qwen3next and on qwen35's short prompt."""
+    ra = pytest.importorskip("reference_archs")
+    rh = pytest.importorskip("reference_hybrid")
+    w, meta = ra.load_gguf(conformance / "models" / f"{stem}.gguf")
+    p, ref = oracle_prompt(load_oracle(conformance, stem), name)
+    got = rh.forward(w, meta, p["prompt_tokens"], emulate=True, last_only=True)[0]
+    assert float(np.std(got - ref) / np.std(ref)) < tol
+
+
 def test_conformance_state_size(conf_models):
     """tiny-qwen35moe: 6 DeltaNet layers x (conv 3 x 256 + state 4 x 32 x 32) floats."""
     model, _ = conf_models("tiny-qwen35moe")
