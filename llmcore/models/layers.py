@@ -70,6 +70,15 @@ def rms_norm_into(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.
     return out
 
 
+def tensor_rows(t: Tensor, rows, name: str | None = None) -> Tensor:
+    """Rows ``rows`` (output features) of a 2-D GGUF tensor as a new tensor, a copy in that
+    order: how a projection stored in another layout (fused, interleaved by head) is split
+    or reordered at load time. Each row is whole quantized blocks, so any type works."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    data = np.ascontiguousarray(t.raw()[rows])
+    return Tensor(name or t.name, t.ggml_type, (int(rows.shape[0]), int(t.shape[1])), data)
+
+
 class FusedLinear:
     """Several Linears over the same input computed as one matmul (``quant.Linear.concat``:
     same weight type and input size), else as separate Linears; returns the parts."""
@@ -138,7 +147,7 @@ class Attention:
         self.head_dim = head_dim
         self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
         self.group, self.layer_idx = group, layer_idx
-        self.qkv = FusedLinear([wq, wk, wv], biases)
+        self.qkv = self._projection(wq, wk, wv, biases)
         self.wo = quant.Linear(wo, bias=bo)
         self.rope_base = float(rope_base)
         self.rope_dim = head_dim if not rope_dim else int(rope_dim)
@@ -150,6 +159,10 @@ class Attention:
         self.window = int(window)
         self.softcap = float(softcap)
         self.sinks = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
+
+    def _projection(self, wq: Tensor, wk: Tensor, wv: Tensor, biases) -> FusedLinear:
+        """The fused input projection (a subclass may add outputs after q, k, v)."""
+        return FusedLinear([wq, wk, wv], biases)
 
     def project(self, x: np.ndarray, fb: ForwardBatch):
         """q (N,H,D), k (N,KVH,D), v (N,KVH,Dv) after norms and rope."""
@@ -188,10 +201,18 @@ class Attention:
     def _fused(self, x: np.ndarray, fb: ForwardBatch, pool, out: np.ndarray | None) -> np.ndarray:
         """q/k/v matmul, then one kernel for norms + rope + KV store, one attention call,
         output projection; activations in scratch."""
-        n = x.shape[0]
-        H, D, Dv = self.n_head, self.head_dim, self.head_dim_v
         f = self.qkv.fused
-        qkv = matmul_into(f, x, scratch("attn.qkv", n, f.out_features))
+        qkv = matmul_into(f, x, scratch("attn.qkv", x.shape[0], f.out_features))
+        o = self._attend(qkv, fb, pool)
+        y = out if out is not None else np.empty((x.shape[0], self.wo.out_features), dtype=np.float32)
+        return matmul_into(self.wo, o, y)
+
+    def _attend(self, qkv: np.ndarray, fb: ForwardBatch, pool) -> np.ndarray:
+        """From the projected rows qkv (n, H*D + KVH*D + KVH*Dv; last axis contiguous): q/k
+        norms, rope and the KV store in one kernel, then one attention call. Returns the
+        attention output (n, H*Dv) in scratch."""
+        n = qkv.shape[0]
+        H, D, Dv = self.n_head, self.head_dim, self.head_dim_v
         q = scratch("attn.q", n, H * D).reshape(n, H, D)
         _, _, kb, vb, code, bs, krow, vrow = self._pool_views(pool)
         tables = fb.tables_for(self.group)
@@ -207,8 +228,7 @@ class Attention:
         o = scratch("attn.o", n, H * Dv)
         _K.attention(q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start, fb.positions,
                      self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt)
-        y = out if out is not None else np.empty((n, self.wo.out_features), dtype=np.float32)
-        return matmul_into(self.wo, o, y)
+        return o
 
     def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None, out: np.ndarray | None = None) -> np.ndarray:
         """Attention output projection (n, n_embd); written into `out` when given."""
