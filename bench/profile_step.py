@@ -51,11 +51,13 @@ def main(argv=None):
     for fn in ("rms_norm", "add_rms_norm", "rope", "silu_mul", "kv_store", "attention"):
         if hasattr(nn, fn):
             wrap(nn, fn)
-    if nn._k is not None:  # kernels called directly by the layers' fused decode path
-        for fn in ("qkv_post", "act_rows"):
-            if hasattr(nn._k, fn):
-                wrap(nn._k, fn)
-        wrap(nn._k, "attention", "attention (kernel)")
+    if nn.USE_KERNELS:  # kernels called directly by the layers' fused decode path
+        from llmcore import _kernels
+
+        attention, activations = _kernels.load("attention"), _kernels.load("activations")
+        wrap(attention, "qkv_post")
+        wrap(activations, "act_rows")
+        wrap(attention, "attention", "attention (kernel)")
     if hasattr(L, "rms_norm_into"):
         wrap(L, "rms_norm_into", "rms_norm (+add)")
     if hasattr(L, "matmul_into"):
