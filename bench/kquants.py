@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=8, help="grouped: active experts (0: skip)")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"kquants simd {kq.simd()}, {a.threads} thread(s), {a.tokens} token(s), min of {a.reps}")
+    print(f"kquants simd {kq.SIMD_LEVEL}, {a.threads} thread(s), {a.tokens} token(s), min of {a.reps}")
     print("| type | rows x cols | raw us | repacked us | raw GB/s | repacked GB/s | speedup |")
     print("|---|---|---|---|---|---|---|")
     for tn in a.types.split(","):

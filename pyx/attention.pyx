@@ -101,7 +101,7 @@ def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv),
     cdef const float *src
     cdef float *qo
     cdef float *tmp = NULL
-    cdef float *cs
+    cdef float *cs = NULL
     cdef Py_ssize_t qs = qkv.strides[0] // 4
     cdef const float *base_p = &qkv[0, 0]
     cdef float *qop = &q_out[0, 0, 0]
