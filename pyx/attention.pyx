@@ -50,23 +50,25 @@ cdef enum:
     PF_BLOCKS = 2  # K/V blocks prefetched ahead of the one being read
 
 
-def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv), last axis contiguous
-             float[:, :, ::1] q_out,             # OUT (N, H, D)
-             uint8_t[:, ::1] k_pool,             # IN/OUT (n_blocks, bs * KVH * k_row) bytes
-             uint8_t[:, ::1] v_pool,             # IN/OUT (n_blocks, bs * KVH * v_row) bytes
+def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_pool, uint8_t[:, ::1] v_pool,
              int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
-             const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
-             const int32_t[::1] seg_start,       # IN (S + 1,)
-             const int32_t[::1] positions,       # IN (N,)
+             const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] positions,
              int n_rot, float base, bint neox, float freq_scale,
-             const float[::1] q_norm,            # IN (D,) or None: per-head RMS norm of q
-             const float[::1] k_norm,            # IN (D,) or None
-             float eps,
-             int n_threads=1):
+             const float[::1] q_norm, const float[::1] k_norm, float eps, int n_threads=1):
     """After the fused q/k/v projection, in one pass per token: q (and k) per-head RMS norm,
     rope on q and k (one cos/sin table per position), q written contiguous to q_out, k and v
     stored (quantized) into their block slots. Same arithmetic as rms_norm + rope + kv_store.
-    Returns the number of tokens whose position maps to no block; then nothing is written."""
+    Returns the number of tokens whose position maps to no block; then nothing is written.
+
+    qkv : float32 (N, H*D + KVH*D + KVH*Dv), last axis contiguous: q, k, v of each token
+    q_out : float32 (N, H, D), written
+    k_pool, v_pool : uint8 (n_blocks, block_size * KVH * k_row / v_row), updated in place
+    kv_type : kv_rows.F32, F16, Q8_0 or Q4_0; k_row, v_row: bytes of one row; Dv: v head dim
+    block_tables : int32 (S, max_blocks); seg_start : int32 (S + 1,); positions : int32 (N,)
+    n_rot, base, neox, freq_scale : rope (as rope.rope, no freq factors)
+    q_norm, k_norm : float32 (D,) or None: per-head RMS norm weights (eps)
+    n_threads : OpenMP threads over tokens (small inputs run on one)
+    """
     cdef Py_ssize_t N = q_out.shape[0], i
     cdef int H = <int>q_out.shape[1], D = <int>q_out.shape[2], KVH = n_kv_heads
     cdef int S = <int>seg_start.shape[0] - 1, nb_seq = <int>block_tables.shape[1], nb = <int>k_pool.shape[0]
@@ -447,17 +449,24 @@ cdef void _split_sum(const AttnArgs *a, const int32_t *grp) noexcept nogil:
                 dst[c] = dst[c] + a.partial[(slot0 + k) * stride + rr * Dv + c]
 
 
-def attention(const float[:, :, ::1] q,          # IN (N, H, D)
-              const uint8_t[:, ::1] k_pool,      # IN (n_blocks, bs * KVH * k_row) bytes
-              const uint8_t[:, ::1] v_pool,      # IN (n_blocks, bs * KVH * v_row) bytes
+def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint8_t[:, ::1] v_pool,
               int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
-              const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
-              const int32_t[::1] seg_start,      # IN (S + 1,)
-              const int32_t[::1] q_pos,          # IN (N,)
-              float scale, int window, float softcap,
-              const float[::1] sinks,            # IN (H,) or None
-              float[:, :, ::1] out,              # OUT (N, H, Dv)
+              const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] q_pos,
+              float scale, int window, float softcap, const float[::1] sinks, float[:, :, ::1] out,
               int n_threads=1):
+    """out = softmax(q k^T * scale, masked) v for each query row, over its sequence's blocks.
+
+    q : float32 (N, H, D); rows seg_start[s]:seg_start[s+1] belong to sequence s
+    k_pool, v_pool : uint8 (n_blocks, block_size * KVH * k_row / v_row)
+    kv_type : kv_rows.F32, F16, Q8_0 or Q4_0; k_row, v_row: bytes of one row; Dv: v head dim
+    block_tables : int32 (S, max_blocks), -1 for freed blocks (never read)
+    seg_start : int32 (S + 1,), non-decreasing from 0 to N
+    q_pos : int32 (N,): query i sees keys j <= q_pos[i] (and q_pos[i] - j < window if window)
+    softcap : > 0: scores become softcap * tanh(score / softcap)
+    sinks : float32 (H,) or None: an extra logit per head in the softmax, with no value
+    out : float32 (N, H, Dv), written; a query that sees no key gets zeros
+    n_threads : OpenMP threads over work items; results do not depend on it
+    """
     cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
     cdef int S = <int>seg_start.shape[0] - 1, bs = block_size
     cdef int G = H // n_kv_heads
