@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]  # this checkout's llmcore; the tests' weight makers
 
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-op CPU time of one SmolLM2 decode step and one prefill (min over N runs).
 
-    PYTHONPATH=. python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20]
+    python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20]
 
 Times with the calling thread's CPU clock (robust to a loaded machine at -t 1); at -t 2
 the wall clock is reported too. Ops are wrapped at the Python level (nn.*, Linear.__call__
@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's llmcore
 
 
 def main(argv=None):

@@ -19,7 +19,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+# this checkout's llmcore (not whichever one is installed), and bench/ for the helpers
+sys.path[:0] = [os.path.dirname(BENCH), BENCH]
 
 from _peer_llamacpp import available, measure_in_subprocess  # noqa: E402
 
