@@ -28,7 +28,7 @@ def main(argv=None):
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("-n", type=int, default=20)
     a = ap.parse_args(argv)
-    from llmcore import nn, quant, threads
+    from llmcore import _kernels, nn, quant, threads
     from llmcore.models import load_model
     from llmcore.models import layers as L
     from llmcore.pull import resolve_model
@@ -55,9 +55,7 @@ def main(argv=None):
     for fn in ("rms_norm", "add_rms_norm", "rope", "silu_mul", "kv_store", "attention"):
         if hasattr(nn, fn):
             wrap(nn, fn)
-    if nn.USE_KERNELS:  # kernels called directly by the layers' fused decode path
-        from llmcore import _kernels
-
+    if _kernels.ENABLED:  # kernels called directly by the layers' fused decode path
         attention, activations = _kernels.load("attention"), _kernels.load("activations")
         wrap(attention, "qkv_post")
         wrap(activations, "act_rows")

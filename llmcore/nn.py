@@ -51,9 +51,8 @@ from . import _kernels
 from .threads import get_num_threads
 
 # The kernels of pyx/ (one module per family), or the NumPy references at the end of this
-# file when LLMCORE_NO_KERNELS=1 (tests flip USE_KERNELS to compare the two).
-USE_KERNELS = _kernels.ENABLED
-if USE_KERNELS:
+# file when LLMCORE_NO_KERNELS=1 (_kernels.ENABLED; tests flip it to compare the two).
+if _kernels.ENABLED:
     _norms = _kernels.load("norms")
     _rope = _kernels.load("rope")
     _activations = _kernels.load("activations")
@@ -64,7 +63,7 @@ KV_F16, KV_Q8_0, KV_Q4_0, KV_F32 = "f16", "q8_0", "q4_0", "f32"
 KV_TYPES = (KV_F16, KV_Q8_0, KV_Q4_0, KV_F32)
 # storage type codes of the kernels (pyx/kv_rows.pxd)
 _KV_CODE = ({KV_F32: _kv_rows.F32, KV_F16: _kv_rows.F16, KV_Q8_0: _kv_rows.Q8_0, KV_Q4_0: _kv_rows.Q4_0}
-            if USE_KERNELS else {})
+            if _kernels.ENABLED else {})
 _QBLOCK = {KV_Q8_0: 34, KV_Q4_0: 18}  # bytes per 32 values
 
 
@@ -130,7 +129,7 @@ def _f32(a) -> np.ndarray:
 # ---- norms, rope, activations ----------------------------------------------------------------
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None) -> np.ndarray:
-    if not USE_KERNELS:
+    if not _kernels.ENABLED:
         y = _ref_rms_norm(x, weight, eps)
         if out is not None:
             out[...] = y
@@ -150,7 +149,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarr
 def add_rms_norm(x: np.ndarray, add: np.ndarray, weight: np.ndarray | None, eps: float,
                  out: np.ndarray | None = None) -> np.ndarray:
     """x += add (in place, x must be a writable float32 (n, d) array), return rms_norm(x)."""
-    if not USE_KERNELS or x.dtype != np.float32 or x.ndim != 2 or x.strides[-1] != 4:
+    if not _kernels.ENABLED or x.dtype != np.float32 or x.ndim != 2 or x.strides[-1] != 4:
         x += add
         return rms_norm(x, weight, eps, out)
     a = _f32(add).reshape(x.shape)
@@ -161,7 +160,7 @@ def add_rms_norm(x: np.ndarray, add: np.ndarray, weight: np.ndarray | None, eps:
 
 
 def rope(x, positions, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
-    if not USE_KERNELS:
+    if not _kernels.ENABLED:
         return _ref_rope(x, positions, n_rot, base, neox, freq_scale, freq_factors)
     pos = _i32(positions)
     ff = None if freq_factors is None else _f32(freq_factors)
@@ -196,24 +195,24 @@ def _act(kind, g, u):
 
 
 def silu(x):
-    return _act(0, x, None) if USE_KERNELS else _ref_silu(x)
+    return _act(0, x, None) if _kernels.ENABLED else _ref_silu(x)
 
 
 def gelu(x):
-    return _act(1, x, None) if USE_KERNELS else _ref_gelu(x)
+    return _act(1, x, None) if _kernels.ENABLED else _ref_gelu(x)
 
 
 def silu_mul(g, u):
-    return _act(0, g, u) if USE_KERNELS else _ref_silu_mul(g, u)
+    return _act(0, g, u) if _kernels.ENABLED else _ref_silu_mul(g, u)
 
 
 def gelu_mul(g, u):
-    return _act(1, g, u) if USE_KERNELS else _ref_gelu_mul(g, u)
+    return _act(1, g, u) if _kernels.ENABLED else _ref_gelu_mul(g, u)
 
 
 def softmax(x, axis=-1):
     x = np.asarray(x)
-    if not USE_KERNELS or x.ndim == 0 or axis not in (-1, x.ndim - 1) or x.dtype != np.float32:
+    if not _kernels.ENABLED or x.ndim == 0 or axis not in (-1, x.ndim - 1) or x.dtype != np.float32:
         return _ref_softmax(x, axis)
     x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
     out = np.empty(x2.shape, dtype=np.float32)
@@ -241,7 +240,7 @@ def kv_store(pool, kv_type, block_table, positions, values, seg_start=None):
         seg = _i32(seg_start)
         if tables.ndim != 2 or len(seg) != tables.shape[0] + 1 or seg[0] != 0 or seg[-1] != values.shape[0]:
             raise ValueError("kv_store: seg_start must run from 0 to n with one entry per table + 1")
-    if not USE_KERNELS:
+    if not _kernels.ENABLED:
         for s in range(tables.shape[0]):
             r0, r1 = seg[s], seg[s + 1]
             _ref_kv_store(pool, kv_type, tables[s], np.asarray(positions)[r0:r1], values[r0:r1])
@@ -259,7 +258,7 @@ def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
     bs = pool.shape[1]
     if n > len(table) * bs:
         raise ValueError(f"kv_load: {n} tokens but the table covers {len(table) * bs}")
-    if not USE_KERNELS:
+    if not _kernels.ENABLED:
         return _ref_kv_load(pool, kv_type, table, n)
     hd = _pool_head_dim(pool, kv_type)
     out = np.empty((n, pool.shape[2], hd), dtype=np.float32)
@@ -271,7 +270,7 @@ def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
 
 def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
               window=0, softcap=0.0, sinks=None, out=None):
-    if not USE_KERNELS:
+    if not _kernels.ENABLED:
         return _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
                               window, softcap, sinks)
     _check_pool(k_pool, kv_type)

@@ -4,12 +4,12 @@ sequences == one forward per sequence)."""
 import numpy as np
 import pytest
 
-from llmcore import nn
+from llmcore import _kernels, nn
 
 from test_nn import F16_P_ATOL, build_case
 
 # the kernels' fast paths against the NumPy references; with the kernels off both are the reference
-needs_kernels = pytest.mark.skipif(not nn.USE_KERNELS, reason="LLMCORE_NO_KERNELS=1: no fast path to compare")
+needs_kernels = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: no fast path to compare")
 
 
 @needs_kernels

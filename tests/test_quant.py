@@ -279,3 +279,9 @@ def test_weight_kernel_modules_share_one_interface():
         assert all(quant.kernel_for(t) is m for t in m.SUPPORTED)
     assert not mods[0].SUPPORTED & mods[1].SUPPORTED
     assert quant.kernel_for(QT.IQ4_NL) is None  # no kernel: the NumPy fallback
+
+
+def test_missing_kernel_module_is_an_error_not_a_fallback():
+    with pytest.raises(_kernels.KernelsNotBuilt, match="LLMCORE_NO_KERNELS=1"):
+        _kernels.load("no_such_kernel")
+    assert issubclass(_kernels.KernelsNotBuilt, ImportError)
