@@ -13,6 +13,9 @@ from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int64_t, uint8_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
+cdef extern from "simd.h" nogil:
+    int simd_pf_dist
+
 cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
         int type
@@ -79,12 +82,27 @@ cdef class Packed:
         return f"quants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
+def _buffer(int64_t size, alloc):
+    """A writable uint8 (size,) array starting on a 64-byte boundary, from alloc(size) or
+    a fresh allocation."""
+    if alloc is not None:
+        arr = alloc(size)
+        if arr.dtype != np.uint8 or arr.shape != (size,) or arr.ctypes.data % 64:
+            raise ValueError("pack: alloc must return a 64-byte aligned uint8 array of the asked size")
+        return arr
+    arr = np.empty(size + 64, dtype=np.uint8)
+    off = (-arr.ctypes.data) % 64
+    return arr[off:off + size]
+
+
+def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
     """Prepare raw GGUF rows for matmul.
 
     raw : uint8 (rows, bytes_per_row), C-contiguous; float weights keep a view of it
     repack : None or True: the layout above; False: the GGUF layout, which only the float
         types have a kernel for (ValueError for the quant types)
+    alloc : None, or alloc(nbytes) -> writable 64-byte aligned uint8 (nbytes,): where the
+        repacked bytes go (llmcore.quant puts a model's weights in one huge-page arena)
     Single-threaded: repacking is ~1 GB/s per core and a parallel region per tensor costs more
     than it saves when the cores are shared.
     """
@@ -103,9 +121,7 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
         return pk
     if repack is False:
         raise ValueError(f"quants: no kernel reads ggml type {ggml_type} in the GGUF layout")
-    arr = np.empty(size + 64, dtype=np.uint8)
-    off = (-arr.ctypes.data) % 64
-    arr = arr[off:off + size]
+    arr = _buffer(size, alloc)
     out = arr
     if size > 0:
         with nogil:
@@ -294,3 +310,11 @@ def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, f
         else:
             for i in range(k):
                 lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])
+
+
+def _set_prefetch(int nbytes):
+    """Benchmarks: bytes the streaming kernels prefetch ahead (0: off); returns the old value."""
+    global simd_pf_dist
+    cdef int old = simd_pf_dist
+    simd_pf_dist = nbytes
+    return old

@@ -24,6 +24,16 @@
  * for the offset formats it is the exact integer moff * sum(q), added to the integer dot
  * before scaling, so a block contributes d_w * d_a * sumi exactly as ggml's vec_dot does.
  *
+ * Float sums: per output, the blocks in order in one fma chain (Q4_1/Q5_1: the dot and the
+ * min term of a block in that chain). That is not ggml's lane-wise order for Q4_1 (eight
+ * partial sums per row, reduced at the end): outputs agree with llama.cpp to float rounding,
+ * not bit for bit, and the kernel keeps 8 token accumulators live instead of 2 (1.6x the
+ * prefill throughput). Results depend on the shapes only, never on the token tile or the
+ * thread count.
+ *
+ * Streaming: the bytes simd_pf_dist ahead of each block are prefetched (simd.h), and the packed
+ * weights live in llmcore.quant's huge-page arena.
+ *
  * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else AVX2, else portable C (same
  * layout). The work items (a row group, a token tile) are single-threaded; pyx/quants.pyx
  * shares them out over OpenMP threads.
@@ -282,6 +292,7 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
     for (int t = 0; t < T; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb) {
+        simd_prefetch_range(blk, (int)bb);
         __m512i w[8];
         if (FMT == 8) {
             for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
@@ -323,79 +334,6 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
     }
 }
 
-/* Q4_1 / Q5_1 (HAS_M) in the exact float order of ggml's x86 vec_dot_q4_1_q8_1 /
- * vec_dot_q5_1_q8_1, so outputs are bit-identical to llama.cpp's: per row, 8 float lanes, lane
- * c < 4 the integer dot of weights 4c..4c+3 (low nibbles: chunk c), lane 4 + c that of weights
- * 16+4c..16+4c+3 (high nibbles: chunk 4 + c); each block adds fma(d_w * d_a, lane, acc), the
- * min terms go to a separate fma chain, and the end sums the lanes as ggml's hsum_float_8:
- * ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)), then + the min chain. A one-ulp difference in a
- * matmul output would otherwise flip an occasional q8_1 rounding of the next layer's
- * activations, and 30 layers amplify those flips to a few % of the logits. 2 tokens per call
- * (18 accumulators + 8 weight vectors stay in registers). */
-static inline __attribute__((always_inline)) void lq_kernel_vnni_m(const lq_packed *P, int64_t g, const int8_t *qa,
-                                                                    const float *da, const float *sa, const int FMT,
-                                                                    const int T, float *y, int64_t ystride, int nvalid) {
-    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes;
-    const int QB = FMT == 5 ? 320 : 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
-    __m512 f[2][8], fs[2];
-    for (int t = 0; t < T; t++) {
-        fs[t] = _mm512_setzero_ps();
-        for (int c = 0; c < 8; c++) f[t][c] = _mm512_setzero_ps();
-    }
-    const uint8_t *blk = P->data + g * nb * bb;
-    for (int64_t b = 0; b < nb; b++, blk += bb) {
-        __m512i w[8];
-        for (int c = 0; c < 4; c++) {
-            __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
-            w[c] = _mm512_and_si512(v, m4);
-            w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-        if (FMT == 5) {
-            __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
-            for (int c = 0; c < 4; c++) {
-                __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
-                __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
-                w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
-                w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
-            }
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32)));
-        for (int t = 0; t < T; t++) {
-            const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
-            const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b]));
-            for (int c = 0; c < 8; c++)
-                f[t][c] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, w[c], _mm512_set1_epi32(aw[c]))),
-                                          f[t][c]);
-            fs[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[t * nb + b]), fs[t]);
-        }
-    }
-    const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
-    for (int t = 0; t < T; t++) {
-        const __m512 r = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(f[t][0], f[t][4]), _mm512_add_ps(f[t][2], f[t][6])),
-            _mm512_add_ps(_mm512_add_ps(f[t][1], f[t][5]), _mm512_add_ps(f[t][3], f[t][7])));
-        const __m512 o = _mm512_add_ps(r, fs[t]);
-        if (nvalid == LQ_G) _mm512_storeu_ps(y + t * ystride, o);
-        else _mm512_mask_storeu_ps(y + t * ystride, mask, o);
-    }
-}
-
-static void lq_group_vnni_m(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
-                            float *y, int64_t ys, int nv) {
-    const int64_t K = P->cols, nb = P->nb;
-    int t = 0;
-    for (; t + 2 <= T; t += 2) {
-        if (P->fmt == LQ_FMT5) lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 5, 2, y + t * ys, ys, nv);
-        else lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 4, 2, y + t * ys, ys, nv);
-    }
-    if (t < T) {
-        if (P->fmt == LQ_FMT5) lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 5, 1, y + t * ys, ys, nv);
-        else lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 4, 1, y + t * ys, ys, nv);
-    }
-}
-
 #define LQ_T_SWITCH(FMT, HM)                                                                          \
     switch (T) {                                                                                      \
     case 1: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 1, y, ys, nv); break;                           \
@@ -410,7 +348,11 @@ static void lq_group_vnni_m(const lq_packed *P, int64_t g, const int8_t *qa, con
 
 static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
                           float *y, int64_t ys, int nv) {
-    if (P->has_m) { lq_group_vnni_m(P, g, qa, da, sa, T, y, ys, nv); return; } /* ggml-exact order */
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) { LQ_T_SWITCH(4, 1) }
+        else { LQ_T_SWITCH(5, 1) }
+        return;
+    }
     if (P->fmt == LQ_FMT4) { LQ_T_SWITCH(4, 0) }
     else if (P->fmt == LQ_FMT5) { LQ_T_SWITCH(5, 0) }
     else { LQ_T_SWITCH(8, 0) }
@@ -434,6 +376,7 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
         __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         const uint8_t *blk = P->data + g * nb * bb;
         for (int64_t b = 0; b < nb; b++, blk += bb) {
+        simd_prefetch_range(blk, (int)bb);
             const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
             const __m256 dat = _mm256_set1_ps(da[t * nb + b]), sat = _mm256_set1_ps(sa[t * nb + b]);
             for (int h = 0; h < 2; h++) {
