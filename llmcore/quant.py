@@ -114,10 +114,10 @@ class WeightArena:
     def alloc(self, nbytes: int) -> np.ndarray:
         """A writable uint8 (nbytes,) array on a 64-byte boundary."""
         nbytes = int(nbytes)
+        if nbytes > self.CHUNK // 4:  # a big tensor gets a mapping of its own
+            return self._new_chunk(nbytes)[:nbytes]
         with self._lock:
             if self._chunk is None or self._used + nbytes > self._chunk.shape[0]:
-                if nbytes > self.CHUNK // 4:  # big tensors get their own mapping
-                    return self._new_chunk(nbytes)[:nbytes]
                 self._chunk, self._used = self._new_chunk(nbytes), 0
             out = self._chunk[self._used:self._used + nbytes]
             self._used += -(-nbytes // 64) * 64

@@ -7,6 +7,8 @@ get_rows. Beyond the interface: matmul_portable (the C kernel on the same packed
 tests). The kernels are in simd_quants.h (AVX-512 VNNI, AVX2, portable C); the work items
 (16-row groups, token tiles) are shared out here with prange.
 """
+import os
+
 import numpy as np
 
 from cython.parallel cimport parallel, prange
@@ -29,6 +31,7 @@ cdef extern from "simd_quants.h" nogil:
     int LQ_G
     int LQ_TT
     int lq_simd_level()
+    int lq_amx_init(int enable)
     int lq_fmt_for_type(int type)
     int lq_block_bytes(int type)
     int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
@@ -44,6 +47,10 @@ cdef extern from "simd_quants.h" nogil:
 
 SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
+# AMX int8 tiles for 16-token tiles of the quant types: built for a CPU that has them, in use
+# when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
+# bits either way; see simd_quants.h)
+AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 
 cdef enum:
     FLOAT_CHUNK = 16           # output rows per work item of the float kernels

@@ -113,10 +113,10 @@ static inline void simd_f16_round_row(const float *x, float *y, int n) {
  * can tune it (simd_set_pf_dist); 0 turns prefetching off. */
 static int simd_pf_dist = 2048;
 static inline void simd_prefetch_range(const void *p, int nbytes) {
-#if defined(__SSE__) || defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__GNUC__)
     if (simd_pf_dist <= 0) return;
     const char *c = (const char *)p + simd_pf_dist;
-    for (int o = 0; o < nbytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    for (int o = 0; o < nbytes; o += 64) __builtin_prefetch(c + o, 0, 3);
 #else
     (void)p; (void)nbytes;
 #endif
