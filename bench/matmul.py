@@ -109,9 +109,15 @@ def main():
     ap.add_argument("--type", default="Q4_1")
     ap.add_argument("--stream", action="store_true", help="streaming decode matvecs vs the read probe")
     ap.add_argument("--stream-mb", type=float, default=300.0)
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="bytes the weight kernels prefetch ahead (0: off; default: the kernels' own)")
     a = ap.parse_args()
     threads.set_num_threads(a.threads)
-    from llmcore._kernels import quants as _q
+    from llmcore._kernels import kquants as _kq, quants as _q
+
+    if a.prefetch is not None:
+        _q._set_prefetch(a.prefetch)
+        _kq._set_prefetch(a.prefetch)
 
     print(f"kernels: {_q.SIMD_LEVEL}{' + AMX tiles' if getattr(_q, 'AMX', False) else ''}")
     if a.stream:

@@ -18,6 +18,7 @@ Beyond the interface (tests, benchmarks, references):
   (one expert's slice of a 3-D tensor), ``x`` float32 (n, cols).
 - ``quantize_q8_k(x, n_threads=1) -> (d float32 (n, nb), qs int8 (n, nb, 256), bsums int16
   (n, nb, 16))``: llama.cpp's q8_K activation quantization.
+- ``_set_prefetch(bytes)``: benchmarks: how far ahead the repacked kernels prefetch.
 """
 import os
 

@@ -4,7 +4,10 @@
 Implements the weight-format kernel interface of llmcore.quant (kquants.pyx implements the
 same one): SUPPORTED, SIMD_LEVEL, Packed, pack, matmul, matmul_grouped, dequantize and
 get_rows. Beyond the interface: matmul_portable (the C kernel on the same packed layout, for
-tests). The kernels are in simd_quants.h (AVX-512 VNNI, AVX2, portable C); the work items
+tests), AMX (whether 16-token tiles run on AMX int8 tiles: builds for a CPU that has them,
+when Linux grants the tile state and LLMCORE_NO_AMX is not 1; same output bits as the VNNI
+kernel) and _set_prefetch(bytes) (benchmarks: how far ahead the weight kernels prefetch).
+The kernels are in simd_quants.h (AMX, AVX-512 VNNI, AVX2, portable C); the work items
 (16-row groups, token tiles) are shared out here with prange.
 """
 import os
