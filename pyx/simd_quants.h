@@ -35,7 +35,8 @@
  * weights live in llmcore.quant's huge-page arena.
  *
  * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else AVX2, else portable C (same
- * layout). The work items (a row group, a token tile) are single-threaded; pyx/quants.pyx
+ * layout); on AVX-512 builds for a CPU with AMX-INT8, whole 16-token tiles of a matmul run
+ * on AMX tiles with the same output bits (see "AMX" below). The work items (a row group, a token tile) are single-threaded; pyx/quants.pyx
  * shares them out over OpenMP threads.
  */
 #ifndef LLMCORE_SIMD_QUANTS_H
