@@ -55,3 +55,12 @@ class ContextFullError(RequestError):
 
 class EngineFailure(LLMCoreError):
     """The engine could not run a request's step (a bug or a broken model; HTTP 500)."""
+
+
+class NotSupportedError(LLMCoreError):
+    """The server was started without what this request needs (HTTP 501)."""
+
+
+class SlotFileError(RequestError):
+    """A slot save/restore request cannot be done: bad file name, missing or unusable file
+    (HTTP 400)."""

@@ -75,6 +75,22 @@ class EngineStats:
     cache_ram_inserts: int = 0
     cache_save_failures: int = 0
     cache_restore_failures: int = 0
+    # the RAM cache's disk tier (--cache-dir)
+    disk_hits: int = 0  # requests served (partly) from a state read back from disk
+    disk_misses: int = 0  # requests for which the disk tier had nothing
+    disk_wait_timeouts: int = 0  # requests that started before their state was read
+    disk_adopt_failures: int = 0  # states read but not brought into RAM
+    cache_disk_bytes: int = 0  # bytes of the indexed files
+    cache_disk_limit_bytes: int = 0  # budget; -1 none, 0 tier off
+    cache_disk_entries: int = 0
+    cache_disk_tokens: int = 0
+    cache_disk_evictions: int = 0
+    cache_disk_pending_bytes: int = 0  # of writes queued on the I/O thread
+    disk_writes: int = 0
+    disk_write_failures: int = 0  # full disk, read-only directory, I/O errors
+    disk_writes_skipped: int = 0  # not written: too many bytes already queued
+    disk_loads: int = 0
+    disk_load_failures: int = 0  # torn, corrupt, foreign or unreadable files (misses)
     # cache layer 3: context checkpoints
     checkpoints_created: int = 0
     checkpoints_restored: int = 0
@@ -187,6 +203,31 @@ METRICS: tuple[Metric, ...] = (
            "Failed saves (served as misses).", "cache_save_failures"),
     Metric("llmcore:prompt_cache_restore_failures_total", "counter",
            "Failed restores (served as misses).", "cache_restore_failures"),
+    Metric("llmcore:disk_cache_hits_total", "counter",
+           "Requests served from a state read back from the disk tier.", "disk_hits"),
+    Metric("llmcore:disk_cache_misses_total", "counter",
+           "Requests for which the disk tier had nothing.", "disk_misses"),
+    Metric("llmcore:disk_cache_wait_timeouts_total", "counter",
+           "Requests that started before their state was read from disk.", "disk_wait_timeouts"),
+    Metric("llmcore:disk_cache_adopt_failures_total", "counter",
+           "States read from disk that could not be brought into RAM.", "disk_adopt_failures"),
+    Metric("llmcore:disk_cache_bytes", "gauge", "Bytes of the disk tier's files.", "cache_disk_bytes"),
+    Metric("llmcore:disk_cache_budget_bytes", "gauge",
+           "Disk tier budget (-1 unbounded, 0 off).", "cache_disk_limit_bytes"),
+    Metric("llmcore:disk_cache_entries", "gauge", "Entries in the disk tier.", "cache_disk_entries"),
+    Metric("llmcore:disk_cache_tokens", "gauge", "Tokens in the disk tier.", "cache_disk_tokens"),
+    Metric("llmcore:disk_cache_evictions_total", "counter",
+           "Disk tier files deleted for the budget.", "cache_disk_evictions"),
+    Metric("llmcore:disk_cache_pending_bytes", "gauge",
+           "Bytes of states queued for writing.", "cache_disk_pending_bytes"),
+    Metric("llmcore:disk_cache_writes_total", "counter", "States written to the disk tier.", "disk_writes"),
+    Metric("llmcore:disk_cache_write_failures_total", "counter",
+           "Failed disk tier writes (full disk, read-only directory).", "disk_write_failures"),
+    Metric("llmcore:disk_cache_writes_skipped_total", "counter",
+           "Evicted states not written (too many bytes queued).", "disk_writes_skipped"),
+    Metric("llmcore:disk_cache_loads_total", "counter", "States read from the disk tier.", "disk_loads"),
+    Metric("llmcore:disk_cache_load_failures_total", "counter",
+           "Torn, corrupt, foreign or unreadable disk tier files (served as misses).", "disk_load_failures"),
     Metric("llmcore:checkpoints_created_total", "counter",
            "Context checkpoints created.", "checkpoints_created"),
     Metric("llmcore:checkpoints_restored_total", "counter",

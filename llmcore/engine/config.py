@@ -27,6 +27,14 @@ class EngineConfig:
     # all checkpoints of all slots and the RAM cache together, MiB; -1: automatic (what
     # ctx_checkpoints per slot would take, capped at CHECKPOINT_RAM_FRACTION of free RAM)
     checkpoint_budget_mib: int = -1
+    # the prompt cache's disk tier: entries evicted from RAM, and all at a clean stop, are
+    # written to cache_dir (None: off) within cache_disk_mib (-1 no limit) and found again
+    # after a restart; a request whose prefix is on disk waits up to cache_disk_wait_s for it
+    cache_dir: str | None = None
+    cache_disk_mib: int = 32768
+    cache_disk_wait_s: float = 10.0
+    cache_disk_flush_s: float = 120.0  # at a stop, the most time writing the disk tier takes
+    slot_save_path: str | None = None  # directory of slot save/restore files (None: off)
     slot_prompt_similarity: float = 0.1  # reuse a slot's prefix only above this share of the prompt
     swa_full: bool = False  # full KV on sliding-window layers (trimmable, no checkpoints needed)
     model_alias: str | None = None

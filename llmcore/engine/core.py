@@ -26,18 +26,23 @@ import numpy as np
 
 from .. import metrics
 from ..cache.checkpoints import CheckpointBudget, plan_positions
+from ..cache.disk import DiskCache
+from ..cache.disk_io import IOWorker
 from ..cache.prompt_cache import PromptCache
+from ..cache.state_file import Fingerprint, model_fingerprint
 from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
                       RequestError, ShuttingDownError)
 from ..sampling import Sampler
 from . import memory
 from .config import EngineConfig, GenParams
+from .disk_tier import DiskTier
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
 from .output import StreamOutput
 from .prefix import PrefixPolicy
 from .protocols import LanguageModel, TextTokenizer
 from .scheduler import Scheduler, StepPlan
 from .slot import Generation, Phase, Slot
+from .slot_files import SlotCommand, SlotFiles
 from .stats import EngineCounters
 from .task import Task
 
@@ -81,6 +86,13 @@ class Engine:
         self.c = EngineCounters()
         self.pcache: PromptCache | None = None
         self.prefix: PrefixPolicy | None = None
+        self.io: IOWorker | None = None  # the disk I/O thread (disk tier, slot files)
+        self.disk: DiskCache | None = None  # the prompt cache's disk tier
+        self.disk_tier: DiskTier | None = None
+        self.slot_files: SlotFiles | None = None
+        self._commands: collections.deque[SlotCommand] = collections.deque()
+        self._fp: Fingerprint | None = None
+        self._fp_lock = threading.Lock()
         self.ck_budget = CheckpointBudget(None)
         self.scheduler = Scheduler(self.cfg.n_batch, self.cfg.n_ubatch)
         self.plan = memory.MemoryPlan()  # what the engine may take (set up with the model)
@@ -135,6 +147,7 @@ class Engine:
                                    slot_prompt_similarity=cfg.slot_prompt_similarity,
                                    needs_checkpoints=self._needs_ckpt, checkpoint_budget=self.ck_budget)
         self.prefix.fault_hook = self._fault_hook
+        self._setup_disk(budget)
         memory.log_plan(self.plan, n_ctx=self.n_ctx, n_slots=npar,
                         cache_on=self.pcache is not None, needs_checkpoints=self._needs_ckpt,
                         n_checkpoints=n_ck)
@@ -144,6 +157,32 @@ class Engine:
         self._refresh_cache_numbers()
         self.status = EngineStatus.READY
         self._ready.set()
+
+    def _setup_disk(self, ram_budget: int | None) -> None:
+        """The I/O thread, the disk tier (``cache_dir``) and the slot files."""
+        cfg = self.cfg
+        if cfg.cache_dir or cfg.slot_save_path:
+            self.io = IOWorker(wake=self._wake)
+        if cfg.cache_dir:
+            if self.pcache is None:
+                log.warning("--cache-dir needs the RAM prompt cache (--cache-ram 0 turns it off): "
+                            "no disk tier")
+            else:
+                limit = None if cfg.cache_disk_mib < 0 else cfg.cache_disk_mib << 20
+                self.disk = DiskCache(cfg.cache_dir, limit, self.io, fingerprint=self.fingerprint)
+                self.disk_tier = DiskTier(self.disk, self.prefix, self.c, cfg.cache_disk_wait_s)
+                self.pcache.on_evict = self.disk_tier.on_evict
+                self.disk.start()
+        self.slot_files = SlotFiles(cfg.slot_save_path, self.io, self.prefix, self.fingerprint,
+                                    self.n_ctx_slot, requeue=self._queue_command)
+
+    def fingerprint(self) -> Fingerprint:
+        """The model's state-file fingerprint (computed once; reads the model file, so it
+        runs on the I/O thread)."""
+        with self._fp_lock:
+            if self._fp is None:
+                self._fp = model_fingerprint(self.model, self._probe)
+            return self._fp
 
     # ---- test hook -------------------------------------------------------------------
     @property
@@ -194,12 +233,17 @@ class Engine:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop cleanly: running and queued requests end with ShuttingDownError, then the
+        disk tier is written (up to ``cache_disk_flush_s`` more) and the I/O thread ends."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout)
+            extra = self.cfg.cache_disk_flush_s if self.cfg.cache_dir else 0.0
+            self._thread.join(timeout + extra)
             self._thread = None
+
+    shutdown = stop
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
@@ -252,6 +296,31 @@ class Engine:
     def generate_sync(self, prompt, params: GenParams | None = None) -> Completion:
         return self.submit(prompt, params, sync=True).collect_sync()
 
+    # ---- slot files (any thread) -----------------------------------------------------
+    def slot_action(self, action: str, slot_id: int, filename: str | None = None):
+        """Queue a slot save / restore / erase (llmcore.engine.slot_files); returns a
+        concurrent.futures.Future of llama-server's result object. Raises at once what can
+        never run (RequestError, NotSupportedError, SlotFileError)."""
+        self.require_ready()
+        cmd = SlotCommand(action, int(slot_id), filename)
+        self.slot_files.check(cmd, len(self.slots))
+        self._queue_command(cmd)
+        return cmd.future
+
+    def save_slot(self, slot_id: int, filename: str):
+        return self.slot_action("save", slot_id, filename)
+
+    def restore_slot(self, slot_id: int, filename: str):
+        return self.slot_action("restore", slot_id, filename)
+
+    def erase_slot(self, slot_id: int):
+        return self.slot_action("erase", slot_id)
+
+    def _queue_command(self, cmd: SlotCommand) -> None:
+        with self._cv:
+            self._commands.append(cmd)
+            self._cv.notify_all()
+
     # ---- stats (any thread) ----------------------------------------------------------
     def stats(self) -> metrics.EngineStats:
         slots = tuple(s.stats() for s in list(self.slots))
@@ -291,6 +360,7 @@ class Engine:
             checkpoints_budget_bytes=-1 if self.ck_budget.limit_bytes is None else self.ck_budget.limit_bytes,
             kv_used_bytes=sum(p.used_bytes for p in pools),
             kv_limit_bytes=sum((p.max_blocks or 0) * p.bytes_per_block for p in pools),
+            **(self.disk.numbers() if self.disk is not None else {}),
         )
 
     # ---- the thread ------------------------------------------------------------------
@@ -298,19 +368,26 @@ class Engine:
         if self.model is None and self._loader is not None and not self._load():
             return
         while True:
+            if self.io is not None and self.io.poll():  # finished disk jobs: index, states read back
+                self._refresh_cache_numbers()
             with self._cv:
                 if self._stop:
                     break
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
-                if not self._waiting and not any(s.busy for s in self.slots):
+                if not self._waiting and not self._commands and not any(s.busy for s in self.slots):
                     self._cv.wait(0.5)
                     continue
             try:
+                self._run_commands()
                 self._admit()
                 plan = self.scheduler.plan(self.slots)
                 if plan.items:
                     self._step(plan)
+                else:  # requests wait for the disk or commands for a file: sleep until woken
+                    with self._cv:
+                        if not self._inbox and not self._stop:
+                            self._cv.wait(0.05)
             except Exception as e:  # noqa: BLE001 - never let the engine thread die
                 log.exception("engine step failed")
                 for s in self.slots:
@@ -324,6 +401,38 @@ class Engine:
             t.put(ErrorEvent(err))
         self._waiting.clear()
         self._inbox.clear()
+        self._close_disk(err)
+
+    def _close_disk(self, err: BaseException) -> None:
+        """At the end of the engine thread: write the disk tier, finish the file jobs."""
+        try:
+            if self.disk_tier is not None:
+                self.disk_tier.save_all(self.slots, self.cfg.cache_disk_flush_s)
+        except Exception:  # noqa: BLE001 - a stop must complete
+            log.exception("writing the disk cache at stop failed")
+        if self.io is not None:
+            self.io.drain(self.cfg.cache_disk_flush_s)
+            self.io.close()
+        with self._cv:
+            cmds, self._commands = list(self._commands), collections.deque()
+        for cmd in cmds:
+            if not cmd.future.done():
+                cmd.future.set_exception(err)
+        if self.model is not None:
+            self._refresh_cache_numbers()
+
+    def _run_commands(self) -> None:
+        """Slot commands whose slot is idle (the others wait for it)."""
+        if not self._commands:
+            return
+        with self._cv:
+            ready = [c for c in self._commands if not self.slots[c.slot_id].busy]
+            for c in ready:
+                self._commands.remove(c)
+        for c in ready:
+            self.slot_files.run(c, self.slots[c.slot_id])
+        if ready:
+            self._refresh_cache_numbers()
 
     def _load(self) -> bool:
         try:
@@ -356,11 +465,13 @@ class Engine:
             self._waiting = collections.deque(t for t in self._waiting if not t.cancelled)
         if not self._waiting:
             return
-        self._waiting = self.scheduler.admit(
-            self._waiting,
-            pick=lambda t: self.prefix.pick_slot(self.slots, t.prompt, t.params.id_slot,
-                                                 t.params.cache_prompt),
-            fits=self._fits, start=self._start_safely)
+        self._waiting = self.scheduler.admit(self._waiting, pick=self._pick, fits=self._fits,
+                                             start=self._start_safely)
+
+    def _pick(self, task: Task) -> Slot | None:
+        if self.disk_tier is not None and self.disk_tier.must_wait(task, self.slots):
+            return None  # its state is being read from disk
+        return self.prefix.pick_slot(self.slots, task.prompt, task.params.id_slot, task.params.cache_prompt)
 
     def _fits(self, task: Task) -> bool:
         active = [s.state for s in self.slots if s.busy]

@@ -26,6 +26,7 @@ class CacheSource(str, enum.Enum):
     NONE = "none"
     SLOT = "slot"  # the slot's own state, trimmed
     RAM = "ram"  # the RAM prompt cache
+    DISK = "disk"  # the prompt cache's disk tier (read back into RAM for this request)
     CHECKPOINT = "checkpoint"  # a context checkpoint of the slot's state
 
     def __str__(self) -> str:
