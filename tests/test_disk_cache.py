@@ -178,7 +178,7 @@ def test_disk_budget_holds(tiny_models, tmp_path):
         wait_indexed(eng)
         for i in range(48):  # ~57 KB of KV each: far more than 1 MiB of RAM and of disk
             eng.generate_sync(toks(100 + i, 200), gp(n_predict=1))
-        eng.io.drain(30)
+        assert eng.sync_disk()
         st = eng.stats()
         assert st.cache_ram_evictions > 10 and st.disk_writes > 10 and st.cache_disk_evictions > 0
         assert 0 < st.cache_disk_bytes <= 1 << 20
@@ -255,7 +255,7 @@ def test_full_disk_is_a_counted_failure_not_a_crash(tiny_models, tmp_path, monke
         wait_indexed(eng)
         for i in range(30):
             assert len(eng.generate_sync(toks(200 + i, 200), gp(n_predict=2)).tokens) == 2
-        eng.io.drain(30)
+        assert eng.sync_disk()
         st = eng.stats()
         assert st.disk_write_failures > 0 and st.disk_writes == 0 and st.cache_disk_entries == 0
         assert st.cache_disk_pending_bytes == 0  # failed writes gave their states back
@@ -372,3 +372,63 @@ def test_import_refuses_a_state_of_other_shapes(tiny_models, tmp_path):
     with pytest.raises(SnapshotFormatError):
         sf.import_state(sb, contents)
     assert all(p.n_used == 0 for p in b.pools.values())  # nothing taken
+
+
+# ---- spilling without the engine thread (this test is the owner) ---------------------------
+
+def spill_setup(path, tmp_path, ram_bytes):
+    from llmcore.cache.disk import DiskCache
+    from llmcore.cache.disk_io import IOWorker
+    from llmcore.cache.prompt_cache import PromptCache
+    from llmcore.engine.disk_tier import DiskTier
+    from llmcore.engine.prefix import PrefixPolicy
+    from llmcore.engine.slot import Slot
+    from llmcore.engine.stats import EngineCounters
+
+    m = load_model(path)
+    c = EngineCounters()
+    pol = None
+    pc = PromptCache(ram_bytes, on_release=lambda e: pol.release_entry(e))
+    pol = PrefixPolicy(m.new_state, pc, c)
+    io = IOWorker()
+    probe = m.new_state()
+    disk = DiskCache(tmp_path / "cache", None, io, fingerprint=lambda: sf.model_fingerprint(m, probe))
+    tier = DiskTier(disk, pol, c, wait_s=5)
+    pc.on_evict = tier.on_evict
+    disk.start()
+    assert io.drain(30) and disk.ready
+
+    def slot_state(seed, n=200):
+        s = Slot(0, 4096)
+        s.state = m.new_state()
+        m.forward([(s.state, np.array(toks(seed, n), dtype=np.int32))])
+        return s
+
+    return m, pc, pol, io, disk, slot_state
+
+
+def test_budget_eviction_keeps_blocks_until_written_urgent_gives_them_back_at_once(tiny_models, tmp_path):
+    m, pc, pol, io, disk, slot_state = spill_setup(tiny_models["llama-f32"], tmp_path, None)
+    pool = m.pools["kv"]
+    try:
+        s = slot_state(1)
+        pol.save(s)
+        pol.clear(s)
+        held = pool.n_used
+        assert held == pool.blocks_for(200) and pc.n_entries == 1
+        pc.limit_bytes = 0  # the budget evicts it: written from the shared blocks
+        pc.enforce()
+        assert pc.n_entries == 0 and pool.n_used == held  # still referenced by the write
+        assert io.drain(30)
+        assert pool.n_used == 0 and disk.index.n_entries == 1 and disk.stats["writes"] == 1
+        pc.limit_bytes = None
+        s = slot_state(2)
+        pol.save(s)
+        pol.clear(s)
+        assert pc.evict_lru() is not None  # urgent: the KV is needed now
+        assert pool.n_used == 0  # copied, the blocks went back at once
+        assert io.drain(30) and disk.index.n_entries == 2
+        e, n = disk.best(toks(2, 200))
+        assert n == 200
+    finally:
+        io.close()

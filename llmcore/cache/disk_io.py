@@ -37,7 +37,9 @@ class IOWorker:
         self._thread.start()
 
     def submit(self, work: Callable[[], Any], done: Done | None = None) -> None:
-        self.outstanding += 1
+        """Queue a job (any thread; ``done`` still runs on the owner's)."""
+        with self._cv:
+            self.outstanding += 1
         self._jobs.put((work, done))
 
     def _run(self) -> None:
@@ -64,7 +66,8 @@ class IOWorker:
         n = 0
         while self._done:
             done, out, err = self._done.popleft()
-            self.outstanding -= 1
+            with self._cv:
+                self.outstanding -= 1
             n += 1
             if done is None:
                 if err is not None:

@@ -316,6 +316,21 @@ class Engine:
     def erase_slot(self, slot_id: int):
         return self.slot_action("erase", slot_id)
 
+    def sync_disk(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every disk job queued so far has finished and its outcome is in
+        ``stats()`` (any thread; tests and benchmarks). True at once without disk I/O."""
+        if self.io is None:
+            return True
+        ev = threading.Event()
+
+        def done(_out, _err) -> None:
+            self._refresh_cache_numbers()
+            ev.set()
+
+        self.io.submit(lambda: None, done)
+        self._wake()
+        return ev.wait(timeout)
+
     def _queue_command(self, cmd: SlotCommand) -> None:
         with self._cv:
             self._commands.append(cmd)
@@ -379,8 +394,8 @@ class Engine:
                     self._cv.wait(0.5)
                     continue
             try:
+                self._admit()  # requests queued before a command start first (their slot is then busy)
                 self._run_commands()
-                self._admit()
                 plan = self.scheduler.plan(self.slots)
                 if plan.items:
                     self._step(plan)
