@@ -1,4 +1,4 @@
-"""`llmcore` command line: serve, tui, generate, pull, info.
+"""`llmcore` command line: serve, tui, generate, pull, info, bench load.
 
 `-m` takes a path or a known model name (pulled when missing); the default is smollm2.
 Errors meant for the user (LLMCoreError) print one line and exit 1, no traceback.
@@ -376,6 +376,28 @@ def info(
             elif isinstance(v, str) and len(v) > 120:
                 v = v[:117] + "..."
             typer.echo(f"  {k} = {v}")
+
+
+bench_app = typer.Typer(help="Benchmarks against a server.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("load", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                             "help_option_names": []})
+def bench_load(ctx: typer.Context):
+    """Load benchmark or soak of any OpenAI-compatible server (evalscope perf's flags;
+    bench/load.py, -h for its options)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "load.py"
+    if not path.exists():
+        raise LLMCoreError("llmcore bench load runs bench/load.py of a source checkout")
+    spec = importlib.util.spec_from_file_location("llmcore_bench_load", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    raise typer.Exit(mod.main(list(ctx.args)))
 
 
 def main() -> None:  # pragma: no cover - console entry alternative

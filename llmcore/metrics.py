@@ -105,6 +105,7 @@ class EngineStats:
     forced_reprefills: int = 0  # prompts re-processed from 0 for lack of a checkpoint
     # memory
     kv_used_bytes: int = 0  # KV blocks in use (slots + cache)
+    kv_allocated_bytes: int = 0  # the pools' storage (grown on demand, never shrunk)
     kv_limit_bytes: int = 0
     idle_slot_evictions: int = 0  # idle slots' states dropped for KV room
     kv_full_waits: int = 0  # steps where prefilling requests waited for KV room
@@ -247,6 +248,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("llmcore:forced_reprefills_total", "counter",
            "Prompts re-processed from 0 for lack of a checkpoint.", "forced_reprefills"),
     Metric("llmcore:kv_used_bytes", "gauge", "KV blocks in use (slots and prompt cache).", "kv_used_bytes"),
+    Metric("llmcore:kv_allocated_bytes", "gauge",
+           "KV pool storage allocated (used and free blocks).", "kv_allocated_bytes"),
     Metric("llmcore:kv_limit_bytes", "gauge", "Most KV memory the pools may take.", "kv_limit_bytes"),
     Metric("llmcore:idle_slot_evictions_total", "counter",
            "Idle slots' states dropped for KV room.", "idle_slot_evictions"),

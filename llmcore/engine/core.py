@@ -374,6 +374,7 @@ class Engine:
             checkpoints_live=self.ck_budget.count, checkpoints_live_bytes=self.ck_budget.used,
             checkpoints_budget_bytes=-1 if self.ck_budget.limit_bytes is None else self.ck_budget.limit_bytes,
             kv_used_bytes=sum(p.used_bytes for p in pools),
+            kv_allocated_bytes=sum(p.nbytes for p in pools),
             kv_limit_bytes=sum((p.max_blocks or 0) * p.bytes_per_block for p in pools),
             **(self.disk.numbers() if self.disk is not None else {}),
         )
