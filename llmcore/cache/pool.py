@@ -11,6 +11,7 @@ at each forward step rather than keeping references across steps.
 """
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -48,8 +49,24 @@ def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
     raise ValueError(f"unknown kv type {kv_type!r} (expected f16, f32, q8_0 or q4_0)")
 
 
+# storage at least this large gets its own anonymous mapping (see _make_pool)
+OWN_MAPPING_BYTES = 1 << 20
+
+
 def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str) -> np.ndarray:
-    return nn.make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim)
+    """Zeroed storage of one layer's K or V for n_blocks blocks.
+
+    Large storage lives in its own anonymous memory mapping, not on the malloc heap: a
+    pool grows by reallocating, and freed heap arrays of a few MB stay resident as
+    fragments (glibc raises its mmap threshold after the first frees), so RSS outside the
+    caches grew run after run; an unmapped array goes back to the OS at once."""
+    empty = nn.make_kv_pool(kv_type, 0, block_size, n_kv_heads, head_dim)
+    shape = (n_blocks, *empty.shape[1:])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * empty.dtype.itemsize
+    if nbytes < OWN_MAPPING_BYTES:
+        return np.zeros(shape, dtype=empty.dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # anonymous: zero pages on first touch
+    return np.frombuffer(buf, dtype=empty.dtype).reshape(shape)
 
 
 class BlockPool:

@@ -105,6 +105,7 @@ class Engine:
         self._stop = False
         self._ready = threading.Event()
         self._threads_now = 0
+        self._heap_dirty = False  # steps ran since the last trim_heap
         self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self._cache_numbers: dict = {}
         self._fault_hook: Callable[[str], None] | None = None
@@ -391,14 +392,20 @@ class Engine:
                     break
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
-                if not self._waiting and not self._commands and not any(s.busy for s in self.slots):
+                idle = not self._waiting and not self._commands and not any(s.busy for s in self.slots)
+                if idle and not self._heap_dirty:
                     self._cv.wait(0.5)
                     continue
+            if idle:  # just went idle: what the steps freed goes back to the OS
+                self._heap_dirty = False
+                memory.trim_heap()
+                continue
             try:
                 self._admit()  # requests queued before a command start first (their slot is then busy)
                 self._run_commands()
                 plan = self.scheduler.plan(self.slots)
                 if plan.items:
+                    self._heap_dirty = True
                     self._step(plan)
                 else:  # requests wait for the disk or commands for a file: sleep until woken
                     with self._cv:
