@@ -432,3 +432,17 @@ def test_budget_eviction_keeps_blocks_until_written_urgent_gives_them_back_at_on
         assert n == 200
     finally:
         io.close()
+
+
+def test_a_model_without_a_file_runs_without_the_tier(tmp_path):
+    from fakes import FakeModel, FakeTokenizer
+
+    eng = Engine(EngineConfig(cache_dir=str(tmp_path / "c")), model=FakeModel(), tokenizer=FakeTokenizer())
+    eng.start()
+    try:
+        wait_indexed(eng)
+        assert not eng.disk.enabled
+        assert eng.generate_sync([1, 3, 4, 5], gp()).tokens
+        assert eng.generate_sync([1, 3, 4, 5, 6], gp()).tokens
+    finally:
+        eng.stop()

@@ -178,6 +178,10 @@ class DiskTier:
                           meta={"source": "disk"})
         if entry is not None:
             log.info("disk cache: %d tokens read back in %.0f ms", entry.n_tokens, 1e3 * ld.seconds)
+        elif pc.best(snap.tokens)[1] < len(snap.tokens) - 1:  # not kept, and RAM has nothing as good
+            self.c.disk_adopt_failures += 1
+            log.info("disk cache: a state of %d tokens read back does not fit the RAM cache's budget",
+                     len(snap.tokens))
         return entry
 
 
