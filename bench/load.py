@@ -105,6 +105,7 @@ class Result:
     itl: list[float] = field(default_factory=list)  # seconds between content chunks
     error: str = ""
     t_end: float = 0.0
+    prompt_estimated: bool = False  # the server reported no usage: tokens per word x words
 
     @property
     def tpot(self) -> float | None:
@@ -144,6 +145,7 @@ class Level:
     cache_share: float = 0.0
     errors: list[str] = field(default_factory=list)
     returning_ttft_p50: float | None = None  # turns > 1: the conversations that came back
+    prompt_estimated: bool = False  # prompt tokens estimated by the client (no usage reported)
 
     @staticmethod
     def of(parallel: int, results: list[Result], seconds: float) -> "Level":
@@ -166,6 +168,7 @@ class Level:
             lv.rps = lv.ok / seconds
         lv.cache_share = lv.cached_tokens / lv.prompt_tokens if lv.prompt_tokens else 0.0
         lv.errors = sorted({r.error for r in results if not r.ok})[:10]
+        lv.prompt_estimated = any(r.prompt_estimated for r in ok)
         back = [r.ttft for r in ok if r.turn > 1]
         lv.returning_ttft_p50 = _pct(back, 50)
         return lv
@@ -236,7 +239,8 @@ class Client:
         except (TypeError, KeyError, IndexError):
             return "model"
 
-    async def request(self, messages: list[dict], max_tokens: int, turn: int) -> tuple[Result, str]:
+    async def request(self, messages: list[dict], max_tokens: int, turn: int,
+                      est_prompt: int = 0) -> tuple[Result, str]:
         a = self.a
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": a.stream,
                                 "temperature": 0.0, "ignore_eos": True, "min_tokens": max_tokens}
@@ -290,6 +294,8 @@ class Client:
         res.t_end = time.time()
         if not res.output_tokens:
             res.output_tokens = len(res.itl) + (1 if last is not None else 0)
+        if not res.prompt_tokens:  # a server without usage in streams: the client's estimate
+            res.prompt_tokens, res.prompt_estimated = est_prompt, True
         res.ok = True
         return res, "".join(text)
 
@@ -355,7 +361,8 @@ async def run_level(client: Client, convs: Conversations, parallel: int, number:
             if msgs is None or turn >= client.a.turns:
                 msgs, turn = convs.new(), 0
             turn += 1
-            res, answer = await client.request(msgs, convs.max_tokens(), turn)
+            est = round(sum(len(m["content"].split()) for m in msgs) * convs.p.tpw)
+            res, answer = await client.request(msgs, convs.max_tokens(), turn, est)
             results.append(res)
             on_result(res)
             msgs = convs.next_turn(msgs, answer) if res.ok else None
