@@ -509,7 +509,8 @@ def table(levels: list[Level], title: str):
 
 
 def plot(out: Path, runs: list[dict]) -> Path | None:
-    """load.png: output tokens/s and TTFT (p50, p99) against concurrency, one line per run."""
+    """load.png: output and total tokens/s and TTFT (p50, p99) against concurrency, one
+    colour per run."""
     try:
         import matplotlib
 
@@ -518,23 +519,27 @@ def plot(out: Path, runs: list[dict]) -> Path | None:
     except ImportError:
         print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for run in runs:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    xs: set[int] = set()
+    for i, run in enumerate(runs):
         lv = run["levels"]
         x = [v["parallel"] for v in lv]
-        name = run.get("label") or run.get("url", "")
-        ax1.plot(x, [v["output_tps"] for v in lv], marker="o", label=f"{name} output")
-        ax1.plot(x, [v["total_tps"] for v in lv], marker=".", ls="--", label=f"{name} total")
-        ax2.plot(x, [1e3 * (v["ttft_p50"] or 0) for v in lv], marker="o", label=f"{name} p50")
-        ax2.plot(x, [1e3 * (v["ttft_p99"] or 0) for v in lv], marker=".", ls="--", label=f"{name} p99")
-    for ax, yl in ((ax1, "tokens/s"), (ax2, "TTFT (ms)")):
+        xs.update(x)
+        name, col = run.get("label") or run.get("url", ""), f"C{i}"
+        axes[0].plot(x, [v["output_tps"] for v in lv], marker="o", color=col, label=name)
+        axes[1].plot(x, [v["total_tps"] for v in lv], marker="o", color=col, label=name)
+        axes[2].plot(x, [1e3 * (v["ttft_p50"] or 0) for v in lv], marker="o", color=col, label=f"{name} p50")
+        axes[2].plot(x, [1e3 * (v["ttft_p99"] or 0) for v in lv], marker=".", ls="--", color=col, label=f"{name} p99")
+    for ax, title, yl in ((axes[0], "output throughput", "output tokens/s"),
+                          (axes[1], "total throughput (prompt + output)", "tokens/s"),
+                          (axes[2], "time to first token", "TTFT (ms)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(xs), [str(v) for v in sorted(xs)])
         ax.set_xlabel("concurrency (parallel requests)")
         ax.set_ylabel(yl)
+        ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    ax1.set_title("throughput")
-    ax2.set_title("time to first token")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "load.png"
     fig.savefig(path, dpi=110)
