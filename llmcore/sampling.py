@@ -110,7 +110,8 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
         keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
     ids, lg = ids[:keep], lg[:keep]
     t = p.temperature
-    z = (lg - lg[0]) / t
+    with np.errstate(over="ignore"):  # a tiny temperature: the others' scores go to -inf (p 0)
+        z = (lg - lg[0]) / t
     probs = np.exp(z)
     probs /= probs.sum()
     return ids, probs

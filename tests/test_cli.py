@@ -81,7 +81,7 @@ def test_serve_and_tui_pass_the_parsed_flags_on(monkeypatch, tmp_path):
     made, served, dashboards = [], [], []
     monkeypatch.setattr(llmcore.engine.Engine, "from_path", classmethod(
         lambda cls, path, cfg: made.append((path, cfg)) or _Engine()))
-    monkeypatch.setattr(llmcore.server, "run_server", lambda engine, cfg: served.append(cfg))
+    monkeypatch.setattr(llmcore.server, "run_server", lambda engine, cfg, sock: served.append((cfg, sock)))
     monkeypatch.setattr(llmcore.tui.run, "main", lambda **kw: dashboards.append(kw) or 0)
     monkeypatch.setattr(cli, "_check_model", lambda path: None)
     model = tmp_path / "m.gguf"
@@ -95,7 +95,11 @@ def test_serve_and_tui_pass_the_parsed_flags_on(monkeypatch, tmp_path):
     assert [p for p, _ in made] == [model, model]
     for _, cfg in made:
         assert (cfg.n_parallel, cfg.n_ctx, cfg.sampling.temperature, cfg.cache_idle_slots) == (3, 1024, 0.3, False)
-    assert served == [ServerConfig(port=0)]
+    [(cfg, sock)] = served
+    assert cfg == ServerConfig(port=0) and sock.getsockname()[0] == "127.0.0.1"  # bound before loading
+    sock.close()
     [kw] = dashboards
     assert kw["server_cfg"] == ServerConfig(port=0) and kw["interval"] == 2.0 and kw["no_tui"]
+    assert kw["sock"].getsockname()[1] > 0
+    kw["sock"].close()
     assert kw["log_level"] == "warning" and kw["fmt"] == "text" and kw["url"] is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from ..errors import RequestError
 from ..sampling import SamplingParams
 
 log = logging.getLogger("llmcore.engine")
@@ -53,6 +54,24 @@ class EngineConfig:
         return self.ctx_checkpoints > 0
 
 
+# stop strings a request may give: the matcher's automaton costs time and memory per
+# character, built on the engine thread when the request starts
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 256  # each
+
+
+def check_stops(stops) -> None:
+    """RequestError unless `stops` is at most MAX_STOP_STRINGS strings of at most
+    MAX_STOP_CHARS characters."""
+    if len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"'stop': at most {MAX_STOP_STRINGS} stop strings ({len(stops)} given)")
+    for s in stops:
+        if not isinstance(s, str):
+            raise RequestError("stop must be a string or a list of strings")
+        if len(s) > MAX_STOP_CHARS:
+            raise RequestError(f"'stop': a stop string has at most {MAX_STOP_CHARS} characters ({len(s)} given)")
+
+
 @dataclass
 class GenParams:
     n_predict: int = -1  # -1: until EOS or the slot's context is full
@@ -64,4 +83,4 @@ class GenParams:
     checkpoint_at: int | None = None  # token position where the last user message starts
 
 
-__all__ = ["EngineConfig", "GenParams"]
+__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_stops"]

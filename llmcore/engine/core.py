@@ -34,7 +34,7 @@ from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, Mode
                       RequestError, ShuttingDownError)
 from ..sampling import Sampler
 from . import memory
-from .config import EngineConfig, GenParams
+from .config import EngineConfig, GenParams, check_stops
 from .disk_tier import DiskTier
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
 from .output import StreamOutput
@@ -280,9 +280,7 @@ class Engine:
         if params.id_slot is not None and params.id_slot >= len(self.slots):
             raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
         params.sampling.validate()
-        for s in params.stop:
-            if not isinstance(s, str):
-                raise RequestError("stop must be a string or a list of strings")
+        check_stops(params.stop)
         if loop is None and not sync:
             try:
                 loop = asyncio.get_running_loop()

@@ -85,8 +85,19 @@ class _Automaton:
             s = fail[s]
 
 
+_CACHED_CHARS = 256  # stop sets up to this size are kept (the same few come back all the time)
+
+
 @functools.lru_cache(maxsize=256)
+def _cached_automaton(patterns: tuple[str, ...]) -> _Automaton:
+    return _Automaton(patterns)
+
+
 def _automaton(patterns: tuple[str, ...]) -> _Automaton:
+    """Built once per stop set when small; a long one (a few MB of states at the stop
+    limits, engine/config.py) lives only as long as its request."""
+    if sum(len(p) for p in patterns) <= _CACHED_CHARS:
+        return _cached_automaton(patterns)
     return _Automaton(patterns)
 
 

@@ -1,16 +1,23 @@
-"""App factory: `create_app(engine, cfg)`; `run_server` for the CLI."""
+"""App factory: `create_app(engine, cfg)`; `listen_socket` and `run_server` for the CLI
+(connections.py listens, the same way for `llmcore serve` and `llmcore tui`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
 from ..engine import Engine, EngineStatus
+from .access import access_middleware, add_cors_headers
+from .access_log import access_log_middleware
 from .config import ServerConfig
+from .connections import ConnectionGuard, connection_middleware, start_server
 from .errors import error_middleware
-from .keys import CONFIG, ENGINE, STREAMS
+from .keys import CONFIG, CONNECTIONS, ENGINE, STREAMS, WORKERS
 from .routes import setup_routes
 
 log = logging.getLogger("llmcore.server")
@@ -23,6 +30,12 @@ async def _engine_ctx(app: web.Application):
     eng.stop()
 
 
+async def _workers_ctx(app: web.Application):
+    yield
+    # a render past its time limit is interrupted by its own timer: nothing to wait for
+    app[WORKERS].shutdown(wait=False, cancel_futures=True)
+
+
 async def _close_streams(app: web.Application) -> None:
     for resp in list(app[STREAMS]):
         try:
@@ -33,12 +46,20 @@ async def _close_streams(app: web.Application) -> None:
 
 def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Application:
     cfg = cfg or ServerConfig()
-    app = web.Application(middlewares=[error_middleware], client_max_size=cfg.client_max_size)
+    # outermost first: connection phases, the request's log line, errors as answers, then
+    # the access checks
+    app = web.Application(middlewares=[connection_middleware, access_log_middleware, error_middleware,
+                                       access_middleware],
+                          client_max_size=cfg.max_body_bytes)
     app[ENGINE] = engine
     app[CONFIG] = cfg
     app[STREAMS] = weakref.WeakSet()
+    app[WORKERS] = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="llmcore-request")
+    app[CONNECTIONS] = ConnectionGuard(cfg)
     app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(_workers_ctx)
     app.on_shutdown.append(_close_streams)
+    app.on_response_prepare.append(add_cors_headers)
     setup_routes(app)
     return app
 
@@ -54,7 +75,7 @@ async def _exit_on_load_error(app: web.Application) -> None:
         while eng.status is EngineStatus.LOADING:
             await asyncio.sleep(0.1)
         if eng.status is EngineStatus.FAILED:
-            # raised from a loop callback it leaves run_app like Ctrl-C, cleanup included
+            # raised from a loop callback it leaves run_server like Ctrl-C, cleanup included
             asyncio.get_running_loop().call_soon(_graceful_exit)
 
     task = asyncio.get_running_loop().create_task(watch())
@@ -66,11 +87,57 @@ def _graceful_exit() -> None:
     raise web.GracefulExit()
 
 
-def run_server(engine: Engine, cfg: ServerConfig | None = None) -> None:
-    """Serve until interrupted, or until the model fails to load (EngineStatus.FAILED)."""
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket, taken before any model loads: a port in use is an
+    OSError at once (the caller says so in one line). A client that connects before the
+    server accepts waits in the backlog; /health answers 503 until the model is ready."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does: TIME_WAIT is fine
+        sock.bind(addr)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _serve(app: web.Application, cfg: ServerConfig, sock: socket.socket) -> None:
+    runner = await start_server(app, cfg, handle_signals=True, sock=sock)
+    try:
+        log.info("listening on %s", socket_url(sock))
+        while True:
+            await asyncio.sleep(3600)
+    finally:
+        await runner.cleanup()
+
+
+def run_server(engine: Engine, cfg: ServerConfig | None = None, sock: socket.socket | None = None) -> None:
+    """Serve until interrupted (SIGINT, SIGTERM), or until the model fails to load
+    (EngineStatus.FAILED). The port is bound first (`sock`, or `listen_socket` here), then
+    the model loads in the background; "listening" is logged once connections are accepted."""
     cfg = cfg or ServerConfig()
+    sock = sock if sock is not None else listen_socket(cfg.host, cfg.port)
     app = create_app(engine, cfg)
     app.on_startup.append(_exit_on_load_error)
-    log.info("listening on http://%s:%d", cfg.host, cfg.port)
-    web.run_app(app, host=cfg.host, port=cfg.port, shutdown_timeout=cfg.shutdown_timeout,
-                print=lambda *a: None)
+    loop = asyncio.new_event_loop()
+    main = loop.create_task(_serve(app, cfg, sock))
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, web.GracefulExit, KeyboardInterrupt):
+                loop.run_until_complete(main)  # its finally: cleanup (streams closed, engine stopped)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

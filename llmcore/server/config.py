@@ -8,6 +8,18 @@ from dataclasses import dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
-    client_max_size: int = 64 * 1024 * 1024  # long agent histories exceed aiohttp's 1 MiB
+    # a body past this (decoded: gzip counts expanded) is refused while it is read (413);
+    # long agent histories are a few MiB
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_json_values: int = 1_000_000  # JSON values in a body (one more: 413); parsing costs per value
     keepalive_s: float = 5.0  # SSE comment while waiting (queue, long prefill)
     shutdown_timeout: float = 5.0
+    cors_origins: tuple[str, ...] = ()  # origins allowed to call from a browser ("*": any); none: CORS off
+    # connections (connections.py): like llama-server's --timeout (read/write) and keep-alive
+    header_timeout_s: float = 30.0  # first byte of a request to the end of its headers
+    body_timeout_s: float = 600.0  # reading a body; writing each part of an answer
+    idle_timeout_s: float = 5.0  # a kept-alive connection with no request
+    max_conns_per_client: int = 256  # concurrent connections per client address (0: no cap)
+    template_timeout_s: float = 5.0  # one chat template render
+    workers: int = 4  # threads for request work off the event loop (offload.py)
+    api_key: str | None = None  # no flag sets it yet; access.py checks it first once one does

@@ -27,12 +27,53 @@ class ErrorKind:
 
 
 INVALID = ErrorKind(400, "invalid_request_error", 400, "invalid_request_error")
+FORBIDDEN = ErrorKind(403, "permission_error", 403, "permission_error")
+TIMEOUT = ErrorKind(408, "invalid_request_error", 408, "invalid_request_error")
+TOO_LARGE = ErrorKind(413, "invalid_request_error", 413, "request_too_large")
+MEDIA_TYPE = ErrorKind(415, "invalid_request_error", 415, "invalid_request_error")
 LOADING = ErrorKind(503, "unavailable_error", 529, "overloaded_error")  # clients retry 529
 UNAVAILABLE = ErrorKind(503, "unavailable_error", 500, "api_error")
 INTERNAL = ErrorKind(500, "server_error", 500, "api_error")
 
+
+class SpoiledConnectionError(RequestError):
+    """After this answer the connection is closed: the rest of the body may still be on it
+    (a client that reused it would read garbage)."""
+
+
+class UnreadableBodyError(SpoiledConnectionError):
+    """The body cannot be read (e.g. broken gzip): 400."""
+
+
+class BodyTooLargeError(SpoiledConnectionError):
+    """The (decoded) body passed ServerConfig.max_body_bytes: 413, refused while reading."""
+
+
+class BodyTimeoutError(SpoiledConnectionError):
+    """The body did not arrive within ServerConfig.body_timeout_s: 408, and the connection
+    is closed at once (aiohttp would otherwise linger on it, reading what never comes)."""
+
+
+class TooLargeError(RequestError):
+    """A request asks for more work than this server would ever do for one (text or token
+    counts past what the context could use, a JSON body of too many values): 413."""
+
+
+class ForbiddenHostError(RequestError):
+    """A Host header this server does not answer to (a loopback bind, a foreign name): 403."""
+
+
+class UnsupportedMediaTypeError(SpoiledConnectionError):
+    """A body of a type the route does not take (text/plain, forms): 415."""
+
+
 # by class, most specific first; RequestError covers ContextFullError
 _KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (ForbiddenHostError, FORBIDDEN),
+    (BodyTimeoutError, TIMEOUT),
+    (BodyTooLargeError, TOO_LARGE),
+    (TooLargeError, TOO_LARGE),
+    (UnsupportedMediaTypeError, MEDIA_TYPE),
     (RequestError, INVALID),
     (ModelLoadingError, LOADING),
     (ModelLoadFailedError, UNAVAILABLE),
@@ -47,19 +88,18 @@ def kind_of(exc: BaseException) -> ErrorKind:
     return INTERNAL
 
 
-class UnreadableBodyError(RequestError):
-    """The body cannot be read (e.g. broken gzip): answer 400, then close the connection
-    (the rest of the body is still on it; a client that reused it would read garbage)."""
-
-
 # ---- the OpenAI-style envelope (OpenAI routes, native routes, Responses) ----------------
 
 _HTTP_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
@@ -149,10 +189,21 @@ async def error_middleware(request: web.Request, handler):
         # the client left while we waited (the task is already cancelled): nobody reads this
         return web.Response(status=499)
     except Exception as exc:  # noqa: BLE001 - the server keeps serving
-        if not isinstance(exc, LLMCoreError):
-            log.exception("unhandled error on %s %s", request.method, request.path)
         status, body = _envelope_of(request)(exc)
+        if kind_of(exc) is INTERNAL:
+            log_bug(exc, request)
         resp = web.json_response(body, status=status)
-        if isinstance(exc, UnreadableBodyError):
+        if isinstance(exc, SpoiledConnectionError):
             resp.force_close()
+        if isinstance(exc, BodyTimeoutError):
+            await resp.prepare(request)
+            await resp.write_eof()
+            if request.transport is not None:
+                request.transport.close()  # after what is written is sent
         return resp
+
+
+def log_bug(exc: BaseException, request: web.Request) -> None:
+    """Every 500 is a bug report in the log, with its traceback (the client gets one line)."""
+    log.error("internal error on %s %s (a bug: please report it with this traceback)",
+              request.method, request.path, exc_info=(type(exc), exc, exc.__traceback__))

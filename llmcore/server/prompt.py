@@ -3,19 +3,24 @@
 For a chat (OpenAI chat, Anthropic Messages, Responses): read the chat request (messages,
 tools, template variables), render the template once, check that the text can fit the
 context, tokenize, and find the checkpoint position. For a text or token prompt (OpenAI
-completions, native /completion): check and tokenize. Big inputs are built in a worker
-thread so the event loop keeps serving other streams meanwhile."""
+completions, native /completion): check and tokenize.
+
+A chat is always built in a worker thread (offload.py): the template comes with the model
+and is not trusted, so it renders with `RenderLimits` (ServerConfig.template_timeout_s,
+and no more text than the context could hold). A text prompt goes to a worker when big."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
+from aiohttp import web
+
+from ..chat import RenderLimits, TemplateLimitError, TemplateOutputTooLarge
 from ..engine import Engine, common_prefix
 from ..errors import ContextFullError, RequestError
 from ..toolcalls import detect_format, prompt_ends_in_think
-from .requests.chat import ChatRequest, read_chat
-
-BIG_TEXT = 64 * 1024  # characters (or body bytes); above this, build in a worker thread
+from .keys import CONFIG
+from .offload import SMALL, in_worker, maybe_in_worker
+from .requests.chat import ChatRequest, read_chat, template_variables
 
 
 @dataclass(frozen=True)
@@ -30,38 +35,43 @@ class Prompt:
     checkpoint_at: int | None = None  # where the last user message starts (checkpoint models)
 
 
-async def chat_prompt(eng: Engine, body: dict, size: int, checkpoint: bool = True) -> Prompt:
-    """build_chat_prompt, in a worker thread when the request body (`size` bytes) is big."""
-    chat = read_chat(body)
-    return await _off_loop(size > BIG_TEXT, _build_chat, eng, chat, checkpoint)
+async def chat_prompt(request: web.Request, eng: Engine, body: dict, checkpoint: bool = True) -> Prompt:
+    """build_chat_prompt in a worker thread, with the server's render limits."""
+    limits = RenderLimits(timeout_s=request.app[CONFIG].template_timeout_s)
+    return await in_worker(request, build_chat_prompt, eng, body, checkpoint, limits)
 
 
-def build_chat_prompt(eng: Engine, body: dict, checkpoint: bool = True) -> Prompt:
+def build_chat_prompt(eng: Engine, body: dict, checkpoint: bool = True,
+                      limits: RenderLimits | None = None) -> Prompt:
     """The prompt of a chat/completions-shaped body; `checkpoint=False` skips the
     checkpoint position (when only counting tokens)."""
-    return _build_chat(eng, read_chat(body), checkpoint)
+    return _build_chat(eng, read_chat(body), checkpoint, limits or RenderLimits())
 
 
-async def text_prompt(eng: Engine, prompt, field: str = "prompt") -> Prompt:
+async def text_prompt(request: web.Request, eng: Engine, prompt, field: str = "prompt") -> Prompt:
     """The prompt of a completion: text, token ids, or a mix (llama-server rules)."""
-    tokens = await _off_loop(prompt_size(prompt) > BIG_TEXT, tokenize_prompt, eng, prompt, field)
+    tokens = await maybe_in_worker(request, prompt_size(prompt) > SMALL, tokenize_prompt, eng, prompt, field)
     return Prompt(tokens=tokens)
 
 
 # ---- chat -------------------------------------------------------------------------------
 
 
-def _build_chat(eng: Engine, chat: ChatRequest, checkpoint: bool) -> Prompt:
-    text, rendered = _render(eng, chat)
+def _build_chat(eng: Engine, chat: ChatRequest, checkpoint: bool, limits: RenderLimits) -> Prompt:
+    # no more text than a slot's context could hold (each token has at most max_token_bytes)
+    n_ctx = int(eng.n_ctx_slot or 0)
+    if n_ctx and limits.max_chars is None:
+        limits = RenderLimits(max_chars=n_ctx * max_token_bytes(eng), timeout_s=limits.timeout_s)
+    text, rendered = _render(eng, chat, limits)
     check_text_fits(eng, text)
     tokens = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
-    at = _last_user_start(eng, chat, rendered, tokens) if checkpoint else None
+    at = _last_user_start(eng, chat, rendered, tokens, limits) if checkpoint else None
     return Prompt(tokens=tokens, text=text, tools=chat.tools, parse_tools=chat.parse_tools,
                   parallel_tool_calls=chat.parallel_tool_calls, tool_format=chat_format(eng),
                   starts_in_reasoning=prompt_ends_in_think(text), checkpoint_at=at)
 
 
-def _render(eng: Engine, chat: ChatRequest) -> tuple[str, list[dict]]:
+def _render(eng: Engine, chat: ChatRequest, limits: RenderLimits) -> tuple[str, list[dict]]:
     """The prompt text, and the messages as rendered (see _render_template)."""
     tmpl = eng.chat_template
     if tmpl is None:
@@ -69,28 +79,42 @@ def _render(eng: Engine, chat: ChatRequest) -> tuple[str, list[dict]]:
                        for m in chat.messages)
         return text + "<|im_start|>assistant\n", chat.messages
     try:
-        return _render_template(tmpl, chat.messages, chat.add_generation_prompt, chat)
+        return _render_template(tmpl, chat.messages, chat.add_generation_prompt, chat, limits)
+    except TemplateOutputTooLarge as e:
+        n_ctx = int(eng.n_ctx_slot or 0)
+        raise ContextFullError(
+            f"the request exceeds the available context size, try increasing it (the chat "
+            f"template built more than {e.max_chars} characters, more than {n_ctx} tokens can "
+            f"hold). This model's maximum context length is {n_ctx} tokens.",
+            n_prompt_tokens=n_ctx + 1, n_ctx=n_ctx) from None  # at least that many
     except RequestError:
         raise
     except Exception as e:  # noqa: BLE001 - template errors are the request's fault here
         raise RequestError(f"chat template error: {e}") from e
 
 
-def _render_template(tmpl, msgs: list[dict], add_gen: bool, chat: ChatRequest) -> tuple[str, list[dict]]:
+def _render_kwargs(tmpl, chat: ChatRequest, limits: RenderLimits) -> dict:
+    return {**template_variables(chat.template_kwargs, tmpl), "limits": limits}
+
+
+def _render_template(tmpl, msgs: list[dict], add_gen: bool, chat: ChatRequest,
+                     limits: RenderLimits) -> tuple[str, list[dict]]:
     """Render; a template that concatenates `content` fails on the null content of an
     assistant turn that only made tool calls (valid OpenAI input): retry with "" there."""
+    kwargs = _render_kwargs(tmpl, chat, limits)
     try:
-        return tmpl.render(msgs, add_generation_prompt=add_gen, tools=chat.tools,
-                           **chat.template_kwargs), msgs
+        return tmpl.render(msgs, add_generation_prompt=add_gen, tools=chat.tools, **kwargs), msgs
+    except TemplateLimitError:
+        raise
     except RequestError:
         if not any(isinstance(m, dict) and m.get("content") is None for m in msgs):
             raise
     msgs = [{**m, "content": ""} if m.get("content") is None else m for m in msgs]
-    return tmpl.render(msgs, add_generation_prompt=add_gen, tools=chat.tools,
-                       **chat.template_kwargs), msgs
+    return tmpl.render(msgs, add_generation_prompt=add_gen, tools=chat.tools, **kwargs), msgs
 
 
-def _last_user_start(eng: Engine, chat: ChatRequest, msgs: list[dict], prompt: list[int]) -> int | None:
+def _last_user_start(eng: Engine, chat: ChatRequest, msgs: list[dict], prompt: list[int],
+                     limits: RenderLimits) -> int | None:
     """Token position where the last user message starts (a context checkpoint goes there):
     the common prefix of the prompt and the conversation rendered without that message.
 
@@ -105,7 +129,7 @@ def _last_user_start(eng: Engine, chat: ChatRequest, msgs: list[dict], prompt: l
         return None
     try:
         text = eng.chat_template.render(msgs[:idx], add_generation_prompt=False, tools=chat.tools,
-                                        **chat.template_kwargs)
+                                        **_render_kwargs(eng.chat_template, chat, limits))
         head = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
     except Exception:  # noqa: BLE001 - only a hint for checkpoint placement
         return None
@@ -189,24 +213,22 @@ def max_token_bytes(engine: Engine) -> int:
     return n
 
 
+def fewest_tokens(engine: Engine, text: str) -> int:
+    """The fewest tokens `text` could become: its bytes divided by the longest token's."""
+    nb = len(text.encode("utf-8", errors="surrogatepass"))
+    return -(-nb // max_token_bytes(engine))
+
+
 def check_text_fits(engine: Engine, text: str) -> None:
-    """ContextFullError when even the fewest tokens `text` could become (its bytes divided
-    by the longest token's bytes) do not fit a slot's context; cheap next to tokenizing."""
+    """ContextFullError when even the fewest tokens `text` could become do not fit a
+    slot's context; cheap next to tokenizing."""
     n_ctx = int(engine.n_ctx_slot or 0)
     if not n_ctx or len(text) < n_ctx:  # each token is at least one character
         return
-    nb = len(text.encode("utf-8", errors="surrogatepass"))
-    lower = -(-nb // max_token_bytes(engine))
+    lower = fewest_tokens(engine, text)
     if lower >= n_ctx:
         raise ContextFullError(
             f"the request exceeds the available context size, try increasing it "
             f"(at least {lower} prompt tokens, n_ctx {n_ctx}). This model's maximum context "
             f"length is {n_ctx} tokens. However, your messages resulted in at least {lower} tokens.",
             n_prompt_tokens=lower, n_ctx=n_ctx)
-
-
-async def _off_loop(big: bool, fn, *args):
-    """fn(*args) in a worker thread when the input is big, inline otherwise."""
-    if big:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)

@@ -2,12 +2,13 @@
 that writes them, keep-alive comments included, and notices a client that left)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from .keys import STREAMS
+from .keys import CONFIG, STREAMS
 
 
 class ClientGone(Exception):
@@ -53,7 +54,12 @@ class SSEWriter:
         if client_gone(self.request):
             raise ClientGone()
         try:
-            await self.resp.write(data)
+            # a client that stopped reading holds its slot until the write times out
+            await asyncio.wait_for(self.resp.write(data), self.request.app[CONFIG].body_timeout_s)
+        except asyncio.TimeoutError:
+            if self.request.transport is not None:
+                self.request.transport.abort()  # what is buffered will never be read
+            raise ClientGone() from None
         except (ConnectionError, RuntimeError) as e:  # aiohttp raises ClientConnectionResetError (a ConnectionError)
             raise ClientGone() from e
 

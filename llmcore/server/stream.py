@@ -13,7 +13,8 @@ from aiohttp import web
 
 from ..engine import FinalEvent, Task
 from .encoders.base import Encoder
-from .keys import CONFIG
+from .errors import INTERNAL, kind_of, log_bug
+from .keys import CONFIG, FINAL_EVENT
 from .sse import ClientGone, SSEWriter, client_gone
 
 
@@ -35,6 +36,8 @@ async def respond(request: web.Request, task: Task, encoder: Encoder, stream: bo
         except ClientGone:
             raise
         except Exception as exc:  # noqa: BLE001 - headers are out: report in-band
+            if kind_of(exc) is INTERNAL:
+                log_bug(exc, request)
             await sse.send(encoder.error(exc))
     except ClientGone:
         task.close()
@@ -56,6 +59,7 @@ async def events(request: web.Request, task: Task, sse: SSEWriter | None):
                     raise ClientGone() from None
                 continue
             if isinstance(ev, FinalEvent):
+                request[FINAL_EVENT] = ev  # for the request's log line
                 yield ev
                 return
             if sse is None and client_gone(request):

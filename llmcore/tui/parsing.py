@@ -10,8 +10,18 @@ from ..metrics import FIELD_OF, EngineStats, model_stat_key, parse_prometheus
 from .snapshot import Snapshot
 
 
-def from_engine_stats(st: EngineStats, t: float | None = None) -> Snapshot:
+# of the memory plan (/props "cache"."memory", Engine.memory_plan): the budgets the gauges show
+MEMORY_FIELDS = ("kv_slots_max_bytes", "kv_max_bytes", "cache_ram_max_bytes", "checkpoints_max_bytes")
+
+
+def memory_numbers(plan: Any) -> dict[str, int]:
+    plan = plan if isinstance(plan, dict) else {}
+    return {k: plan[k] for k in MEMORY_FIELDS if isinstance(plan.get(k), (int, float))}
+
+
+def from_engine_stats(st: EngineStats, t: float | None = None, memory_plan: Any = None) -> Snapshot:
     d = st.to_dict()
+    d.update(memory_numbers(memory_plan))
     slots = tuple(d.pop("slots"))
     model_stats = _numbers(d.pop("model_stats"))
     return Snapshot(time=t if t is not None else float(d.get("time") or time.time()),
@@ -41,6 +51,10 @@ def from_http(slots_json: Any, metrics_text: str | None, props_json: Any,
             stats["n_slots"] = props["total_slots"]
         if "n_ctx" in props:
             stats["n_ctx_slot"] = props["n_ctx"]
+        cache = props.get("cache") if isinstance(props.get("cache"), dict) else {}
+        if "n_ctx_total" in cache:
+            stats["n_ctx"] = cache["n_ctx_total"]
+        stats.update(memory_numbers(cache.get("memory")))
     slots = []
     for s in slots_json if isinstance(slots_json, list) else ():
         if not isinstance(s, dict):

@@ -18,43 +18,42 @@ log = logging.getLogger("llmcore.tui")
 
 class InProcessServer:
     """The aiohttp app of `llmcore serve`, run on the caller's event loop (the dashboard's),
-    so engine, server and dashboard share one process."""
+    so engine, server and dashboard share one process. `sock`: a socket bound already
+    (`llmcore.server.listen_socket`, so a taken port fails before any screen opens);
+    without it `start` binds cfg.host:cfg.port."""
 
-    def __init__(self, engine, cfg=None):
+    def __init__(self, engine, cfg=None, sock=None):
         from ..server import ServerConfig
 
         self.engine = engine
         self.cfg = cfg or ServerConfig()
+        self.sock = sock
         self.runner = None
 
     async def start(self) -> None:
-        from aiohttp import web
+        from ..server import create_app, listen_socket, start_server
 
-        from ..server import create_app
-
-        runner = web.AppRunner(create_app(self.engine, self.cfg), handle_signals=False,
-                               shutdown_timeout=self.cfg.shutdown_timeout, access_log=None)
-        await runner.setup()  # starts the engine thread (the model loads there)
-        try:
-            await web.TCPSite(runner, self.cfg.host, self.cfg.port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self.runner = runner
-        log.info("serving on %s", self.url)
+        if self.sock is None:
+            self.sock = listen_socket(self.cfg.host, self.cfg.port)
+        # starts the engine thread (the model loads there); the same listener as `serve`
+        self.runner = await start_server(create_app(self.engine, self.cfg), self.cfg, sock=self.sock)
+        log.info("listening on %s", self.url)
 
     @property
     def url(self) -> str:
         """Where it listens (the real port when the config asked for port 0)."""
-        if self.runner is not None and self.runner.addresses:
-            host, port = self.runner.addresses[0][:2]
-            return f"http://{host}:{port}"
+        if self.sock is not None and self.sock.fileno() >= 0:
+            from ..server import socket_url
+
+            return socket_url(self.sock)
         return f"http://{self.cfg.host}:{self.cfg.port}"
 
     async def stop(self) -> None:
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()  # closes streams, stops the engine thread
+        if self.sock is not None:
+            self.sock.close()
 
 
 def make_source(url: str | None = None, engine=None, mock: bool = False, timeout: float = 3.0):
@@ -71,22 +70,22 @@ def _line(snap: Snapshot, fmt: str, history: History | None) -> str:
     return to_json(snap) if fmt == "json" else to_text(snap, history)
 
 
-async def once(source, server: InProcessServer | None = None, fmt: str = "text",
-               out: TextIO | None = None, wait_s: float = 600.0) -> int:
-    """Print one snapshot. With an in-process server, wait until the model is loaded
-    (or failed) first. Exit status 1 when the source could not be read."""
-    out = out or sys.stdout
+async def once(source, fmt: str = "text", out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Print one snapshot of a running server (never starts one). Exit status 1 when it
+    could not be read (one line on `err` says why) or its model failed to load."""
+    out, err = out or sys.stdout, err or sys.stderr
     try:
-        if server is not None:
-            await server.start()
-            await asyncio.to_thread(server.engine.wait_ready, wait_s)
         snap = await source.fetch()
-        print(_line(snap, fmt, None), file=out, flush=True)
-        return 0 if snap.connected and snap.get("status", "ok") != "error" else 1
     finally:
         await source.close()
-        if server is not None:
-            await server.stop()
+    if not snap.connected:
+        if fmt == "json":
+            print(to_json(snap), file=out, flush=True)
+        print(f"error: no llmcore server answers at {source.name} ({snap.error}); start one with "
+              f"`llmcore serve`, or pass --url", file=err, flush=True)
+        return 1
+    print(_line(snap, fmt, None), file=out, flush=True)
+    return 0 if snap.get("status", "ok") != "error" else 1
 
 
 async def headless(source, server: InProcessServer | None = None, interval: float = 1.0,
@@ -112,18 +111,19 @@ async def headless(source, server: InProcessServer | None = None, interval: floa
             await server.stop()
 
 
-def main(*, url: str | None = None, engine=None, server_cfg=None, interval: float = 1.0,
+def main(*, url: str | None = None, engine=None, server_cfg=None, sock=None, interval: float = 1.0,
          no_tui: bool = False, once_: bool = False, fmt: str = "text", mock: bool = False,
          log_level: str = "info") -> int:
-    """Entry point of `llmcore tui` (see cli.py). Returns the exit status."""
+    """Entry point of `llmcore tui` (see cli.py). Returns the exit status. With `engine`
+    (and no url/mock) the server is this process's own, on `sock` when given."""
     interval = max(0.1, interval)
     source = make_source(url, engine, mock)
-    server = InProcessServer(engine, server_cfg) if engine is not None and not url and not mock else None
+    server = InProcessServer(engine, server_cfg, sock) if engine is not None and not url and not mock else None
     level = getattr(logging, log_level.upper(), logging.INFO)
     if once_ or no_tui:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             stream=sys.stderr)
-        coro = once(source, server, fmt) if once_ else headless(source, server, interval, fmt)
+        coro = once(source, fmt) if once_ else headless(source, server, interval, fmt)
         try:
             return asyncio.run(coro)
         except KeyboardInterrupt:
@@ -133,6 +133,7 @@ def main(*, url: str | None = None, engine=None, server_cfg=None, interval: floa
     # log records go to the event log, not to the terminal under the dashboard
     logging.getLogger().setLevel(level)
     app = Dashboard(source, interval=interval, startup=server.start if server else None,
-                    shutdown=server.stop if server else None, log_level=level)
+                    shutdown=server.stop if server else None, log_level=level,
+                    owns_server=server is not None)
     app.run()
     return app.return_code or 0

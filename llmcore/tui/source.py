@@ -34,7 +34,7 @@ class EngineSource:
 
     async def fetch(self) -> Snapshot:
         try:
-            snap = from_engine_stats(self.engine.stats())
+            snap = from_engine_stats(self.engine.stats(), memory_plan=self.engine.memory_plan)
         except Exception as e:  # noqa: BLE001 - shown as state, never raised
             return Snapshot.lost(f"{type(e).__name__}: {e}")
         if snap.get("status") == "error":  # why it failed is not a number: ask the engine
@@ -47,7 +47,8 @@ class EngineSource:
 
 class HttpSource:
     """Polls a llmcore (or llama-server) at `url` over HTTP with aiohttp. `/props` is read
-    once per connection (it does not change); `/slots` and `/metrics` every poll."""
+    once per connection once the model is loaded (then it does not change), every poll
+    before; `/slots` and `/metrics` every poll."""
 
     def __init__(self, url: str, timeout: float = 3.0, api_key: str | None = None):
         self.url = url.rstrip("/")
@@ -73,7 +74,7 @@ class HttpSource:
         try:
             if self._session is None or self._session.closed:
                 self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-            if self._props is None:
+            if self._props is None or self._props.get("status", "ok") != "ok":
                 self._props = await self._get("/props", True) or {}
             slots, metrics = await asyncio.gather(self._get("/slots", True), self._get("/metrics", False))
             return from_http(slots, metrics, self._props)
@@ -95,15 +96,17 @@ class HttpSource:
 class FakeSource:
     """Deterministic stats: `n_slots` slots; each fetch advances a step counter and the
     clock by `dt` seconds. `fail` (a callable step -> bool, or a set of steps) makes a
-    fetch return a lost connection. `calls` counts fetches (tests check pausing)."""
+    fetch return a lost connection. `freeze_at`: from that step on every fetch returns the
+    same snapshot (a still picture for screenshot tests). `calls` counts fetches."""
 
     def __init__(self, n_slots: int = 2, dt: float = 1.0, t0: float = 1_700_000_000.0,
-                 fail: Callable[[int], bool] | set | None = None):
+                 fail: Callable[[int], bool] | set | None = None, freeze_at: int | None = None):
         self.name = "fake"
         self.n_slots = n_slots
         self.dt = dt
         self.t0 = t0
         self.fail = fail
+        self.freeze_at = freeze_at
         self.calls = 0
 
     def _failing(self, step: int) -> bool:
@@ -120,10 +123,11 @@ class FakeSource:
                 "id": i, "state": ("decode" if (step + i) % 3 == 2 else "prefill") if busy else "idle",
                 "n_ctx": 4096, "task_id": 100 + step * self.n_slots + i if busy else None,
                 "n_tokens": 64 * (i + 1) + step, "n_prompt": 64 * (i + 1), "n_cached": 32 * i,
-                "n_prefilled": 64 * (i + 1) if busy else 0, "n_decoded": 4 * step if busy else 0,
+                "n_prefilled": 64 * (i + 1) - 32 * i if busy else 0, "n_decoded": 4 * step if busy else 0,
                 "prompt_per_second": 100.0 + 10 * i if busy else 0.0,
                 "predicted_per_second": 20.0 + i if busy else 0.0,
                 "cache_source": "slot" if i % 2 == 0 else "ram", "n_checkpoints": i,
+                "nbytes": 2**16 * (64 * (i + 1) + step),
             })
         stats = {
             "status": "ok", "model": "fake-model.gguf", "n_ctx": 4096 * self.n_slots,
@@ -138,19 +142,20 @@ class FakeSource:
         # the cache layers and memory
         stats.update({
             "slot_hits": 2 * step, "slot_misses": 1, "ram_hits": step, "ram_misses": 1,
-            "cache_ram_bytes": 2**20 * (1 + step), "cache_ram_limit_bytes": 2**23,
+            "cache_ram_bytes": 2**20 * (1 + step % 7), "cache_ram_limit_bytes": 2**23,
             "cache_ram_entries": step, "cache_ram_tokens": 100 * step, "cache_ram_inserts": step,
             "cache_ram_evictions": step // 3, "cache_save_failures": 0, "cache_restore_failures": 0,
             "checkpoints_created": step, "checkpoints_restored": step // 2, "checkpoints_erased": 0,
             "checkpoint_failures": 0, "checkpoints_count": 2, "checkpoints_bytes": 3 * 2**16,
-            "forced_reprefills": 0, "kv_used_bytes": 2**20 * (10 + step), "kv_limit_bytes": 2**20 * 100,
+            "forced_reprefills": step // 4, "kv_used_bytes": 2**16 * sum(s["n_tokens"] for s in slots) + 2**20 * (1 + step % 7), "kv_limit_bytes": 2**20 * 100,
+            "kv_slots_max_bytes": 2**16 * 4096 * self.n_slots,
             "idle_slot_evictions": 0, "kv_full_waits": 0, "kv_full_failures": 0,
         })
         model_stats = {"experts_computed": 6 * step, "experts_skipped": 2 * step}
         return Snapshot(time=t, stats=stats, slots=tuple(slots), model_stats=model_stats)
 
     async def fetch(self) -> Snapshot:
-        step = self.calls
+        step = self.calls if self.freeze_at is None else min(self.calls, self.freeze_at)
         self.calls += 1
         if self._failing(step):
             return Snapshot.lost("fake connection refused", t=self.t0 + step * self.dt)

@@ -10,27 +10,29 @@ from ..encoders.anthropic import AnthropicEncoder
 from ..encoders.base import echoed_model
 from ..errors import anthropic_error, uses_envelope
 from ..keys import ready_engine
+from ..offload import maybe_in_worker
 from ..prompt import chat_prompt
-from ..requests.anthropic import to_chat
-from ..requests.body import body_size, read_json
+from ..requests.anthropic import COUNT_TOKENS, MESSAGES, to_chat
+from ..requests.body import accepts, body_is_big
 from ..requests.fields import gen_params, get_bool
 from ..stream import respond
 
 
 @uses_envelope(anthropic_error)
-async def count_tokens(request: web.Request) -> web.Response:
+@accepts(COUNT_TOKENS)
+async def count_tokens(request: web.Request, body: dict) -> web.Response:
     eng = ready_engine(request)
-    body = await read_json(request)
-    prompt = await chat_prompt(eng, to_chat(body), await body_size(request), checkpoint=False)
+    chat = await maybe_in_worker(request, body_is_big(request), to_chat, body)
+    prompt = await chat_prompt(request, eng, chat, checkpoint=False)
     return web.json_response({"input_tokens": len(prompt.tokens)})
 
 
 @uses_envelope(anthropic_error)
-async def messages(request: web.Request) -> web.StreamResponse:
+@accepts(MESSAGES)
+async def messages(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
-    body = await read_json(request)
-    chat = to_chat(body)
-    prompt = await chat_prompt(eng, chat, await body_size(request))
+    chat = await maybe_in_worker(request, body_is_big(request), to_chat, body)
+    prompt = await chat_prompt(request, eng, chat)
     params = gen_params(chat, eng, oai=True, checkpoint_at=prompt.checkpoint_at)
     stream = get_bool(chat, "stream", False)
     task = eng.submit(prompt.tokens, params)

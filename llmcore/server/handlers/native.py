@@ -8,11 +8,13 @@ from ... import __version__
 from ...errors import RequestError
 from ...metrics import slots_json, to_prometheus
 from ..encoders.native import NativeEncoder, generation_settings
-from ..errors import error_response
+from ..errors import TooLargeError, error_response
 from ..keys import ENGINE, ready_engine
-from ..prompt import text_prompt
-from ..requests.body import read_json
+from ..offload import SMALL, json_answer, maybe_in_worker
+from ..prompt import fewest_tokens, text_prompt
+from ..requests.body import accepts
 from ..requests.fields import gen_params, get_bool
+from ..requests.text import COMPLETION, DETOKENIZE, TOKENIZE
 from ..stream import respond
 
 
@@ -61,47 +63,56 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
-async def tokenize(request: web.Request) -> web.Response:
-    eng = ready_engine(request)
-    body = await read_json(request)
-    content = body.get("content")
-    if not isinstance(content, str):
-        raise RequestError("'content' must be a string")
-    ids = eng.tokenizer.encode(content, add_special=get_bool(body, "add_special", False),
-                               parse_special=get_bool(body, "parse_special", True))
-    if get_bool(body, "with_pieces", False):
-        toks = []
-        for t in ids:
-            raw = eng.tokenizer.token_to_piece(t)
-            raw = raw.encode() if isinstance(raw, str) else bytes(raw)
-            try:
-                p = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                p = list(raw)
-            toks.append({"id": int(t), "piece": p})
-        return web.json_response({"tokens": toks})
-    return web.json_response({"tokens": [int(t) for t in ids]})
+def _tokens(eng, content: str, add_special: bool, parse_special: bool, with_pieces: bool) -> dict:
+    ids = eng.tokenizer.encode(content, add_special=add_special, parse_special=parse_special)
+    if not with_pieces:
+        return {"tokens": [int(t) for t in ids]}
+    toks = []
+    for t in ids:
+        raw = eng.tokenizer.token_to_piece(t)
+        raw = raw.encode() if isinstance(raw, str) else bytes(raw)
+        try:
+            p = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            p = list(raw)
+        toks.append({"id": int(t), "piece": p})
+    return {"tokens": toks}
 
 
-async def detokenize(request: web.Request) -> web.Response:
+@accepts(TOKENIZE)
+async def tokenize(request: web.Request, body: dict) -> web.Response:
     eng = ready_engine(request)
-    body = await read_json(request)
-    ids = body.get("tokens")
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise RequestError("'tokens' must be a list of token ids")
+    content = body["content"]
+    n_ctx = int(eng.n_ctx_slot or 0)
+    # what no context here can hold is not worth tokenizing: refuse before the work
+    if n_ctx and len(content) > n_ctx and (least := fewest_tokens(eng, content)) > n_ctx:
+        raise TooLargeError(f"'content' is at least {least} tokens, more than the context ({n_ctx})")
+    big = len(content) > SMALL
+    out = await maybe_in_worker(request, big, _tokens, eng, content, get_bool(body, "add_special", False),
+                                get_bool(body, "parse_special", True), get_bool(body, "with_pieces", False))
+    return await json_answer(request, out, big)
+
+
+@accepts(DETOKENIZE)
+async def detokenize(request: web.Request, body: dict) -> web.Response:
+    eng = ready_engine(request)
+    ids = [int(t) for t in body["tokens"]]
+    n_ctx = int(eng.n_ctx_slot or 0)
+    if n_ctx and len(ids) > n_ctx:
+        raise TooLargeError(f"'tokens' holds {len(ids)} tokens, more than the context ({n_ctx})")
     nv = int(eng.info.get("n_vocab") or 0)
     if nv and any(t < 0 or t >= nv for t in ids):
         raise RequestError(f"token id out of range (vocabulary size {nv})")
-    return web.json_response({"content": eng.tokenizer.decode(ids)})
+    big = len(ids) > SMALL // 4
+    text = await maybe_in_worker(request, big, eng.tokenizer.decode, ids)
+    return await json_answer(request, {"content": text}, big)
 
 
-async def completion(request: web.Request) -> web.StreamResponse:
+@accepts(COMPLETION)
+async def completion(request: web.Request, body: dict) -> web.StreamResponse:
     """POST /completion (llama-server native shape)."""
     eng = ready_engine(request)
-    body = await read_json(request)
-    if "prompt" not in body:
-        raise RequestError("'prompt' is required")
-    prompt = await text_prompt(eng, body["prompt"])
+    prompt = await text_prompt(request, eng, body["prompt"])
     params = gen_params(body, eng)
     stream = get_bool(body, "stream", False)
     return_tokens = get_bool(body, "return_tokens", False)

@@ -8,8 +8,10 @@ from ..encoders.openai_chat import OpenAIChatEncoder
 from ..encoders.openai_text import OpenAITextEncoder
 from ..keys import ENGINE, ready_engine
 from ..prompt import chat_prompt, text_prompt
-from ..requests.body import body_size, read_json
+from ..requests.body import accepts
+from ..requests.chat import CHAT
 from ..requests.fields import gen_params, get_bool
+from ..requests.text import OPENAI_COMPLETION
 from ..stream import respond
 
 
@@ -24,24 +26,22 @@ async def models(request: web.Request) -> web.Response:
     })
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
+@accepts(OPENAI_COMPLETION)
+async def completions(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
-    body = await read_json(request)
-    if "prompt" not in body:
-        raise RequestError("'prompt' is required")
     if body.get("echo") or body.get("best_of") not in (None, 1) or body.get("suffix"):
         raise RequestError("'echo', 'best_of' and 'suffix' are not supported")
-    prompt = await text_prompt(eng, body["prompt"])
+    prompt = await text_prompt(request, eng, body["prompt"])
     params = gen_params(body, eng, oai=True)
     stream = get_bool(body, "stream", False)
     task = eng.submit(prompt.tokens, params)
     return await respond(request, task, OpenAITextEncoder(eng, params), stream)
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+@accepts(CHAT)
+async def chat_completions(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
-    body = await read_json(request)
-    prompt = await chat_prompt(eng, body, await body_size(request))
+    prompt = await chat_prompt(request, eng, body)
     params = gen_params(body, eng, oai=True, checkpoint_at=prompt.checkpoint_at)
     stream = get_bool(body, "stream", False)
     task = eng.submit(prompt.tokens, params)

@@ -10,19 +10,20 @@ from ..encoders.base import echoed_model
 from ..encoders.responses import ResponsesEncoder
 from ..errors import responses_error, uses_envelope
 from ..keys import ready_engine
+from ..offload import maybe_in_worker
 from ..prompt import chat_prompt
-from ..requests.body import body_size, read_json
+from ..requests.body import accepts, body_is_big
 from ..requests.fields import gen_params, get_bool
-from ..requests.responses import to_chat
+from ..requests.responses import RESPONSES, to_chat
 from ..stream import respond
 
 
 @uses_envelope(responses_error)
-async def responses(request: web.Request) -> web.StreamResponse:
+@accepts(RESPONSES)
+async def responses(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
-    body = await read_json(request)
-    chat = to_chat(body)
-    prompt = await chat_prompt(eng, chat, await body_size(request))
+    chat = await maybe_in_worker(request, body_is_big(request), to_chat, body)
+    prompt = await chat_prompt(request, eng, chat)
     params = gen_params(chat, eng, oai=True, checkpoint_at=prompt.checkpoint_at)
     stream = get_bool(chat, "stream", False)  # before submit: a bad value must not leave a task running
     task = eng.submit(prompt.tokens, params)

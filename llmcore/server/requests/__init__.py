@@ -1,3 +1,5 @@
-"""Reading request bodies: the JSON body (body.py), typed fields and generation settings
-(fields.py), the chat request every chat-style API becomes (chat.py), and the Anthropic
-and Responses requests translated into it (anthropic.py, responses.py)."""
+"""Reading request bodies: the schema language every route's body is checked with
+(schema.py), the JSON body read with its limits (body.py: `accepts(SCHEMA)`), typed fields
+and generation settings (fields.py), the chat request every chat-style API becomes
+(chat.py), the Anthropic and Responses requests translated into it (anthropic.py,
+responses.py), and the text and token requests (text.py)."""

@@ -6,8 +6,42 @@ from __future__ import annotations
 import json
 
 from ...errors import RequestError
+from .fields import GENERATION_FIELDS
+from .schema import AnyOf, Anything, Bool, Enum, Int, List, Map, Obj, Str, Tagged
 
 BILLING = "x-anthropic-billing-header"
+
+# ---- the schema (requests/schema.py) ----------------------------------------------------
+
+_TEXT = Obj({"text": Str()}, required=("text",), name="a text block")
+_OTHER = Obj(name="a content block")  # images, documents, redacted thinking...: not rendered
+_RESULT_CONTENT = AnyOf((Str(), Tagged("type", {"text": _TEXT}, other=_OTHER),
+                         List(AnyOf((Str(), Tagged("type", {"text": _TEXT}, other=_OTHER))),
+                              name="a list of content blocks")),
+                        name="a string or a list of content blocks")
+BLOCK = Tagged("type", {
+    "text": _TEXT,
+    "tool_use": Obj({"id": Str(), "name": Str(), "input": Map()}, name="a tool_use block"),
+    "tool_result": Obj({"tool_use_id": Str(), "content": _RESULT_CONTENT, "is_error": Bool()},
+                       name="a tool_result block"),
+    "thinking": Obj({"thinking": Str(), "signature": Str()}, name="a thinking block"),
+}, default="text", other=_OTHER, name="a content block")
+CONTENT = AnyOf((Str(), BLOCK, List(AnyOf((Str(), BLOCK)), name="a list of content blocks")),
+                name="a string or a list of content blocks")
+MESSAGE = Obj({"role": Enum(("user", "assistant")), "content": CONTENT}, required=("role",),
+              name="a message object")
+TOOL = Obj({"name": Str(), "description": Str(), "input_schema": Map(), "type": Str()}, name="a tool object")
+
+MESSAGES = Obj({
+    **{k: GENERATION_FIELDS[k] for k in ("temperature", "top_p", "top_k", "stream", "cache_prompt",
+                                         "seed", "model")},
+    "max_tokens": Int(lo=-1), "system": CONTENT, "messages": List(MESSAGE, min_items=1),
+    "tools": List(TOOL), "stop_sequences": List(Str(), name="a list of strings"),
+    "tool_choice": Obj({"type": Str(), "name": Str(), "disable_parallel_tool_use": Bool()}),
+    "thinking": Obj({"type": Str(), "budget_tokens": Int()}), "metadata": Map(),
+    "service_tier": Str(), "container": Anything(),
+}, required=("messages",))
+COUNT_TOKENS = MESSAGES
 
 
 def _blocks(content, where: str) -> list[dict]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...chat import SPECIAL_VARIABLES
 from ...errors import RequestError
+from .fields import GENERATION_FIELDS
+from .schema import AnyOf, Bool, Enum, FieldError, List, Map, Obj, Str
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,53 @@ def _tool_name(t: dict):
 
 
 def _template_kwargs(body: dict) -> dict:
+    """The request's template variables. The special-token strings (bos_token, ...) and
+    the template's globals come from the model, never from a request (400); `messages`
+    and `tools` are the call's own and are dropped. Which of the rest a template gets is
+    decided by what it reads (`template_variables`)."""
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object")
-    kwargs = {k: v for k, v in kwargs.items() if isinstance(k, str) and k not in ("messages", "tools")}
+    for k in kwargs:
+        if k in SPECIAL_VARIABLES:
+            raise FieldError(f"chat_template_kwargs.{k}", "left out (the server sets it from the model)")
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("messages", "tools")}
     for key in ("reasoning_effort", "enable_thinking"):  # top-level shortcuts some clients send
         if key in body and key not in kwargs and body[key] is not None:
             kwargs[key] = body[key]
     return kwargs
+
+
+def template_variables(kwargs: dict, template) -> dict:
+    """The variables of `kwargs` the template reads (`ChatTemplate.request_variables`);
+    clients send variables meant for other templates (enable_thinking to a model without
+    thinking): those are dropped, not refused. A template that cannot tell gets them all."""
+    known = getattr(template, "request_variables", None)
+    if known is None:
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in known}
+
+
+# ---- the schema (requests/schema.py) ----------------------------------------------------
+
+_PART = AnyOf((Str(), Obj({"type": Str(), "text": Str()}, name="a content part")))
+CONTENT = AnyOf((Str(), List(_PART, name="a list of content parts")), name="a string, a list of content parts or null")
+_TOOL_CALL = Obj({"id": Str(), "type": Str(), "function": Obj({
+    "name": Str(), "arguments": AnyOf((Str(), Map()), name="a string or an object")})})
+MESSAGE = Obj({
+    "role": Str(), "content": CONTENT, "name": Str(), "tool_call_id": Str(),
+    "tool_calls": List(_TOOL_CALL), "reasoning_content": Str(),
+}, required=("role",), name="a message object")
+TOOL = Obj({"type": Str(), "function": Obj({"name": Str(), "description": Str(), "parameters": Map()})},
+           name="a tool object")
+TOOL_CHOICE = AnyOf((Enum(("auto", "none", "required")),
+                     Obj({"type": Str(), "function": Obj({"name": Str()})})),
+                    name="'auto', 'none', 'required' or an object naming a function")
+TEMPLATE_KWARGS = Map()  # checked by name in _template_kwargs; values go to the template as they are
+
+CHAT_FIELDS = {
+    "messages": List(MESSAGE, min_items=1), "tools": List(TOOL), "tool_choice": TOOL_CHOICE,
+    "parallel_tool_calls": Bool(), "chat_template_kwargs": TEMPLATE_KWARGS,
+    "reasoning_effort": Str(), "enable_thinking": Bool(), "response_format": Map(), "user": Str(),
+}
+CHAT = Obj({**GENERATION_FIELDS, **CHAT_FIELDS}, required=("messages",))

@@ -10,6 +10,7 @@ from typing import Any
 from ...engine import Engine, GenParams
 from ...errors import RequestError
 from ...sampling import SamplingParams
+from .schema import AnyOf, Bool, Int, List, Map, Num, Obj, Spec, Str
 
 _MISSING = object()
 
@@ -146,3 +147,31 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
         sampling=sampling_params(body, engine, oai),
         checkpoint_at=checkpoint_at,
     )
+
+
+# ---- the schema of these fields (requests/schema.py) ----------------------------------
+
+# the sampler works in float32: numbers past these would make logits infinite (NaN odds)
+_SAMPLING = Num(-1e6, 1e6)
+_PENALTY = Num(1e-6, 1e6)  # divides positive logits
+MAX_LOGIT_BIAS = 4096  # entries (a string key is tokenized while the request is read)
+_LOGIT_BIAS = AnyOf((Map(AnyOf((_SAMPLING, Bool())), max_items=MAX_LOGIT_BIAS),
+                     List(List(AnyOf((Int(), Str(), _SAMPLING, Bool())), min_items=2, max_items=2,
+                               name="a [token, bias] pair"), max_items=MAX_LOGIT_BIAS)),
+                    name="an object or a list of [token, bias] pairs")
+STOP = AnyOf((Str(), List(Str(), name="a list of strings")))
+
+SAMPLING_FIELDS: dict[str, Spec] = {
+    "temperature": _SAMPLING, "top_k": Int(), "top_p": _SAMPLING, "min_p": _SAMPLING,
+    "repeat_penalty": _PENALTY, "repetition_penalty": _PENALTY, "repeat_last_n": Int(lo=-1),
+    "presence_penalty": _SAMPLING, "frequency_penalty": _SAMPLING, "seed": Int(), "n_probs": Int(lo=0),
+    "logit_bias": _LOGIT_BIAS,
+}
+# what gen_params reads, llama-server names and OpenAI names
+GENERATION_FIELDS: dict[str, Spec] = {
+    **SAMPLING_FIELDS,
+    "n_predict": Int(lo=-1), "max_tokens": Int(lo=-1), "max_completion_tokens": Int(lo=-1),
+    "n": Int(), "logprobs": AnyOf((Bool(), Int(lo=0))), "top_logprobs": Int(lo=0),
+    "stop": STOP, "ignore_eos": Bool(), "cache_prompt": Bool(), "id_slot": Int(lo=-1),
+    "stream": Bool(), "stream_options": Obj({"include_usage": Bool()}), "model": Str(),
+}

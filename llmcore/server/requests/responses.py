@@ -4,6 +4,42 @@ function_call_output, reasoning); function tools are kept, other tool types skip
 from __future__ import annotations
 
 from ...errors import RequestError
+from .chat import TEMPLATE_KWARGS
+from .fields import GENERATION_FIELDS
+from .schema import AnyOf, Bool, Enum, Int, List, Map, Obj, Str, Tagged
+
+# ---- the schema (requests/schema.py) ----------------------------------------------------
+
+_PART = Obj({"type": Str(), "text": Str()}, name="a content part")
+_PARTS = List(_PART, name="a list of content parts")
+ITEM = Tagged("type", {
+    "message": Obj({"role": Enum(("system", "developer", "user", "assistant")),
+                    "content": AnyOf((Str(), _PARTS), name="a string or a list of content parts")},
+                   required=("role",), name="a message item"),
+    "function_call": Obj({"call_id": Str(), "id": Str(), "name": Str(), "arguments": Str()},
+                         name="a function_call item"),
+    "function_call_output": Obj({"call_id": Str(), "output": AnyOf((Str(), _PARTS),
+                                                                    name="a string or a list of content parts")},
+                                name="a function_call_output item"),
+    "reasoning": Obj({"id": Str(), "content": _PARTS, "summary": _PARTS, "encrypted_content": Str()},
+                     name="a reasoning item"),
+}, default="message", other=Obj(name="an input item"), name="an input item")
+TOOL = Obj({"type": Str(), "name": Str(), "description": Str(), "parameters": Map()}, name="a tool object")
+
+RESPONSES = Obj({
+    **{k: GENERATION_FIELDS[k] for k in ("temperature", "top_p", "top_k", "stream", "cache_prompt",
+                                         "seed", "model")},
+    "instructions": Str(),
+    "input": AnyOf((Str(), List(ITEM, min_items=1, name="a non-empty list of input items")),
+                   name="a string or a non-empty list of input items"),
+    "tools": List(TOOL),
+    "tool_choice": AnyOf((Enum(("auto", "none", "required")), Obj({"type": Str(), "name": Str()})),
+                         name="'auto', 'none', 'required' or an object"),
+    "parallel_tool_calls": Bool(), "max_output_tokens": Int(lo=-1),
+    "reasoning": Obj({"effort": Str(), "summary": Str()}), "chat_template_kwargs": TEMPLATE_KWARGS,
+    "store": Bool(), "previous_response_id": Str(), "metadata": Map(), "user": Str(),
+    "text": Map(), "include": List(Str()), "truncation": Str(), "service_tier": Str(),
+}, required=("input",))
 
 
 def _text(content, where: str) -> str:

@@ -1,75 +1,78 @@
-"""Cache gauges: KV memory and the RAM prompt cache against their budget (coloured by fixed
-thresholds), hits/misses per layer, checkpoints, and every other number the cache layers
-report (missing ones show as "-")."""
+"""Caches and memory: the slots' KV cache against `-c` and the RAM prompt cache against its
+own budget (two gauges, coloured by fixed thresholds), hit rates per cache layer,
+checkpoints made / restored and forced re-prefills, and the failure counters.
+
+Narrow panes keep one line per part (the essentials); wider ones add the details."""
 from __future__ import annotations
 
-from typing import Mapping
-
-from rich.table import Table
 from rich.text import Text
-from textual.reactive import reactive
-from textual.widgets import Static
 
-from ..formatting import (DASH, fmt_bytes, fmt_num, gauge_keys, gauge_text, gauges, hit_keys, hit_table,
-                          level, number_rows)
+from ..formatting import (DASH, checkpoint_phrases, flow, gauges, hit_rates, level,
+                          trouble_phrases)
+from ..snapshot import Snapshot
+from .panel import Panel
 
 COLOURS = {"green": "green", "yellow": "yellow", "red": "red", "unknown": "grey50"}
-# shown on their own lines: (label, keys...) with bytes keys formatted as sizes
-LINES = (
-    ("RAM entries", "cache_ram_entries", "cache_ram_tokens", "cache_ram_inserts", "cache_ram_evictions"),
-    ("checkpoints", "checkpoints_count", "checkpoints_bytes", "checkpoints_created", "checkpoints_restored",
-     "checkpoints_erased"),
-    ("trouble", "forced_reprefills", "checkpoint_failures", "cache_save_failures", "cache_restore_failures",
-     "kv_full_waits", "kv_full_failures", "idle_slot_evictions"),
-)
-SHORT = {"cache_ram_entries": "entries", "cache_ram_tokens": "tokens", "cache_ram_inserts": "saved",
-         "cache_ram_evictions": "evicted", "checkpoints_count": "held", "checkpoints_bytes": "",
-         "checkpoints_created": "made", "checkpoints_restored": "restored", "checkpoints_erased": "erased",
-         "forced_reprefills": "re-prefills", "checkpoint_failures": "ckpt fails",
-         "cache_save_failures": "save fails", "cache_restore_failures": "restore fails",
-         "kv_full_waits": "KV waits", "kv_full_failures": "KV fails", "idle_slot_evictions": "idle drops"}
+WIDE = 40  # from this content width on: long labels and details
 
 
-def bar(frac: float | None, width: int = 16) -> Text:
+def bar(frac: float | None, width: int) -> Text:
     if frac is None:
         return Text("·" * width, style="grey50")
     n = max(0, min(width, round(frac * width)))
+    if frac > 0 and n == 0:
+        n = 1  # something is used: show it
     return Text("█" * n + "░" * (width - n), style=COLOURS[level(frac)])
 
 
-def render_cache(cache: Mapping) -> Table:
-    t = Table.grid(padding=(0, 1))
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(no_wrap=True)
-    t.add_column()
-    if not cache:
-        t.add_row("caches", Text(DASH), Text("no cache numbers reported", style="grey50"))
-        return t
-    shown = gauge_keys(cache) | hit_keys(cache)
-    for label, used, cap, unit in gauges(cache):
-        text, frac = gauge_text(label, used, cap, unit)
-        t.add_row(label, bar(frac), Text(text))
-    for layer, hits, misses in hit_table(cache):
-        tot = (hits or 0) + (misses or 0)
-        rate = f" ({100 * (hits or 0) / tot:.0f}%)" if tot else ""
-        t.add_row(layer, Text("hit/miss", style="grey70"), Text(f"{fmt_num(hits)} / {fmt_num(misses)}{rate}"))
-    for label, *keys in LINES:
-        parts = []
-        for k in keys:
-            if k in cache:
-                v = fmt_bytes(cache[k]) if k.endswith("bytes") else fmt_num(cache[k])
-                parts.append(f"{SHORT.get(k, k)} {v}".strip())
-                shown.add(k)
-        if parts:
-            t.add_row(label, Text(""), Text("  ".join(parts)))
-    for k, v in number_rows(cache):
-        if k not in shown:
-            t.add_row(Text(k, style="grey70"), Text(""), Text(v))
-    return t
+class CacheGauges(Panel):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.snapshot: Snapshot | None = None
 
+    def show(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        self.redraw()
 
-class CacheGauges(Static):
-    cache: reactive[Mapping | None] = reactive(None, repaint=False)
+    def lines(self, width: int) -> list[Text]:
+        snap = self.snapshot
+        if snap is None or not snap.stats:
+            return [Text("no cache numbers reported yet", style="grey50")]
+        wide = width >= WIDE
+        lw = 13 if wide else 6  # label column
+        out: list[Text] = []
 
-    def watch_cache(self, cache: Mapping | None) -> None:
-        self.update(render_cache(cache or {}))
+        def row(label: str, phrases: list[str], lead: Text | None = None, style: str = "") -> None:
+            indent = lw + (len(lead) + 1 if lead is not None else 0)
+            parts = flow(phrases, width - lw, first=width - indent)
+            if not parts:
+                parts = [DASH]
+            first = Text()
+            first.append(label.ljust(lw), style="bold")
+            if lead is not None:
+                first.append_text(lead)
+                first.append(" ")
+            first.append(parts[0], style=style)
+            out.append(first)
+            for p in parts[1:]:
+                out.append(Text(" " * lw + p, style=style))
+
+        for g, short in zip(gauges(snap), ("KV", "cache")):
+            bw = max(4, min(20, width // 5)) if wide else 6
+            phrases = [g.text] + ([g.pct] if wide and g.fraction is not None else [])
+            if wide:
+                phrases += list(g.detail)
+            row(g.label if wide else short, phrases, bar(g.fraction, bw))
+        hits = hit_rates(snap)
+        if hits:
+            row("hit rate" if wide else "hits",
+                [f"{h.text} ({h.counts})" if wide else h.text for h in hits])
+        ck = checkpoint_phrases(snap)
+        if ck:
+            row("checkpoints" if wide else "ckpt", ck if wide else ck[:2])
+        trouble = trouble_phrases(snap, all_=wide)
+        if trouble:
+            bad = any(snap.get(k) for k in ("checkpoint_failures", "cache_save_failures",
+                                            "cache_restore_failures", "kv_full_failures"))
+            row("failures" if wide else "fails", trouble, style="red" if bad else "")
+        return out

@@ -2,39 +2,48 @@
 own counters (e.g. MoE experts computed / skipped) when it reports any."""
 from __future__ import annotations
 
-from rich.table import Table
-from textual.reactive import reactive
-from textual.widgets import Static
+from rich.text import Text
 
-from ..formatting import fmt_num, fmt_rate, number_rows
+from ..formatting import fmt_count
 from ..snapshot import Snapshot
+from .panel import Panel
 
-ROWS = (  # label, stats key, formatter
-    ("processing", "requests_processing", fmt_num),
-    ("queued", "requests_deferred", fmt_num),
-    ("done", "requests_total", fmt_num),
-    ("errors", "requests_errors", fmt_num),
-    ("cancelled", "requests_cancelled", fmt_num),
-    ("prompt tokens", "prompt_tokens_total", fmt_num),
-    ("cached tokens", "cache_tokens_total", fmt_num),
-    ("generated", "tokens_predicted_total", fmt_num),
-    ("avg prompt t/s", "prompt_tokens_seconds", fmt_rate),
-    ("avg gen t/s", "predicted_tokens_seconds", fmt_rate),
-    ("slots/decode", "n_busy_slots_per_decode", fmt_rate),
+ROWS = (  # label, stats key
+    ("processing", "requests_processing"),
+    ("queued", "requests_deferred"),
+    ("done", "requests_total"),
+    ("errors", "requests_errors"),
+    ("cancelled", "requests_cancelled"),
+    ("prompt tokens", "prompt_tokens_total"),
+    ("cached tokens", "cache_tokens_total"),
+    ("generated", "tokens_predicted_total"),
 )
 
 
-class RequestsPane(Static):
-    snapshot: reactive[Snapshot | None] = reactive(None, repaint=False)
+class RequestsPane(Panel):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.snapshot: Snapshot | None = None
 
-    def watch_snapshot(self, snap: Snapshot | None) -> None:
-        t = Table.grid(padding=(0, 1))
-        t.add_column(style="bold")
-        t.add_column(justify="right")
-        for label, key, f in ROWS:
-            v = snap.get(key) if snap is not None and snap.connected else None
-            t.add_row(label, f(v))
-        if snap is not None and snap.connected:
-            for name, text in number_rows(snap.model_stats):
-                t.add_row(name.replace("_", " "), text)
-        self.update(t)
+    def show(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        self.redraw()
+
+    def rows(self) -> list[tuple[str, str]]:
+        snap = self.snapshot
+        ok = snap is not None and snap.connected
+        out = [(label, fmt_count(snap.get(key) if ok else None)) for label, key in ROWS]
+        if ok:
+            out += [(name.replace("_", " "), fmt_count(v)) for name, v in sorted(snap.model_stats.items())]
+        return out
+
+    def lines(self, width: int) -> list[Text]:
+        out = []
+        for label, value in self.rows():
+            if len(label) + 1 + len(value) > width:
+                label = label.split(" ")[0]  # whole words only
+            line = Text()
+            line.append(label, style="bold")
+            line.append(" " * max(1, width - len(label) - len(value)) + value)
+            out.append(line)
+        return out
