@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import functools
 import inspect
 import logging
@@ -150,8 +151,56 @@ class RuntimeOptions:
 
 
 @dataclass(frozen=True)
-class ServerOptions(RuntimeOptions):
-    """`serve` and `tui`: the runtime options plus address, slots, caches, request defaults."""
+class LlamaServerFlags:
+    """llama-server flags that llmcore accepts so a llama-server command line runs as it is,
+    but that mean nothing on this CPU engine (GPU offload, memory locking) or name what
+    llmcore always does (metrics, continuous batching, jinja templates): each one given
+    prints one line saying so (`notes`)."""
+
+    gpu_layers: Annotated[Optional[str], typer.Option(
+        "-ngl", "--gpu-layers", "--n-gpu-layers", help="llama-server's GPU offload: no effect (CPU engine)")] = None
+    flash_attn: Annotated[Optional[str], typer.Option(
+        "-fa", "--flash-attn", help="on|off|auto: no effect (attention is always one fused kernel here)")] = None
+    split_mode: Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="GPU split: no effect")] = None
+    tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="GPU split: no effect")] = None
+    main_gpu: Annotated[Optional[int], typer.Option("-mg", "--main-gpu", help="GPU choice: no effect")] = None
+    device: Annotated[Optional[str], typer.Option("-dev", "--device", help="GPU devices: no effect")] = None
+    no_kv_offload: Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="no effect (no GPU)")] = False
+    mlock: Annotated[bool, typer.Option("--mlock", help="no effect (the model file is memory-mapped)")] = False
+    no_mmap: Annotated[bool, typer.Option("--no-mmap", help="no effect (the model file is always memory-mapped)")] = False
+    metrics: Annotated[bool, typer.Option("--metrics", help="no effect (/metrics is always on)")] = False
+    cont_batching: Annotated[bool, typer.Option(
+        "-cb", "--cont-batching", help="no effect (batching is always continuous)")] = False
+    jinja: Annotated[bool, typer.Option("--jinja", help="no effect (chat templates always run as jinja)")] = False
+    no_webui: Annotated[bool, typer.Option("--no-webui", help="no effect (there is no web UI)")] = False
+    no_warmup: Annotated[bool, typer.Option("--no-warmup", help="no effect (nothing is warmed up)")] = False
+
+    def notes(self) -> list[str]:
+        """One line per flag given: what it does here."""
+        out = []
+        gpu = [f"{flag} {v}" for flag, v in (("-ngl", self.gpu_layers), ("-sm", self.split_mode),
+                                            ("-ts", self.tensor_split), ("-mg", self.main_gpu),
+                                            ("-dev", self.device)) if v is not None]
+        gpu += ["-nkvo"] if self.no_kv_offload else []
+        out += [f"{g}: llmcore is a CPU engine, nothing is offloaded to a GPU" for g in gpu]
+        if self.flash_attn is not None:
+            out.append(f"-fa {self.flash_attn}: attention is always one fused kernel in llmcore")
+        for given, flag, why in ((self.mlock, "--mlock", "the model file is memory-mapped, not locked"),
+                                 (self.no_mmap, "--no-mmap", "the model file is always memory-mapped"),
+                                 (self.metrics, "--metrics", "/metrics is always on"),
+                                 (self.cont_batching, "-cb", "batching is always continuous"),
+                                 (self.jinja, "--jinja", "chat templates always run as jinja"),
+                                 (self.no_webui, "--no-webui", "llmcore has no web UI"),
+                                 (self.no_warmup, "--no-warmup", "llmcore does no warm-up")):
+            if given:
+                out.append(f"{flag}: {why}")
+        return out
+
+
+@dataclass(frozen=True)
+class ServerOptions(RuntimeOptions, LlamaServerFlags):
+    """`serve` and `tui`: the runtime options plus address, slots, caches, request defaults,
+    and the llama-server flags accepted for compatibility."""
 
     host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1"
     port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8080
@@ -173,6 +222,16 @@ class ServerOptions(RuntimeOptions):
         help="reuse a slot only when it holds more than this share of the prompt")] = 0.1
     swa_full: Annotated[bool, typer.Option(
         "--swa-full", help="full KV on sliding-window layers (trimmable; more memory)")] = False
+    kv_unified: Annotated[bool, typer.Option(
+        "-kvu/-no-kvu", "--kv-unified/--no-kv-unified",
+        help="every slot may use the whole -c (else -c / -np each)")] = True
+    cache_dir: Annotated[Optional[str], typer.Option(
+        "--cache-dir", help="keep the prompt cache on disk in DIR too: evicted entries and all at a "
+                            "clean stop, found again after a restart (default: off)")] = None
+    cache_disk: Annotated[int, typer.Option(
+        "--cache-disk", help="disk budget of --cache-dir, MiB (-1 no limit)")] = 32768
+    slot_save_path: Annotated[Optional[str], typer.Option(
+        "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore files (default: off)")] = None
     alias: Annotated[Optional[str], typer.Option("-a", "--alias", help="model name shown by the API")] = None
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")] = -1
@@ -180,6 +239,19 @@ class ServerOptions(RuntimeOptions):
     top_k: Annotated[int, typer.Option("--top-k", help="default top-k (0 = off)")] = 40
     top_p: Annotated[float, typer.Option("--top-p", help="default top-p (1 = off)")] = 0.95
     min_p: Annotated[float, typer.Option("--min-p", help="default min-p (0 = off)")] = 0.05
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="default repeat penalty (1 = off)")] = 1.0
+    repeat_last_n: Annotated[int, typer.Option(
+        "--repeat-last-n", help="tokens the repeat penalty looks at (0 off, -1 whole context)")] = 64
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="default presence penalty")] = 0.0
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="default frequency penalty")] = 0.0
+    seed: Annotated[int, typer.Option("-s", "--seed", help="default sampling seed (-1 = random)")] = -1
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="LLAMA_API_KEY", help="require this key (Authorization: Bearer KEY) on every route "
+                                                  "but /health")] = None
+    threads_http: Annotated[int, typer.Option(
+        "--threads-http", help="threads for request work off the event loop (0 = default)")] = 0
+    shutdown_timeout: Annotated[float, typer.Option(
+        "--shutdown-timeout", help="at SIGTERM/Ctrl-C, seconds running requests may still take")] = 30.0
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info"
     cors: Annotated[Optional[list[str]], typer.Option(
         "--cors", help="let web pages from ORIGIN call the API (repeat, or comma-separate; * = any); "
@@ -203,8 +275,11 @@ class ServerOptions(RuntimeOptions):
             checkpoint_every_n_tokens=self.checkpoint_every, cache_idle_slots=self.cache_idle_slots,
             slot_prompt_similarity=self.sps, swa_full=self.swa_full, model_alias=self.alias,
             sampling=SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p,
-                                    min_p=self.min_p),
-            n_predict=self.n_predict)
+                                    min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                                    repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
+                                    frequency_penalty=self.frequency_penalty, seed=self.seed),
+            n_predict=self.n_predict, kv_unified=self.kv_unified, cache_dir=self.cache_dir,
+            cache_disk_mib=self.cache_disk, slot_save_path=self.slot_save_path)
 
     def server_config(self) -> ServerConfig:
         from .server import ServerConfig
@@ -218,11 +293,20 @@ class ServerOptions(RuntimeOptions):
                                    if name != "max-body-mib" else f"--{name} {v:g}: expected > 0")
         if self.max_conns_per_client < 0:
             raise LLMCoreError("--max-connections-per-client must be >= 0 (0 = no cap)")
+        if self.shutdown_timeout < 0:
+            raise LLMCoreError(f"--shutdown-timeout {self.shutdown_timeout:g}: expected seconds >= 0")
+        if self.repeat_penalty <= 0:
+            raise LLMCoreError(f"--repeat-penalty {self.repeat_penalty:g}: expected > 0")
+        for flag, d in (("--cache-dir", self.cache_dir), ("--slot-save-path", self.slot_save_path)):
+            if d is not None and os.path.exists(d) and not os.path.isdir(d):
+                raise LLMCoreError(f"{flag} {d}: not a directory")
         origins = tuple(o.strip().rstrip("/") for arg in (self.cors or ()) for o in arg.split(",") if o.strip())
         return ServerConfig(host=self.host, port=self.port, cors_origins=origins,
                             body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
                             idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
-                            max_body_bytes=int(self.max_body_mib * 1024 * 1024))
+                            max_body_bytes=int(self.max_body_mib * 1024 * 1024),
+                            shutdown_timeout=self.shutdown_timeout, api_key=self.api_key or None,
+                            **({"workers": self.threads_http} if self.threads_http > 0 else {}))
 
 
 def with_options(options: type[RuntimeOptions]):
@@ -267,6 +351,8 @@ def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     _setup_logging(opts.log_level)
     server_cfg = opts.server_config()
     cfg = opts.engine_config()
+    for note in opts.notes():
+        typer.echo(f"llmcore: {note}", err=True)
     path = resolve_model(model)
     _check_model(path)
     sock = _listen(opts)  # the port is ours before the model loads
@@ -335,6 +421,8 @@ def tui(
 
         # every start-up error is one line here, before any screen opens
         cfg, server_cfg = opts.engine_config(), opts.server_config()
+        for note in opts.notes():
+            typer.echo(f"llmcore: {note}", err=True)
         path = resolve_model(model)
         _check_model(path)
         sock = _listen(opts)

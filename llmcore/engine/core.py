@@ -103,6 +103,7 @@ class Engine:
         self._waiting: collections.deque[Task] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._closed = False  # close_intake(): new requests are refused (a shutdown drains)
         self._ready = threading.Event()
         self._threads_now = 0
         self._heap_dirty = False  # steps ran since the last trim_heap
@@ -246,6 +247,15 @@ class Engine:
 
     shutdown = stop
 
+    def close_intake(self) -> None:
+        """Refuse new requests from now on (ShuttingDownError); the ones submitted run on."""
+        self._closed = True
+
+    @property
+    def n_active(self) -> int:
+        """Requests running or waiting (any thread; a snapshot)."""
+        return sum(1 for s in list(self.slots) if s.busy) + len(self._waiting) + len(self._inbox)
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
         return self.ready
@@ -274,6 +284,8 @@ class Engine:
         """Queue a request. Validates first (raises RequestError/ContextFullError before any
         work). From a coroutine the task delivers to the running loop; `sync=True` (or no
         running loop) gives a task to iterate from a plain thread."""
+        if self._closed:
+            raise ShuttingDownError()
         prompt = [int(t) for t in prompt]
         params = params or GenParams()
         self.check_prompt(prompt)

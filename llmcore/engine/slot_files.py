@@ -121,7 +121,11 @@ class SlotFiles:
                                    "n_written": size,
                                    "timings": {"save_ms": 1e3 * (time.perf_counter() - cmd.t_start)}})
 
-        self.io.submit(lambda: write_state_file(path, self.fingerprint(), contents), done)
+        def write() -> int:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return write_state_file(path, self.fingerprint(), contents)
+
+        self.io.submit(write, done)
 
     def _restore(self, cmd: SlotCommand, slot: Slot) -> None:
         if cmd.contents is None:  # first: read the file (I/O thread), then come back here

@@ -8,18 +8,20 @@
   POST to any address without asking (no CORS preflight), never an application/json one.
 - CORS: off unless `--cors ORIGIN` names origins (or `*`): then their preflight requests
   are answered and their responses carry Access-Control-Allow-Origin.
-- API key: `ServerConfig.api_key` is where it will be checked, here, first (not yet set
-  by any flag); meanwhile a non-loopback bind without one is warned about at start.
+- API key (`--api-key`): every route but /health needs `Authorization: Bearer KEY` (or
+  Anthropic's `x-api-key: KEY`), else 401; checked first. A non-loopback bind without one
+  is warned about at start.
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import logging
 
 from aiohttp import web
 
 from .config import ServerConfig
-from .errors import ForbiddenHostError, UnsupportedMediaTypeError
+from .errors import ForbiddenHostError, UnauthorizedError, UnsupportedMediaTypeError
 from .keys import CONFIG
 
 log = logging.getLogger("llmcore.server")
@@ -119,11 +121,24 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
         response.headers["Vary"] = "Origin"
 
 
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # as llama-server: probes need no key
+
+
+def check_api_key(request: web.Request, key: str) -> None:
+    if request.path in PUBLIC_PATHS:
+        return
+    auth = request.headers.get("Authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("X-Api-Key", "")
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise UnauthorizedError("Invalid API Key")
+
+
 @web.middleware
 async def access_middleware(request: web.Request, handler):
     cfg = request.app[CONFIG]
     check_host(request, cfg.host)
-    # the API key (cfg.api_key) is checked here, before anything else a request can reach
+    if cfg.api_key and request.method != "OPTIONS":  # before anything else a request can reach
+        check_api_key(request, cfg.api_key)
     route_error = request.match_info.http_exception
     if request.method == "OPTIONS" and isinstance(route_error, web.HTTPMethodNotAllowed) \
             and request.headers.get("Access-Control-Request-Method"):

@@ -36,6 +36,29 @@ async def _workers_ctx(app: web.Application):
     app[WORKERS].shutdown(wait=False, cancel_futures=True)
 
 
+async def _drain(app: web.Application) -> None:
+    """on_shutdown (SIGTERM, Ctrl-C), after the listener closed: running and queued requests
+    may finish within ``shutdown_timeout``; then the engine stops on a worker thread (the
+    rest end with a ShuttingDownError event, [DONE] for OpenAI streams, while this loop
+    still delivers them; the disk tier is written) and the streams get a moment to end."""
+    eng, cfg = app[ENGINE], app[CONFIG]
+    eng.close_intake()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + max(0.0, cfg.shutdown_timeout)
+    if eng.n_active:
+        log.info("shutting down: %d request(s) running or queued, waiting up to %.0f s",
+                 eng.n_active, cfg.shutdown_timeout)
+    while eng.n_active and loop.time() < end:
+        await asyncio.sleep(0.05)
+    left = eng.n_active
+    if left:
+        log.warning("shutting down: ending %d request(s) still running after %.0f s", left, cfg.shutdown_timeout)
+    await loop.run_in_executor(None, eng.stop)
+    end = loop.time() + 2.0
+    while len(app[STREAMS]) and loop.time() < end:  # their error event and [DONE] go out
+        await asyncio.sleep(0.02)
+
+
 async def _close_streams(app: web.Application) -> None:
     for resp in list(app[STREAMS]):
         try:
@@ -58,6 +81,7 @@ def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Applicati
     app[CONNECTIONS] = ConnectionGuard(cfg)
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(_workers_ctx)
+    app.on_shutdown.append(_drain)
     app.on_shutdown.append(_close_streams)
     app.on_response_prepare.append(add_cors_headers)
     setup_routes(app)

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      RequestError)
+                      NotSupportedError, RequestError, ShuttingDownError)
 from .sse import ClientGone
 
 log = logging.getLogger("llmcore.server")
@@ -27,6 +27,7 @@ class ErrorKind:
 
 
 INVALID = ErrorKind(400, "invalid_request_error", 400, "invalid_request_error")
+UNAUTHORIZED = ErrorKind(401, "authentication_error", 401, "authentication_error")
 FORBIDDEN = ErrorKind(403, "permission_error", 403, "permission_error")
 TIMEOUT = ErrorKind(408, "invalid_request_error", 408, "invalid_request_error")
 TOO_LARGE = ErrorKind(413, "invalid_request_error", 413, "request_too_large")
@@ -34,6 +35,7 @@ MEDIA_TYPE = ErrorKind(415, "invalid_request_error", 415, "invalid_request_error
 LOADING = ErrorKind(503, "unavailable_error", 529, "overloaded_error")  # clients retry 529
 UNAVAILABLE = ErrorKind(503, "unavailable_error", 500, "api_error")
 INTERNAL = ErrorKind(500, "server_error", 500, "api_error")
+NOT_SUPPORTED = ErrorKind(501, "not_supported_error", 500, "api_error")
 
 
 class SpoiledConnectionError(RequestError):
@@ -63,12 +65,17 @@ class ForbiddenHostError(RequestError):
     """A Host header this server does not answer to (a loopback bind, a foreign name): 403."""
 
 
+class UnauthorizedError(RequestError):
+    """No API key, or the wrong one, on a server started with --api-key: 401."""
+
+
 class UnsupportedMediaTypeError(SpoiledConnectionError):
     """A body of a type the route does not take (text/plain, forms): 415."""
 
 
 # by class, most specific first; RequestError covers ContextFullError
 _KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (UnauthorizedError, UNAUTHORIZED),
     (ForbiddenHostError, FORBIDDEN),
     (BodyTimeoutError, TIMEOUT),
     (BodyTooLargeError, TOO_LARGE),
@@ -77,6 +84,8 @@ _KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (RequestError, INVALID),
     (ModelLoadingError, LOADING),
     (ModelLoadFailedError, UNAVAILABLE),
+    (ShuttingDownError, UNAVAILABLE),  # not a bug: the client may retry elsewhere or later
+    (NotSupportedError, NOT_SUPPORTED),
     (LLMCoreError, INTERNAL),  # ShuttingDownError, EngineFailure, ...
 )
 

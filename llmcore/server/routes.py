@@ -12,6 +12,7 @@ def setup_routes(app: web.Application) -> None:
         r.add_get(path, native.health)
     r.add_get("/props", native.props)
     r.add_get("/slots", native.slots)
+    r.add_post("/slots/{id_slot}", native.slot_action)
     r.add_get("/metrics", native.metrics)
     r.add_post("/tokenize", native.tokenize)
     r.add_post("/detokenize", native.detokenize)

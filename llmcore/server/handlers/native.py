@@ -1,6 +1,8 @@
-"""llama-server native routes: /health, /props, /slots, /metrics, /tokenize, /detokenize,
-/completion."""
+"""llama-server native routes: /health, /props, /slots (and POST /slots/{id}?action=),
+/metrics, /tokenize, /detokenize, /completion."""
 from __future__ import annotations
+
+import asyncio
 
 from aiohttp import web
 
@@ -8,13 +10,13 @@ from ... import __version__
 from ...errors import RequestError
 from ...metrics import slots_json, to_prometheus
 from ..encoders.native import NativeEncoder, generation_settings
-from ..errors import TooLargeError, error_response
+from ..errors import TooLargeError, UnsupportedMediaTypeError, error_response
 from ..keys import ENGINE, ready_engine
 from ..offload import SMALL, json_answer, maybe_in_worker
 from ..prompt import fewest_tokens, text_prompt
-from ..requests.body import accepts
+from ..requests.body import JSON_ONLY, accepts, read_json
 from ..requests.fields import gen_params, get_bool
-from ..requests.text import COMPLETION, DETOKENIZE, TOKENIZE
+from ..requests.text import COMPLETION, DETOKENIZE, SLOT_ACTION, TOKENIZE
 from ..stream import respond
 
 
@@ -55,6 +57,31 @@ async def slots(request: web.Request) -> web.Response:
     if request.query.get("fail_on_no_slot") in ("1", "true") and all(s.state != "idle" for s in st.slots):
         return error_response(503, "no slot available")
     return web.json_response(slots_json(st))
+
+
+async def slot_action(request: web.Request) -> web.Response:
+    """POST /slots/{id}?action=save|restore (body {"filename"}) | erase: llama-server's
+    result objects; deferred while the slot is busy (llmcore.engine.slot_files)."""
+    eng = ready_engine(request)
+    action = request.query.get("action", "")
+    try:
+        slot_id = int(request.match_info["id_slot"])
+    except ValueError:
+        raise RequestError(f"Invalid slot id {request.match_info['id_slot']!r}") from None
+    filename = None
+    if action in ("save", "restore"):
+        if request.content_type != "application/json":
+            raise UnsupportedMediaTypeError("the body must be sent as Content-Type: application/json")
+        filename = (await read_json(request, SLOT_ACTION)).get("filename")
+        if filename is None:
+            raise RequestError("'filename' is required")
+    elif request.content_type != "application/json" and request.can_read_body:
+        raise UnsupportedMediaTypeError("the body must be sent as Content-Type: application/json")
+    fut = eng.slot_action(action, slot_id, filename)
+    return web.json_response(await asyncio.wrap_future(fut))
+
+
+slot_action.media_types = (*JSON_ONLY, "application/octet-stream")  # erase needs no body
 
 
 async def metrics(request: web.Request) -> web.Response:

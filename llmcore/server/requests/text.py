@@ -18,4 +18,5 @@ OPENAI_COMPLETION = Obj({**GENERATION_FIELDS, "prompt": PROMPT, "echo": Bool(), 
                          "suffix": Str(), "user": Str()}, required=("prompt",))
 TOKENIZE = Obj({"content": Str(), "add_special": Bool(), "parse_special": Bool(), "with_pieces": Bool()},
                required=("content",))
+SLOT_ACTION = Obj({"filename": Str()})
 DETOKENIZE = Obj({"tokens": List(TOKEN_ID, name="a list of token ids")}, required=("tokens",))
