@@ -1,11 +1,12 @@
 """`llmcore bench load` (bench/load.py): a load run against a real `llmcore serve` on the
 tiny chat model writes its table, JSON and plot with sane numbers, and the CI soak: 30
-seconds at parallel 8 with the cache layers on (slots, RAM), no failed request,
+seconds at parallel 8 with every cache layer on (slots, RAM, disk tier), no failed request,
 the server alive and its RSS within the memory plan it announced at start."""
 from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 import sys
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from serve_load import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def server(built_model):
+def server(built_model, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("disk_tier")  # small RAM cache: entries go to disk and come back
     with ServerProcess(["-m", str(built_model("chat")), "-np", "8", "-c", "16384", "--log-level", "warning",
-                        "--cache-ram", "64"]) as srv:
+                        "--cache-ram", "1", "--cache-dir", str(cache), "--cache-disk", "64"]) as srv:
         yield srv
 
 
@@ -65,3 +67,6 @@ def test_cli_soak_30_seconds_parallel_8(server, tmp_path):
     (lv,) = rep["levels"]
     assert lv["failed"] == 0 and lv["ok"] > 20 and lv["cache_share"] > 0.2
     assert server.alive()
+    metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    vals = {k: float(v) for k, v in (ln.split(" ", 1) for ln in metrics.splitlines() if ln and ln[0] != "#")}
+    assert vals["llmcore:disk_cache_writes_total"] > 0 and vals["llmcore:disk_cache_write_failures_total"] == 0
