@@ -48,6 +48,8 @@ from .task import Task
 
 log = logging.getLogger("llmcore.engine")
 
+TRIM_EVERY_S = 2.0  # going idle gives the heap's free pages back at most this often
+
 
 class EngineStatus(str, enum.Enum):
     """What the engine can do now; the values are the strings /health and /props show."""
@@ -107,6 +109,7 @@ class Engine:
         self._ready = threading.Event()
         self._threads_now = 0
         self._heap_dirty = False  # steps ran since the last trim_heap
+        self._t_trim = 0.0
         self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self._cache_numbers: dict = {}
         self._fault_hook: Callable[[str], None] | None = None
@@ -403,11 +406,13 @@ class Engine:
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
                 idle = not self._waiting and not self._commands and not any(s.busy for s in self.slots)
-                if idle and not self._heap_dirty:
-                    self._cv.wait(0.5)
+                too_soon = TRIM_EVERY_S - (time.monotonic() - self._t_trim)
+                if idle and (not self._heap_dirty or too_soon > 0):
+                    self._cv.wait(0.5 if not self._heap_dirty else too_soon)
                     continue
-            if idle:  # just went idle: what the steps freed goes back to the OS
+            if idle:  # went idle: what the steps freed goes back to the OS (at most every few s)
                 self._heap_dirty = False
+                self._t_trim = time.monotonic()
                 memory.trim_heap()
                 continue
             try:
