@@ -530,6 +530,9 @@ def plot(out: Path, runs: list[dict]) -> Path | None:
         axes[1].plot(x, [v["total_tps"] for v in lv], marker="o", color=col, label=name)
         axes[2].plot(x, [1e3 * (v["ttft_p50"] or 0) for v in lv], marker="o", color=col, label=f"{name} p50")
         axes[2].plot(x, [1e3 * (v["ttft_p99"] or 0) for v in lv], marker=".", ls="--", color=col, label=f"{name} p99")
+    ttfts = [v for ln in axes[2].get_lines() for v in ln.get_ydata() if v > 0]
+    if ttfts and max(ttfts) / min(ttfts) > 50:  # from ms to minutes: a log scale shows both
+        axes[2].set_yscale("log")
     for ax, title, yl in ((axes[0], "output throughput", "output tokens/s"),
                           (axes[1], "total throughput (prompt + output)", "tokens/s"),
                           (axes[2], "time to first token", "TTFT (ms)")):
