@@ -531,7 +531,7 @@ def _load_engine(models, name, **cfg):
 
 
 @pytest.mark.parametrize("name,cache_ram,n_conv,turns", [
-    ("llama-f32", 16, 12, 5), ("llama-f32", 1, 12, 5), ("gemma3-swa", 1, 8, 3)])
+    ("llama-f32", 16, 12, 5), ("llama-f32", 1, 12, 5), ("gemma3-swa", 2, 8, 3)])
 async def test_multi_turn_load_on_a_small_cache_logs_no_restore_failure(tiny_models, built_model, caplog, name,
                                                                         cache_ram, n_conv, turns):
     # -np 4, a small --cache-ram, conversations that come back; for the tiny llama KV is 256 B
