@@ -420,6 +420,12 @@ class ChatTemplate:
         # what a request's chat_template_kwargs may set (add_generation_prompt is read apart)
         self.request_variables = self._free_variables(source) - SPECIAL_VARIABLES - {"messages", "tools"}
 
+    @property
+    def reads_tools(self) -> bool:
+        """Whether the template renders `tools` (else the server writes them into the
+        system prompt in the generic format)."""
+        return "tools" in self._free_variables(self.source)
+
     def _free_variables(self, source: str) -> frozenset[str]:
         """The variables the template reads without setting them (enable_thinking, ...)."""
         from jinja2 import meta

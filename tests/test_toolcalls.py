@@ -202,11 +202,16 @@ def test_detect_format():
     assert detect_format("[AVAILABLE_TOOLS] [TOOL_CALLS]") == "mistral"
     assert detect_format("<|python_tag|> ipython") == "llama3"
     assert detect_format(None) == "hermes"
+    assert detect_format("{{ '<|tool_call_start|>' }} <|tool_list_start|>") == "lfm2"
+    assert detect_format("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>") == "glm45"
+    assert detect_format("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>") == "deepseek"
+    assert detect_format("<|tool_calls_section_begin|><|tool_call_begin|>") == "kimi_k2"
 
     from llmcore.toolcalls import FORMATS, NEEDS_SPECIAL
 
-    assert set(FORMATS) == {"hermes", "qwen3coder", "llama3", "mistral", "harmony"}
-    assert NEEDS_SPECIAL == {"mistral", "harmony"}
+    assert set(FORMATS) == {"hermes", "qwen3coder", "llama3", "mistral", "harmony", "lfm2", "glm45",
+                            "deepseek", "kimi_k2", "generic"}
+    assert NEEDS_SPECIAL == {"mistral", "harmony", "lfm2", "glm45", "deepseek", "kimi_k2"}
 
 
 def _stream_matches_whole(fmt, text, **kw):

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import RequestError
 from ..sampling import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..constrain import Constraint
 
 log = logging.getLogger("llmcore.engine")
 
@@ -73,6 +77,8 @@ class GenParams:
     id_slot: int = -1
     sampling: SamplingParams = field(default_factory=SamplingParams)
     checkpoint_at: int | None = None  # token position where the last user message starts
+    min_tokens: int = 0  # end-of-generation tokens are refused before this many tokens
+    constraint: "Constraint | None" = None  # the grammar the output must fit (llmcore.constrain)
 
 
 __all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_stops"]

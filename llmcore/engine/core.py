@@ -27,8 +27,8 @@ import numpy as np
 from .. import metrics
 from ..cache.checkpoints import CheckpointBudget, plan_positions
 from ..cache.prompt_cache import PromptCache
-from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      RequestError, ShuttingDownError)
+from ..errors import (ContextFullError, EngineFailure, LLMCoreError, ModelLoadFailedError,
+                      ModelLoadingError, RequestError, ShuttingDownError)
 from ..sampling import Sampler
 from . import memory
 from .config import EngineConfig, GenParams, check_stops
@@ -42,6 +42,10 @@ from .stats import EngineCounters
 from .task import Task
 
 log = logging.getLogger("llmcore.engine")
+
+
+class GrammarStuckError(EngineFailure):
+    """A constrained generation cannot go on (no token fits its grammar)."""
 
 
 class EngineStatus(str, enum.Enum):
@@ -95,6 +99,7 @@ class Engine:
         self._threads_now = 0
         self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self._cache_numbers: dict = {}
+        self._masks = None  # constrain.MaskBatch, made when the first constrained request runs
         self._fault_hook: Callable[[str], None] | None = None
         self.t_start = time.time()
         if model is not None:
@@ -200,6 +205,9 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._masks is not None:
+            self._masks.close()
+            self._masks = None
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
@@ -236,6 +244,8 @@ class Engine:
             raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
         params.sampling.validate()
         check_stops(params.stop)
+        if params.min_tokens < 0:
+            raise RequestError("'min_tokens' must be >= 0")
         if loop is None and not sync:
             try:
                 loop = asyncio.get_running_loop()
@@ -381,11 +391,13 @@ class Engine:
     def _new_generation(self, task: Task, state, n_keep: int) -> Generation:
         p = task.params
         dec = self.tokenizer.stream_decoder()
+        if p.constraint is not None:
+            p.constraint.reset()  # a request that waited for memory starts over
         return Generation(
             task=task, pending=np.asarray(task.prompt[n_keep:], dtype=np.int32),
             n_prompt=len(task.prompt), n_cached=n_keep,
             sampler=Sampler(p.sampling, self.model.n_vocab), output=StreamOutput(dec, p.stop),
-            history=list(task.prompt))
+            history=list(task.prompt), constraint=p.constraint)
 
     def _start(self, task: Task, slot: Slot) -> None:
         t0 = time.perf_counter()
@@ -408,6 +420,14 @@ class Engine:
     # ---- one step --------------------------------------------------------------------
     def _step(self, plan: StepPlan) -> None:
         n_threads = self._set_threads(prefill=not plan.decode_only, n_tokens=len(plan))
+        masks = self._start_masks(plan)  # computed on a helper thread while the model runs
+        try:
+            self._run_step(plan, n_threads, masks)
+        finally:
+            for pending, _ in (masks or {}).values():
+                pending.settle()  # no matcher is still in use when the next step starts
+
+    def _run_step(self, plan: StepPlan, n_threads: int, masks: dict | None) -> None:
         t0 = time.perf_counter()
         logits = self._forward(plan)
         if logits is None:
@@ -434,11 +454,26 @@ class Engine:
                     if g.task.params.n_predict == 0:
                         self._finish(s, StopReason.LIMIT)
                         continue
-                self._sample(s, logits[i])
+                self._sample(s, logits[i], masks.get(s.id) if masks else None)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, drop_state=False)
         self._refresh_cache_numbers()
+
+    def _start_masks(self, plan: StepPlan) -> dict | None:
+        """Start the token masks of the constrained slots that sample after this step
+        (slot id -> (PendingMasks, row)); None when there are none."""
+        sampling = [it.slot for it in plan.items
+                    if it.slot.gen is not None and it.slot.gen.constraint is not None
+                    and (it.decode or it.slot.gen.prefill_left == it.n)]
+        if not sampling:
+            return None
+        if self._masks is None:
+            from ..constrain import MaskBatch
+
+            self._masks = MaskBatch()
+        pending = self._masks.start([s.gen.constraint for s in sampling])
+        return {s.id: (pending, i) for i, s in enumerate(sampling)}
 
     def _forward(self, plan: StepPlan):
         """model.forward with KV-pressure handling: on a full pool free cached states, then
@@ -515,9 +550,17 @@ class Engine:
         return n
 
     # ---- after the forward: sampling and the end of a generation ---------------------
-    def _sample(self, s: Slot, row: np.ndarray) -> None:
+    def _sample(self, s: Slot, row: np.ndarray, mask=None) -> None:
         g = s.gen
         p = g.task.params
+        c = g.constraint
+        if mask is not None:
+            pending, i = mask
+            row = pending.apply(i, row)
+            if not np.isfinite(row).any():
+                raise GrammarStuckError(f"the grammar allows no next token ({c.error or 'no way to go on'})")
+        if len(g.generated) < p.min_tokens and self.eog_ids:
+            row = self._without_eog(row)
         sample = g.sampler.sample(row, g.history)
         tok = sample.token
         g.generated.append(tok)
@@ -525,16 +568,29 @@ class Engine:
         if tok in self.eog_ids and not p.ignore_eos:
             self._finish(s, StopReason.EOS)
             return
+        if c is not None and not c.consume(tok):
+            raise GrammarStuckError(f"the sampled token does not fit the grammar ({c.error})")
         text, stop = g.output.feed(tok)
         self._emit(g, [tok], text, [sample])
         if stop is not None:
             self._finish(s, StopReason.WORD, stop)
+            return
+        if c is not None and c.stopped:  # complete: only end-of-generation could follow
+            self._finish(s, StopReason.EOS)
             return
         n_gen = len(g.generated)
         if (p.n_predict > 0 and n_gen >= p.n_predict) or g.n_prompt + n_gen >= s.n_ctx:
             self._finish(s, StopReason.LIMIT)
             return
         g.last_token = tok
+
+    def _without_eog(self, row: np.ndarray) -> np.ndarray:
+        """min_tokens: end-of-generation refused, unless nothing else is left (a grammar
+        that is complete)."""
+        ids = [t for t in self.eog_ids if t < row.shape[0]]
+        out = row.copy()
+        out[ids] = -np.inf
+        return out if np.isfinite(out).any() else row
 
     def _emit(self, g: Generation, tokens, text: str, samples) -> None:
         want_probs = g.task.params.sampling.n_probs > 0

@@ -6,6 +6,7 @@ import collections
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from .events import CacheSource
 from .output import StreamOutput
 from .protocols import SequenceState
 from .task import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..constrain import Constraint
 
 
 class Phase(str, enum.Enum):
@@ -38,6 +42,7 @@ class Generation:
     sampler: Sampler
     output: StreamOutput
     history: list[int]  # prompt + generated tokens (repeat penalties look at them)
+    constraint: "Constraint | None" = None  # the grammar the output must fit: masks each sample
     cache_source: CacheSource = CacheSource.NONE
     n_ckpt_restored: int = 0
     ckpt_plan: collections.deque = field(default_factory=collections.deque)  # (position, kind)

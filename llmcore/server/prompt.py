@@ -10,17 +10,22 @@ and is not trusted, so it renders with `RenderLimits` (ServerConfig.template_tim
 and no more text than the context could hold). A text prompt goes to a worker when big."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from ..chat import RenderLimits, TemplateLimitError, TemplateOutputTooLarge
 from ..engine import Engine, common_prefix
 from ..errors import ContextFullError, RequestError
-from ..toolcalls import detect_format, prompt_ends_in_think
+from ..toolcalls import FORMATS, detect_format, prompt_ends_in_think
+from ..toolcalls.generic import render_messages
+from ..toolcalls.grammar import LarkWriter, tool_call_grammar
 from .keys import CONFIG
 from .offload import SMALL, in_worker, maybe_in_worker
 from .requests.chat import ChatRequest, read_chat, template_variables
+from .requests.constraints import requested_grammar
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Prompt:
     tool_format: str = "hermes"  # the model's tool-call syntax (llmcore.toolcalls)
     starts_in_reasoning: bool = False  # the template opened a <think> block
     checkpoint_at: int | None = None  # where the last user message starts (checkpoint models)
+    constraint: Any = None  # llmcore.constrain.Constraint the output must fit, or None
 
 
 async def chat_prompt(request: web.Request, eng: Engine, body: dict, checkpoint: bool = True) -> Prompt:
@@ -44,14 +50,68 @@ async def chat_prompt(request: web.Request, eng: Engine, body: dict, checkpoint:
 def build_chat_prompt(eng: Engine, body: dict, checkpoint: bool = True,
                       limits: RenderLimits | None = None) -> Prompt:
     """The prompt of a chat/completions-shaped body; `checkpoint=False` skips the
-    checkpoint position (when only counting tokens)."""
-    return _build_chat(eng, read_chat(body), checkpoint, limits or RenderLimits())
+    checkpoint position and the output constraint (when only counting tokens)."""
+    chat = read_chat(body)
+    p = _build_chat(eng, chat, checkpoint, limits or RenderLimits())
+    if not checkpoint:
+        return p
+    return dataclasses.replace(p, constraint=_chat_constraint(eng, body, chat, p))
 
 
-async def text_prompt(request: web.Request, eng: Engine, prompt, field: str = "prompt") -> Prompt:
-    """The prompt of a completion: text, token ids, or a mix (llama-server rules)."""
-    tokens = await maybe_in_worker(request, prompt_size(prompt) > SMALL, tokenize_prompt, eng, prompt, field)
+async def text_prompt(request: web.Request, eng: Engine, body: dict, field: str = "prompt") -> Prompt:
+    """The prompt of a completion: text, token ids, or a mix (llama-server rules), and
+    the constraint its json_schema / grammar / response_format asks for (built in a
+    worker: a schema compiles)."""
+    prompt = body[field]
+    big = prompt_size(prompt) > SMALL
+    tokens = await maybe_in_worker(request, big, tokenize_prompt, eng, prompt, field)
+    if requested_grammar_fields(body):
+        return Prompt(tokens=tokens, constraint=await in_worker(request, output_constraint, eng, body))
     return Prompt(tokens=tokens)
+
+
+# ---- the output constraint --------------------------------------------------------------
+
+
+def requested_grammar_fields(body: dict) -> bool:
+    return any(body.get(k) is not None for k in ("response_format", "json_schema", "grammar"))
+
+
+def make_constraint(eng: Engine, grammar: str, what: str):
+    from ..constrain import Constraint, GrammarVocab
+
+    return Constraint(GrammarVocab.of(eng.tokenizer), grammar, what)
+
+
+def output_constraint(eng: Engine, body: dict):
+    """The constraint of a request's response_format / json_schema / grammar, or None."""
+    got = requested_grammar(body)
+    return make_constraint(eng, *got) if got is not None else None
+
+
+def _chat_constraint(eng: Engine, body: dict, chat: ChatRequest, p: Prompt):
+    """A forced tool call (tool_choice "required" or a named function) in the model's
+    syntax; else the response format asked for; else, with tools, the lazy grammar that
+    constrains a call once the model opens one."""
+    if chat.forced_tool is None:
+        got = output_constraint(eng, body)
+        if got is not None:
+            return got
+    if not p.parse_tools or not p.tools:
+        return None
+    from ..constrain import GrammarVocab
+
+    vocab = GrammarVocab.of(eng.tokenizer)
+    w = LarkWriter(vocab.special_ids)
+    template = getattr(eng.chat_template, "source", "") or ""
+    syntax = FORMATS[p.tool_format].call_syntax(p.tools, w, template)
+    grammar = tool_call_grammar(syntax, w, forced=chat.forced_tool is not None,
+                                parallel=p.parallel_tool_calls, reasoning_open=p.starts_in_reasoning)
+    if grammar is None:
+        return None
+    from ..constrain import lark_grammar
+
+    return make_constraint(eng, lark_grammar(grammar, "tools"), "tools")
 
 
 # ---- chat -------------------------------------------------------------------------------
@@ -62,12 +122,18 @@ def _build_chat(eng: Engine, chat: ChatRequest, checkpoint: bool, limits: Render
     n_ctx = int(eng.n_ctx_slot or 0)
     if n_ctx and limits.max_chars is None:
         limits = RenderLimits(max_chars=n_ctx * max_token_bytes(eng), timeout_s=limits.timeout_s)
-    text, rendered = _render(eng, chat, limits)
+    fmt, shown = chat_format(eng), chat
+    if chat.tools and not template_reads_tools(eng):
+        # no tools section: the tools and the call syntax go into the system prompt
+        fmt = "generic"
+        shown = dataclasses.replace(chat, tools=None,
+                                    messages=render_messages(chat.messages, chat.tools, chat.forced_tool))
+    text, rendered = _render(eng, shown, limits)
     check_text_fits(eng, text)
     tokens = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
-    at = _last_user_start(eng, chat, rendered, tokens, limits) if checkpoint else None
+    at = _last_user_start(eng, shown, rendered, tokens, limits) if checkpoint else None
     return Prompt(tokens=tokens, text=text, tools=chat.tools, parse_tools=chat.parse_tools,
-                  parallel_tool_calls=chat.parallel_tool_calls, tool_format=chat_format(eng),
+                  parallel_tool_calls=chat.parallel_tool_calls, tool_format=fmt,
                   starts_in_reasoning=prompt_ends_in_think(text), checkpoint_at=at)
 
 
@@ -135,6 +201,11 @@ def _last_user_start(eng: Engine, chat: ChatRequest, msgs: list[dict], prompt: l
         return None
     n = common_prefix(head, prompt)
     return n if 0 < n < len(prompt) else None
+
+
+def template_reads_tools(eng: Engine) -> bool:
+    """Whether the chat template renders the `tools` it is given."""
+    return bool(getattr(eng.chat_template, "reads_tools", True)) and eng.chat_template is not None
 
 
 def chat_format(eng: Engine) -> str:

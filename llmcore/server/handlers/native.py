@@ -112,8 +112,8 @@ async def detokenize(request: web.Request, body: dict) -> web.Response:
 async def completion(request: web.Request, body: dict) -> web.StreamResponse:
     """POST /completion (llama-server native shape)."""
     eng = ready_engine(request)
-    prompt = await text_prompt(request, eng, body["prompt"])
-    params = gen_params(body, eng)
+    prompt = await text_prompt(request, eng, body)
+    params = gen_params(body, eng, constraint=prompt.constraint)
     stream = get_bool(body, "stream", False)
     return_tokens = get_bool(body, "return_tokens", False)
     task = eng.submit(prompt.tokens, params)  # validates (400) before any byte is sent

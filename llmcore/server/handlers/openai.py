@@ -31,8 +31,8 @@ async def completions(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
     if body.get("echo") or body.get("best_of") not in (None, 1) or body.get("suffix"):
         raise RequestError("'echo', 'best_of' and 'suffix' are not supported")
-    prompt = await text_prompt(request, eng, body["prompt"])
-    params = gen_params(body, eng, oai=True)
+    prompt = await text_prompt(request, eng, body)
+    params = gen_params(body, eng, oai=True, constraint=prompt.constraint)
     stream = get_bool(body, "stream", False)
     task = eng.submit(prompt.tokens, params)
     return await respond(request, task, OpenAITextEncoder(eng, params), stream)
@@ -42,7 +42,7 @@ async def completions(request: web.Request, body: dict) -> web.StreamResponse:
 async def chat_completions(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
     prompt = await chat_prompt(request, eng, body)
-    params = gen_params(body, eng, oai=True, checkpoint_at=prompt.checkpoint_at)
+    params = gen_params(body, eng, oai=True, checkpoint_at=prompt.checkpoint_at, constraint=prompt.constraint)
     stream = get_bool(body, "stream", False)
     task = eng.submit(prompt.tokens, params)
     return await respond(request, task, OpenAIChatEncoder(eng, prompt, params), stream)

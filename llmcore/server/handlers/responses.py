@@ -24,7 +24,7 @@ async def responses(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
     chat = await maybe_in_worker(request, body_is_big(request), to_chat, body)
     prompt = await chat_prompt(request, eng, chat)
-    params = gen_params(chat, eng, oai=True, checkpoint_at=prompt.checkpoint_at)
+    params = gen_params(chat, eng, oai=True, checkpoint_at=prompt.checkpoint_at, constraint=prompt.constraint)
     stream = get_bool(chat, "stream", False)  # before submit: a bad value must not leave a task running
     task = eng.submit(prompt.tokens, params)
     encoder = ResponsesEncoder(eng, prompt, body, echoed_model(body, eng))

@@ -119,7 +119,7 @@ def sampling_params(body: dict, engine: Engine, oai: bool = False) -> SamplingPa
 
 
 def gen_params(body: dict, engine: Engine, oai: bool = False,
-               checkpoint_at: int | None = None) -> GenParams:
+               checkpoint_at: int | None = None, constraint=None) -> GenParams:
     """`oai`: OpenAI field names first (max_completion_tokens, max_tokens), `n` and
     `logprobs` read; otherwise llama-server's (n_predict). `checkpoint_at` comes from the
     prompt builder."""
@@ -146,6 +146,8 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
         id_slot=get_int(body, "id_slot", -1),
         sampling=sampling_params(body, engine, oai),
         checkpoint_at=checkpoint_at,
+        min_tokens=get_int(body, "min_tokens", 0),
+        constraint=constraint,
     )
 
 
@@ -174,4 +176,5 @@ GENERATION_FIELDS: dict[str, Spec] = {
     "n": Int(), "logprobs": AnyOf((Bool(), Int(lo=0))), "top_logprobs": Int(lo=0),
     "stop": STOP, "ignore_eos": Bool(), "cache_prompt": Bool(), "id_slot": Int(lo=-1),
     "stream": Bool(), "stream_options": Obj({"include_usage": Bool()}), "model": Str(),
+    "min_tokens": Int(lo=0),
 }

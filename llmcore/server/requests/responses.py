@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...errors import RequestError
 from .chat import TEMPLATE_KWARGS
+from .constraints import TEXT_FORMAT, response_format_of_text_format
 from .fields import GENERATION_FIELDS
 from .schema import AnyOf, Bool, Enum, Int, List, Map, Obj, Str, Tagged
 
@@ -38,7 +39,7 @@ RESPONSES = Obj({
     "parallel_tool_calls": Bool(), "max_output_tokens": Int(lo=-1),
     "reasoning": Obj({"effort": Str(), "summary": Str()}), "chat_template_kwargs": TEMPLATE_KWARGS,
     "store": Bool(), "previous_response_id": Str(), "metadata": Map(), "user": Str(),
-    "text": Map(), "include": List(Str()), "truncation": Str(), "service_tier": Str(),
+    "text": Obj({"format": TEXT_FORMAT, "verbosity": Str()}), "include": List(Str()), "truncation": Str(), "service_tier": Str(),
 }, required=("input",))
 
 
@@ -122,4 +123,7 @@ def to_chat(body: dict) -> dict:
         out["reasoning_effort"] = r["effort"]
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
+    fmt = (body.get("text") or {}).get("format")
+    if isinstance(fmt, dict):
+        out["response_format"] = response_format_of_text_format(fmt)
     return out
