@@ -31,6 +31,35 @@ class Phase(str, enum.Enum):
         return self.value
 
 
+class Pooling:
+    """An embedding request's hidden states pooled as its prompt is evaluated, chunk by
+    chunk: their mean, the first (cls) or the last."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.acc: np.ndarray | None = None
+        self.n = 0
+
+    def add(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        if self.kind == "cls":
+            if self.acc is None:
+                self.acc = rows[0].astype(np.float64)
+        elif self.kind == "last":
+            self.acc = rows[-1].astype(np.float64)
+        else:
+            s = rows.astype(np.float64).sum(axis=0)
+            self.acc = s if self.acc is None else self.acc + s
+        self.n += len(rows)
+
+    def vector(self) -> list[float]:
+        if self.acc is None:
+            return []
+        v = self.acc / self.n if self.kind == "mean" and self.n else self.acc
+        return v.astype(np.float32).tolist()
+
+
 @dataclass
 class Generation:
     """A request running on a slot, from its first prompt chunk to its final event."""
@@ -43,6 +72,7 @@ class Generation:
     output: StreamOutput
     history: list[int]  # prompt + generated tokens (repeat penalties look at them)
     constraint: "Constraint | None" = None  # the grammar the output must fit: masks each sample
+    pooled: "Pooling | None" = None  # an embedding request's pooling of its hidden states
     cache_source: CacheSource = CacheSource.NONE
     n_ckpt_restored: int = 0
     ckpt_plan: collections.deque = field(default_factory=collections.deque)  # (position, kind)
@@ -117,4 +147,4 @@ class Slot:
         )
 
 
-__all__ = ["Phase", "Generation", "Slot"]
+__all__ = ["Phase", "Generation", "Pooling", "Slot"]

@@ -10,7 +10,7 @@ from ...chat import SPECIAL_VARIABLES
 from ...errors import RequestError
 from .constraints import CONSTRAINT_FIELDS
 from .fields import GENERATION_FIELDS
-from .schema import AnyOf, Bool, Enum, FieldError, List, Map, Obj, Str
+from .schema import AnyOf, Bool, Enum, FieldError, Int, List, Map, Obj, Str
 
 
 @dataclass(frozen=True)
@@ -133,5 +133,7 @@ CHAT_FIELDS = {
     "messages": List(MESSAGE, min_items=1), "tools": List(TOOL), "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": Bool(), "chat_template_kwargs": TEMPLATE_KWARGS,
     "reasoning_effort": Str(), "enable_thinking": Bool(), "user": Str(), **CONSTRAINT_FIELDS,
+    "reasoning_format": Enum(("none", "deepseek", "auto")), "reasoning_budget": Int(lo=-1),
 }
 CHAT = Obj({**GENERATION_FIELDS, **CHAT_FIELDS}, required=("messages",))
+APPLY_TEMPLATE = CHAT  # POST /apply-template: a chat request, rendered only

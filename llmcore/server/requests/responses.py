@@ -3,7 +3,8 @@
 function_call_output, reasoning); function tools are kept, other tool types skipped."""
 from __future__ import annotations
 
-from ...errors import RequestError
+from ...chat import IMAGE_PART_TYPES
+from ...errors import ImagesNotSupportedError, RequestError
 from .chat import TEMPLATE_KWARGS
 from .constraints import TEXT_FORMAT, response_format_of_text_format
 from .fields import GENERATION_FIELDS
@@ -48,6 +49,8 @@ def _text(content, where: str) -> str:
         return content or ""
     if not isinstance(content, list):
         raise RequestError(f"{where}: content must be a string or a list of parts")
+    if any(isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES for p in content):
+        raise ImagesNotSupportedError(where)
     return "\n".join(p.get("text", "") for p in content
                      if isinstance(p, dict) and isinstance(p.get("text"), str))
 

@@ -17,6 +17,10 @@ COMPLETION = Obj({**GENERATION_FIELDS, **CONSTRAINT_FIELDS, "prompt": PROMPT, "r
                  required=("prompt",))
 OPENAI_COMPLETION = Obj({**GENERATION_FIELDS, **CONSTRAINT_FIELDS, "prompt": PROMPT, "echo": Bool(),
                          "best_of": Int(), "suffix": Str(), "user": Str()}, required=("prompt",))
+INFILL = Obj({**GENERATION_FIELDS, **CONSTRAINT_FIELDS, "input_prefix": Str(), "input_suffix": Str(),
+              "input_extra": List(Obj({"filename": Str(), "text": Str()}, name="a file object"),
+                                  name="a list of file objects"),
+              "prompt": Str(), "return_tokens": Bool()})
 TOKENIZE = Obj({"content": Str(), "add_special": Bool(), "parse_special": Bool(), "with_pieces": Bool()},
                required=("content",))
 DETOKENIZE = Obj({"tokens": List(TOKEN_ID, name="a list of token ids")}, required=("tokens",))
