@@ -28,7 +28,7 @@ def system_prompt(tools: Sequence[dict], forced: str | None = None) -> str:
              "parameters": tool_parameters(t)} for t in tools if tool_name(t)]
     example = '{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments>}}]}'
     lines = ["You can call these tools (each with a JSON schema of its arguments):",
-             json.dumps(defs, ensure_ascii=False, indent=1), ""]
+             "\n".join(json.dumps(d, ensure_ascii=False) for d in defs), ""]
     if forced == "required":
         lines.append(f"Answer with a tool call, as this JSON object and nothing else:\n{example}")
     elif forced:

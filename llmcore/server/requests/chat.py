@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...chat import SPECIAL_VARIABLES
-from ...errors import RequestError
+from ...chat import IMAGE_PART_TYPES, SPECIAL_VARIABLES
+from ...errors import ImagesNotSupportedError, RequestError
 from .constraints import CONSTRAINT_FIELDS
 from .fields import GENERATION_FIELDS
 from .schema import AnyOf, Bool, Enum, FieldError, Int, List, Map, Obj, Str
@@ -34,6 +34,8 @@ def read_chat(body: dict) -> ChatRequest:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise RequestError("message 'content' must be a string, a list of parts, or null")
+        if isinstance(c, list) and any(isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES for p in c):
+            raise ImagesNotSupportedError(f"messages[{msgs.index(m)}]")
     tools, parse, parallel = _tool_setup(body.get("tools"), body.get("tool_choice"),
                                          body.get("parallel_tool_calls"))
     kwargs = _template_kwargs(body)
