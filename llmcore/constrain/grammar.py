@@ -1,10 +1,12 @@
 """What a request constrains its output to, as one llguidance grammar (a string).
 
 JSON schemas compile with fixed separators (``", "`` and ``": "``) and no free
-whitespace: a small model given room for whitespace can write newlines forever.
-Keywords llguidance does not implement are ignored (``lenient``), as clients send schemas
-full of annotations; a schema or grammar it cannot compile is a ``GrammarError`` (HTTP
-400) that says why.
+whitespace: a small model given room for whitespace can write newlines forever. An
+object schema that lists its properties and says nothing of others gets no others
+(``additionalProperties`` defaults to false, as in llama.cpp: a model left free to add
+keys keeps adding them). Keywords llguidance does not implement are ignored
+(``lenient``), as clients send schemas full of annotations; a schema or grammar it cannot
+compile is a ``GrammarError`` (HTTP 400) that says why.
 
 ``json_rule`` is the piece the tool-call formats write arguments with
 (``llmcore.toolcalls.grammar``).
@@ -48,9 +50,27 @@ def _schema_text(schema: Any, field: str) -> str:
     return text
 
 
+def closed_objects(schema, depth: int = 0):
+    """`schema` with additionalProperties: false on each object schema that lists
+    properties and does not say (recursively; a copy)."""
+    if depth > 64:
+        return schema
+    if isinstance(schema, list):
+        return [closed_objects(s, depth + 1) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (closed_objects(v, depth + 1) if k not in ("const", "enum", "default", "examples") else v)
+           for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema \
+            and "patternProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def with_json_options(schema: dict) -> dict:
-    """The schema with the layout options (a schema's own x-guidance settings win)."""
-    return {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
+    """The schema with closed objects and the layout options (a schema's own x-guidance
+    settings win)."""
+    return {**closed_objects(schema), "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
 
 
 def json_schema_grammar(schema: Any, field: str = "json_schema") -> str:

@@ -140,8 +140,10 @@ def _chat_constraint(eng: Engine, body: dict, chat: ChatRequest, p: Prompt):
     w = LarkWriter(vocab.special_ids)
     template = getattr(eng.chat_template, "source", "") or ""
     syntax = FORMATS[p.tool_format].call_syntax(p.tools, w, template)
+    # a named function is called once (as OpenAI does); "required" and "auto" may call several
+    parallel = p.parallel_tool_calls and chat.forced_tool in (None, "required")
     grammar = tool_call_grammar(syntax, w, forced=chat.forced_tool is not None,
-                                parallel=p.parallel_tool_calls, reasoning_open=p.starts_in_reasoning)
+                                parallel=parallel, reasoning_open=p.starts_in_reasoning)
     if grammar is None:
         return None
     from ..constrain import lark_grammar
