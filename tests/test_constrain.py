@@ -134,3 +134,17 @@ def test_a_grammar_restarts_with_its_request():
     assert c.consume(tid("a"))
     c.reset()
     assert c.consume(tid("a")) and c.consume(tid("b")) and c.stopped
+
+
+def test_a_spent_thinking_budget_closes_the_block(engine):
+    """After `tokens` tokens inside the think block, its closing tokens are forced."""
+    from llmcore.engine.budget import ReasoningBudget
+
+    close = tuple(TOK.encode("</think>", add_special=False))
+    b = ReasoningBudget(4, close=close, open=tuple(TOK.encode("<think>", add_special=False)), starts_inside=True)
+    r = engine.generate_sync(TOK.encode("a"), GenParams(n_predict=20, reasoning_budget=b, sampling=GREEDY))
+    assert r.text.startswith("bcde</think>")  # 4 thinking tokens, then the close; then free again
+    assert not b.inside
+    free = ReasoningBudget(4, close=close, starts_inside=False)  # never inside: nothing forced
+    r = engine.generate_sync(TOK.encode("a"), GenParams(n_predict=6, reasoning_budget=free, sampling=GREEDY))
+    assert r.text == "bcdefg"
