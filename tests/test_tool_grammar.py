@@ -42,7 +42,8 @@ TEMPLATES = {"deepseek": "```json"}  # the R1 form: arguments in a fence
 
 
 def grammar(fmt: str, forced: bool, parallel: bool = True):
-    w = LarkWriter(GrammarVocab.of(TOK).special_ids)
+    v = GrammarVocab.of(TOK)
+    w = LarkWriter(v.special_ids, free_ids=set(v.special_ids.values()) - set(v.eog_ids))
     g = tool_call_grammar(FORMATS[fmt].call_syntax(TOOLS, w, TEMPLATES.get(fmt, "")), w,
                           forced=forced, parallel=parallel)
     return None if g is None else Constraint(GrammarVocab.of(TOK), lark_grammar(g))
@@ -94,6 +95,19 @@ def test_arguments_must_fit_the_schema():
     assert not accepts(c, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}')  # days missing
     c = grammar("hermes", forced=True, parallel=False)
     assert accepts(c, CALLS["hermes"]) and c.stopped  # one call, then only the end
+
+
+def test_free_text_may_hold_special_tokens_but_not_the_end():
+    """A model's own markers (a think block's control tokens) pass in free text; an
+    end-of-generation token only where the grammar may end."""
+    from fakes import BOS, EOS
+
+    c = grammar("hermes", forced=False)
+    ids = TOK.encode("a", add_special=False) + [BOS] + TOK.encode("b " + CALLS["hermes"], add_special=False)
+    assert all(c.consume(t) for t in ids) and c.accepting
+    c = grammar("hermes", forced=False)
+    assert all(c.consume(t) for t in TOK.encode("a <tool_call>", add_special=False))
+    assert not c.consume(EOS)  # inside an opened call: it must be finished first
 
 
 def test_a_special_token_is_named_by_id():

@@ -1,10 +1,12 @@
 """The model's vocabulary as llguidance sees it: each token's bytes, special tokens marked.
 
-llguidance matches grammars against token bytes. A control token (``<|im_end|>``) or a
-user-defined token written like one (``<tool_call>`` in Qwen vocabularies) is a special
-token: its bytes get a leading 0xff (as llguidance's llama.cpp binding does), so it never
-matches grammar text and a grammar names it as ``<tool_call>``. End-of-generation tokens
-are the grammar's EOS: they are allowed exactly where the grammar may end.
+llguidance matches grammars against token bytes. A control token (``<|im_end|>``,
+``<|tool_call_start|>``) is a special token: its bytes get a leading 0xff (as
+llguidance's llama.cpp binding does), so it never matches grammar text and a grammar names
+it by id. A user-defined token (``<tool_call>``, ``<think>`` in Qwen vocabularies) stays
+text: a grammar literal matches it whether the model writes it as that one token or as
+characters. End-of-generation tokens are the grammar's EOS: they are allowed exactly
+where the grammar may end.
 
 Building it walks the vocabulary (about 0.4 s for 49k tokens): once per tokenizer, in the
 thread that first needs it (a request's worker thread, never the engine thread).
@@ -19,14 +21,10 @@ _LOCK = threading.Lock()
 _ATTR = "_llmcore_grammar_vocab"
 
 
-def _is_special(tokenizer: Any, tid: int, piece: bytes) -> bool:
+def _is_special(tokenizer: Any, tid: int) -> bool:
     is_control = getattr(tokenizer, "is_control", None)
     if is_control is not None:
-        if is_control(tid):
-            return True
-        is_user = getattr(tokenizer, "is_user_defined", None)
-        return bool(is_user and is_user(tid) and piece.startswith(b"<") and piece.endswith(b">")
-                    and len(piece) > 2)
+        return bool(is_control(tid))
     special = getattr(tokenizer, "special_ids", None)
     if special is not None:
         return tid in special
@@ -56,7 +54,7 @@ class GrammarVocab:
         specials: dict[str, int] = {}
         for tid in range(n):
             p = bytes(tokenizer.token_to_piece(tid))
-            if _is_special(tokenizer, tid, p):
+            if _is_special(tokenizer, tid):
                 specials.setdefault(p.decode("utf-8", errors="replace"), tid)
                 p = _SPECIAL_PREFIX + p
             pieces.append(p)

@@ -137,7 +137,7 @@ def _chat_constraint(eng: Engine, body: dict, chat: ChatRequest, p: Prompt):
     from ..constrain import GrammarVocab
 
     vocab = GrammarVocab.of(eng.tokenizer)
-    w = LarkWriter(vocab.special_ids)
+    w = LarkWriter(vocab.special_ids, free_ids=set(vocab.special_ids.values()) - set(vocab.eog_ids))
     template = getattr(eng.chat_template, "source", "") or ""
     syntax = FORMATS[p.tool_format].call_syntax(p.tools, w, template)
     # a named function is called once (as OpenAI does); "required" and "auto" may call several

@@ -41,12 +41,18 @@ class CallSyntax:
 
 class LarkWriter:
     """Writes Lark for a vocabulary: literals (special tokens by id), JSON-schema rules,
-    helper rules with fresh names (`rules` holds their definitions)."""
+    free text, helper rules with fresh names (`rules` holds their definitions).
 
-    def __init__(self, specials: Mapping[str, int] | None = None):
+    `free_ids`: the special tokens free text may hold (a model's think markers can be
+    control tokens); end-of-generation tokens are never among them (the grammar's end
+    is where they are allowed)."""
+
+    def __init__(self, specials: Mapping[str, int] | None = None, free_ids: Sequence[int] = ()):
         self.specials = dict(specials or {})
+        self.free_ids = frozenset(int(i) for i in free_ids)
         self.rules: list[str] = []
         self._n = 0
+        self._free: dict[frozenset, str] = {}
 
     def lit(self, text: str) -> str:
         """`text` as Lark: string literals, with each special token inside named by id."""
@@ -76,10 +82,20 @@ class LarkWriter:
         self.rules.append(f"{name}{'[' + options + ']' if options else ''}: {body}")
         return name
 
+    def free(self, exclude: Sequence[int] = ()) -> str:
+        """A rule for free text: any text, and the free special tokens but `exclude`."""
+        ids = self.free_ids - frozenset(exclude)
+        if ids not in self._free:
+            if ids:
+                self._free[ids] = self.rule(f"(/(.|\\n)+/ | <[{_ranges(ids)}]>)*")
+            else:
+                self._free[ids] = self.rule(ANY_TEXT)
+        return self._free[ids]
+
     def text_until(self, end: str) -> str:
         """Any text, then `end` (the first `end` ends it)."""
         if self.is_special(end):
-            return f"{self.rule(ANY_TEXT)} {self.lit(end)}"
+            return f"{self.free([self.specials[end]])} {self.lit(end)}"
         return self.rule(f"/(.|\\n)*{_regex_escape(end)}/", "lazy")
 
     def alternatives(self, items: Sequence[str]) -> str:
@@ -87,6 +103,21 @@ class LarkWriter:
         if len(items) == 1:
             return items[0]
         return "(" + " | ".join(items) + ")"
+
+
+def _ranges(ids) -> str:
+    """Token ids as llguidance's range list: 3-5,9."""
+    out, run = [], []
+    for i in sorted(ids):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
 
 
 def _regex_escape(text: str) -> str:
@@ -160,20 +191,19 @@ def tool_call_grammar(syntax: CallSyntax | None, w: LarkWriter, forced: bool, pa
         start = f"start: {head}({syntax.plain} | {group})"
     else:
         trigger = _trigger(w, syntax.open)
-        start = f"start: {head}({trigger} {rest_group})* {w.rule(ANY_TEXT)}"
+        start = f"start: {head}({trigger} {rest_group})* {w.free()}"
     return "\n".join([start, *w.rules]) + "\n"
 
 
 def _trigger(w: LarkWriter, open_text: str) -> str:
     """Free text that ends with the opening of a call (where constraining starts)."""
     if w.is_special(open_text):
-        return f"{w.rule(ANY_TEXT)} {w.lit(open_text)}"
+        return f"{w.free([w.specials[open_text]])} {w.lit(open_text)}"
     first = min(((open_text.find(s), s) for s in w.specials if s and s in open_text), default=None)
     if first is not None and first[0] == 0:  # a special token, then text
         s = first[1]
-        return f"{w.rule(ANY_TEXT)} {w.lit(s)} {w.lit(open_text[len(s):])}".strip()
-    if first is not None:
-        head = open_text[:first[0]]
-        lead = w.rule("/(.|\\n)*" + _regex_escape(head) + "/", "lazy")
-        return f"{lead} {w.lit(open_text[len(head):])}"
-    return w.rule(f"/(.|\\n)*{_regex_escape(open_text)}/", "lazy")
+        return f"{w.free([w.specials[s]])} {w.lit(s)} {w.lit(open_text[len(s):])}".strip()
+    # text: free text (special tokens and all), then the text ending at the opener
+    head = open_text if first is None else open_text[:first[0]]
+    lead = w.rule("/(.|\\n)*" + _regex_escape(head) + "/", "lazy")
+    return f"{w.free()} {lead} {w.lit(open_text[len(head):])}".strip()
