@@ -15,7 +15,10 @@ what it costs the other slots.
    consuming the token), timed alone.
 
 Runs are paired (A then B, back to back) and the median of the pair ratios is reported,
-so load from other processes on the machine cancels out as far as it can.
+so load from other processes on the machine cancels out as far as it can. Each run also
+reports the process CPU time per generated token (all threads; llmcore's OpenMP threads
+sleep when idle), which other processes disturb far less than wall time: on a loaded
+machine compare that.
 """
 from __future__ import annotations
 
@@ -65,36 +68,47 @@ def main() -> int:
     def tps(final) -> float:
         return final.timings.to_dict()["predicted_per_second"]
 
+    def cpu_run(*ps: GenParams):
+        """Run `ps` side by side; (their results, process CPU ms per generated token)."""
+        t0 = time.process_time()
+        tasks = [eng.submit(prompt, p, sync=True) for p in ps]
+        got = [t.collect_sync() for t in tasks]
+        return got, 1e3 * (time.process_time() - t0) / sum(len(r.tokens) for r in got)
+
     try:
         eng.generate_sync(prompt, params(True))  # warm up: kernels, masks, the helper thread
-        pairs, free, con = [], [], []
+        pairs, free, con, cpu_free, cpu_con = [], [], [], [], []
         for _ in range(a.repeats):
-            f = tps(eng.generate_sync(prompt, params(False)).final)
-            r = eng.generate_sync(prompt, params(True))
+            (rf,), cf = cpu_run(params(False))
+            (r,), cc = cpu_run(params(True))
             assert len(r.tokens) == a.n
-            c = tps(r.final)
+            f, c = tps(rf.final), tps(r.final)
             free.append(f)
             con.append(c)
             pairs.append(c / f)
+            cpu_free.append(cf)
+            cpu_con.append(cc)
         print(f"one slot, {a.n} tokens: unconstrained {statistics.median(free):.1f} tok/s, JSON schema "
               f"{statistics.median(con):.1f} tok/s; paired ratio median {statistics.median(pairs):.2f}x "
-              f"(min {min(pairs):.2f}, max {max(pairs):.2f})")
+              f"(min {min(pairs):.2f}, max {max(pairs):.2f}); CPU per token {statistics.median(cpu_free):.2f} ms "
+              f"vs {statistics.median(cpu_con):.2f} ms -> {statistics.median(cpu_free) / statistics.median(cpu_con):.2f}x")
 
-        pairs, beside_free, beside_con = [], [], []
+        pairs, beside_free, beside_con, cpu2 = [], [], [], {False: [], True: []}
         for _ in range(a.repeats):
             got = []
             for constrained in (False, True):
-                ta = eng.submit(prompt, params(False), sync=True)
-                tb = eng.submit(prompt, params(constrained), sync=True)
-                ra, rb = ta.collect_sync(), tb.collect_sync()
+                (ra, rb), cpu = cpu_run(params(False), params(constrained))
                 assert len(ra.tokens) == len(rb.tokens) == a.n
                 got.append(tps(ra.final))
+                cpu2[constrained].append(cpu)
             beside_free.append(got[0])
             beside_con.append(got[1])
             pairs.append(got[1] / got[0])
+        c0, c1 = statistics.median(cpu2[False]), statistics.median(cpu2[True])
         print(f"two slots: slot A {statistics.median(beside_free):.1f} tok/s beside an unconstrained slot, "
               f"{statistics.median(beside_con):.1f} tok/s beside a constrained one; paired ratio median "
-              f"{statistics.median(pairs):.2f}x (min {min(pairs):.2f}, max {max(pairs):.2f})")
+              f"{statistics.median(pairs):.2f}x (min {min(pairs):.2f}, max {max(pairs):.2f}); CPU per token "
+              f"(both slots) {c0:.2f} ms vs {c1:.2f} ms -> {c0 / c1:.2f}x")
 
         # the engine thread's share of a constrained token, timed alone
         c = Constraint(vocab, grammar)
