@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]  # this checkout's llmcore; the tests' weight makers
 
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=8, help="grouped: active experts (0: skip)")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
-    print(f"kquants simd {kq.simd()}, {a.threads} thread(s), {a.tokens} token(s), min of {a.reps}")
+    print(f"kquants simd {kq.SIMD_LEVEL}, {a.threads} thread(s), {a.tokens} token(s), min of {a.reps}")
     print("| type | rows x cols | raw us | repacked us | raw GB/s | repacked GB/s | speedup |")
     print("|---|---|---|---|---|---|---|")
     for tn in a.types.split(","):

@@ -194,15 +194,17 @@ def announced_memory(props: dict | None, log_text: str = "") -> tuple[int, str] 
 
     llmcore's GET /props has `cache.memory` (the engine's memory plan): KV pools up to
     `kv_max_bytes` (slots and RAM prompt cache share the pools) plus checkpoints up to
-    `checkpoints_max_bytes`; their sum is the announcement. Other shapes: a key such as
+    `checkpoints_max_bytes` plus the slots' recurrent state `state_max_bytes` (hybrid and
+    recurrent models); their sum is the announcement. Other shapes: a key such as
     `memory_budget_bytes`, or a start-up log line like "memory budget: 12.5 GiB". This is
     what the caches may add on top of the loaded model, so compare it with RSS growth."""
     def scan(d, path=""):
         if not isinstance(d, dict):
             return None
         if isinstance(d.get("kv_max_bytes"), (int, float)):
-            total = int(d["kv_max_bytes"]) + int(d.get("checkpoints_max_bytes") or 0)
-            return total, f"/props {path}kv_max_bytes + checkpoints_max_bytes"
+            total = (int(d["kv_max_bytes"]) + int(d.get("checkpoints_max_bytes") or 0)
+                     + int(d.get("state_max_bytes") or 0))
+            return total, f"/props {path}kv_max_bytes + checkpoints_max_bytes + state_max_bytes"
         for k in _BUDGET_KEYS:
             v = d.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:

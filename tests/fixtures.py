@@ -11,6 +11,7 @@ GGUF of a few MB and returns ``path``; weights are seeded and "numerically sane"
     build_qwen3moe(path, wtype="f32"|"q8_0")   MoE, 8 experts / 2 used
     build_mamba(path), build_mamba2(path)      recurrent (selective scan / SSD, 2 groups)
     build_lfm2(path)                      short-conv layers + attention layers (hybrid)
+    build_qwen35(path, arch="qwen35moe"|"qwen35"|"qwen3next")   gated DeltaNet + gated attention
 
 With ``tokenizer=True`` a builder embeds :func:`tiny_vocab` (a byte-level BPE vocabulary
 with ChatML special tokens and a chat template) and sizes the model's vocabulary to it, so
@@ -587,6 +588,144 @@ def build_lfm2(path, seed: int = 0, tokenizer: bool = False) -> Path:
     return finish_gguf(w, path)
 
 
+# ---- hybrids: gated DeltaNet + gated attention (qwen35, qwen35moe, qwen3next) ---------------
+
+# Small and varied: value heads per q/k head r = 2 (moe, next) and 3 (dense: the tiled
+# mapping h % n_qk differs from the grouped one), state dim 32 (moe, next) and 16 (dense:
+# fewer rows than the kernel's row block), head_dim 32 so that q4_0/q8_0 KV works.
+QWEN35 = {
+    "qwen35moe": dict(n_layer=4, interval=4, n_head=4, n_head_kv=2, head_dim=32, n_rot=16, d_state=32,
+                      n_qk=2, n_v=4, d_conv=4, n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64),
+    "qwen35": dict(n_layer=6, interval=3, n_head=4, n_head_kv=1, head_dim=32, n_rot=16, d_state=16,
+                   n_qk=2, n_v=6, d_conv=4, n_ff=128),
+    "qwen3next": dict(n_layer=4, interval=4, n_head=4, n_head_kv=2, head_dim=32, n_rot=16, d_state=32,
+                      n_qk=2, n_v=4, d_conv=4, n_expert=8, n_expert_used=2, n_ff_exp=64, n_ff_shexp=64),
+}
+
+
+def build_qwen35(path, arch: str = "qwen35moe", wtype: str = "f32", seed: int = 0, tokenizer: bool = False,
+                 layout: str = "split", fused_experts: bool = False, mtp: bool = False) -> Path:
+    """A gated-DeltaNet hybrid of ``arch`` (sizes in ``QWEN35``): DeltaNet layers with
+    attention every ``interval``-th layer (per head [query | gate] q projection, q/k norms,
+    partial NEOX rope on 16 of 32 dims; qwen35* with rope sections [3, 3, 2, 0]), FFN SwiGLU
+    (qwen35) or 8 experts / 2 used + sigmoid-gated shared expert; untied output.
+
+    Big matrices ``wtype``, the rest F32. qwen3next: fused ``ssm_ba`` and, with
+    ``layout="ssm_in"``, the legacy fused ``ssm_in`` (the same weights as ``layout="split"``).
+    ``fused_experts``: experts as one ``ffn_gate_up_exps``. ``mtp``: one extra
+    multi-token-prediction block after the trunk (``nextn_predict_layers`` = 1), which a
+    reader must skip; the trunk's weights do not change with it."""
+    c = QWEN35[arch]
+    qt = QTYPES[wtype]
+    nl, H, Hkv, hd = c["n_layer"], c["n_head"], c["n_head_kv"], c["head_dim"]
+    D, n_qk, n_v, K = c["d_state"], c["n_qk"], c["n_v"], c["d_conv"]
+    r = n_v // n_qk
+    rng = np.random.default_rng(seed + zlib.crc32(arch.encode()))
+    normal, linear, norm_w = weight_makers(rng)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-{wtype}")
+    w.add_context_length(1 << 18)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(nl + (1 if mtp else 0))
+    if mtp:
+        w.add_nextn_predict_layers(1)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(c["n_rot"])
+    if arch != "qwen3next":
+        w.add_rope_dimension_sections([3, 3, 2, 0])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_ssm_conv_kernel(K)
+    w.add_ssm_state_size(D)
+    w.add_ssm_group_count(n_qk)
+    w.add_ssm_time_step_rank(n_v)
+    w.add_ssm_inner_size(n_v * D)
+    w.add_full_attention_interval(c["interval"])
+    if "n_expert" in c:
+        w.add_expert_count(c["n_expert"])
+        w.add_expert_used_count(c["n_expert_used"])
+        w.add_expert_feed_forward_length(c["n_ff_exp"])
+        w.add_expert_shared_feed_forward_length(c["n_ff_shexp"])
+    else:
+        w.add_feed_forward_length(c["n_ff"])
+    n_vocab = _vocab_size(w, tokenizer)
+    add_tensor(w, "token_embd.weight", normal((n_vocab, N_EMBD), 1.0), qt)
+    add_tensor(w, "output_norm.weight", norm_w(N_EMBD))
+    add_tensor(w, "output.weight", 2 * linear(N_EMBD, n_vocab), qt)
+
+    def attention(p):
+        add_tensor(w, p + "attn_q.weight", linear(N_EMBD, H * 2 * hd), qt)  # per head [query | gate]
+        add_tensor(w, p + "attn_k.weight", linear(N_EMBD, Hkv * hd), qt)
+        add_tensor(w, p + "attn_v.weight", linear(N_EMBD, Hkv * hd), qt)
+        add_tensor(w, p + "attn_output.weight", linear(H * hd, N_EMBD), qt)
+        add_tensor(w, p + "attn_q_norm.weight", norm_w(hd))
+        add_tensor(w, p + "attn_k_norm.weight", norm_w(hd))
+
+    def ffn(p):
+        if "n_expert" not in c:
+            add_tensor(w, p + "ffn_gate.weight", linear(N_EMBD, c["n_ff"]), qt)
+            add_tensor(w, p + "ffn_up.weight", linear(N_EMBD, c["n_ff"]), qt)
+            add_tensor(w, p + "ffn_down.weight", linear(c["n_ff"], N_EMBD), qt)
+            return
+        E, ff, fs = c["n_expert"], c["n_ff_exp"], c["n_ff_shexp"]
+        add_tensor(w, p + "ffn_gate_inp.weight", 3 * linear(N_EMBD, E))
+        gate, up = linear(N_EMBD, E, ff), linear(N_EMBD, E, ff)
+        if fused_experts:
+            add_tensor(w, p + "ffn_gate_up_exps.weight", np.concatenate([gate, up], axis=1), qt)
+        else:
+            add_tensor(w, p + "ffn_gate_exps.weight", gate, qt)
+            add_tensor(w, p + "ffn_up_exps.weight", up, qt)
+        add_tensor(w, p + "ffn_down_exps.weight", linear(ff, E, N_EMBD), qt)
+        add_tensor(w, p + "ffn_gate_inp_shexp.weight", normal((N_EMBD,), 1.0 / math.sqrt(N_EMBD)))
+        add_tensor(w, p + "ffn_gate_shexp.weight", linear(N_EMBD, fs), qt)
+        add_tensor(w, p + "ffn_up_shexp.weight", linear(N_EMBD, fs), qt)
+        add_tensor(w, p + "ffn_down_shexp.weight", linear(fs, N_EMBD), qt)
+
+    for i in range(nl):
+        p = f"blk.{i}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(N_EMBD))
+        if (i + 1) % c["interval"] == 0:
+            attention(p)
+        else:
+            qkv, z = linear(N_EMBD, 2 * n_qk * D + n_v * D), linear(N_EMBD, n_v * D)
+            beta, alpha = linear(N_EMBD, n_v), linear(N_EMBD, n_v)
+            if arch == "qwen3next" and layout == "ssm_in":
+                # per q/k head [q | k | v (r heads) | z (r heads)]
+                q3, k3 = qkv[:n_qk * D].reshape(n_qk, D, -1), qkv[n_qk * D:2 * n_qk * D].reshape(n_qk, D, -1)
+                v3, z3 = qkv[2 * n_qk * D:].reshape(n_qk, r * D, -1), z.reshape(n_qk, r * D, -1)
+                add_tensor(w, p + "ssm_in.weight", np.concatenate([q3, k3, v3, z3], 1).reshape(-1, N_EMBD), qt)
+            else:
+                add_tensor(w, p + "attn_qkv.weight", qkv, qt)
+                add_tensor(w, p + "attn_gate.weight", z, qt)
+            if arch == "qwen3next":  # per q/k head [beta (r) | alpha (r)]
+                ba = np.concatenate([beta.reshape(n_qk, r, -1), alpha.reshape(n_qk, r, -1)], 1)
+                add_tensor(w, p + "ssm_ba.weight", ba.reshape(2 * n_v, N_EMBD))
+            else:
+                add_tensor(w, p + "ssm_beta.weight", beta)
+                add_tensor(w, p + "ssm_alpha.weight", alpha)
+            k = 1.0 / math.sqrt(K)
+            add_tensor(w, p + "ssm_conv1d.weight", _uniform(rng, (2 * n_qk * D + n_v * D, K), -k, k))
+            add_tensor(w, p + "ssm_dt.bias", _dt_bias(rng, n_v))
+            add_tensor(w, p + "ssm_a", -_uniform(rng, (n_v,), 1.0, 16.0))
+            add_tensor(w, p + "ssm_norm.weight", norm_w(D))
+            add_tensor(w, p + "ssm_out.weight", linear(n_v * D, N_EMBD), qt)
+        add_tensor(w, p + "post_attention_norm.weight", norm_w(N_EMBD))
+        ffn(p)
+    if mtp:  # weights of its own, drawn last: the trunk is the same with or without it
+        p = f"blk.{nl}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(N_EMBD))
+        attention(p)
+        add_tensor(w, p + "post_attention_norm.weight", norm_w(N_EMBD))
+        ffn(p)
+        add_tensor(w, p + "nextn.eh_proj.weight", linear(2 * N_EMBD, N_EMBD), qt)
+        add_tensor(w, p + "nextn.enorm.weight", norm_w(N_EMBD))
+        add_tensor(w, p + "nextn.hnorm.weight", norm_w(N_EMBD))
+    return finish_gguf(w, path)
+
+
 # ---- the catalogue and the session fixtures ---------------------------------------------------
 
 # name -> builder(path). The models the engine and the CLI load whole (chat, gemma3-swa and
@@ -602,6 +741,11 @@ CATALOGUE = {
     "mamba": lambda p: build_mamba(p, tokenizer=True),
     "mamba2": lambda p: build_mamba2(p, tokenizer=True),
     "lfm2": lambda p: build_lfm2(p, tokenizer=True),
+    "qwen35moe": lambda p: build_qwen35(p, "qwen35moe", tokenizer=True),
+    "qwen35moe-q8_0": lambda p: build_qwen35(p, "qwen35moe", "q8_0", tokenizer=True),
+    "qwen35": lambda p: build_qwen35(p, "qwen35"),
+    "qwen3next": lambda p: build_qwen35(p, "qwen3next"),
+    "qwen3next-ssm_in": lambda p: build_qwen35(p, "qwen3next", layout="ssm_in"),
 }
 
 

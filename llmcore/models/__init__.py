@@ -43,6 +43,9 @@ _MODULES: dict[str, str] = {
     "qwen3moe": "qwen3moe",
     "gemma3": "gemma3",
     "gpt-oss": "gpt_oss",
+    "qwen35": "qwen35",
+    "qwen35moe": "qwen35",
+    "qwen3next": "qwen3next",
 }
 _REGISTRY: dict[str, type] = {}
 

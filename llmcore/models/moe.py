@@ -208,15 +208,11 @@ class MoE:
         QT = gguf.GGMLQuantizationType
         rtype = int(router.ggml_type)
         self.router_bias = _f32(router_bias)
-        if rtype in (QT.F32, QT.F16, QT.BF16) and router.shape[0] <= 1024:
-            # a small float router (E x d) is one NumPy matvec: no kernel parallel region
-            self.router_w = np.ascontiguousarray(router.dequantize().T, dtype=np.float32)
-            self.router = None
-            n_out = self.router_w.shape[1]
-        else:
-            self.router_w = None
-            self.router = quant.Linear(router, bias=self.router_bias)
-            n_out = self.router.out_features
+        # through the matmul kernels, not NumPy/BLAS: a token's logits (and so its experts)
+        # must not depend on how many rows the step has (BLAS blocks edge rows differently),
+        # or a prompt split over two calls would route differently from one call
+        self.router = quant.Linear(router, bias=self.router_bias)
+        n_out = self.router.out_features
         # llama.cpp rounds activations to f16 before an F16 matmul; the float kernels don't.
         # Routing is a discrete choice, so do it here to pick the same experts on near-ties.
         self.router_f16_act = rtype == int(QT.F16)
@@ -247,7 +243,10 @@ class MoE:
             self.gate_up_bias = np.ascontiguousarray(np.concatenate([gb, ub], axis=1))
         self.down_bias = None if down_bias is None else _f32(down_bias).reshape(self.n_expert, -1)
         self.shared = shared
-        self.shared_gate = None if shared_gate is None else _f32(shared_gate).reshape(-1)
+        self.shared_gate = None  # (d,) -> a one-row Linear, batch-invariant like the router
+        if shared_gate is not None:
+            g = _f32(shared_gate).reshape(1, -1)
+            self.shared_gate = quant.Linear(Tensor("shared_gate", int(QT.F32), g.shape, g))
         self.stats = stats if stats is not None else MoEStats()
 
     # -- pieces (usable on their own by other architectures) ---------------------------------
@@ -255,12 +254,7 @@ class MoE:
         """(ids int32 (n, k), weights float32 (n, k)) for x (n, d)."""
         if self.router_f16_act:
             x = x.astype(np.float16).astype(np.float32)
-        if self.router is not None:
-            logits = self.router(x)
-        else:
-            logits = x @ self.router_w
-            if self.router_bias is not None:
-                logits += self.router_bias
+        logits = self.router(x)
         ids, w = self.route_fn(logits, self.n_used)
         return np.asarray(ids, dtype=np.int32), np.asarray(w, dtype=np.float32)
 
@@ -301,7 +295,7 @@ class MoE:
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
-                s = s * (1.0 / (1.0 + np.exp(-(x @ self.shared_gate))))[:, None]
+                s = s * (1.0 / (1.0 + np.exp(-self.shared_gate(x))))
             out += s
         return out
 
