@@ -185,6 +185,18 @@ def tiny_vocab() -> TinyVocab:
     return TinyVocab(tokens, types, merges, bos_id=1, eos_id=2, chat_template=CHAT_TEMPLATE)
 
 
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+@functools.lru_cache(maxsize=None)
+def fim_vocab() -> TinyVocab:
+    """tiny_vocab() with fill-in-the-middle control tokens after it (ids 384-386), which
+    the GGUF names in tokenizer.ggml.fim_{pre,suf,mid}_token_id."""
+    v = tiny_vocab()
+    return TinyVocab(v.tokens + list(FIM_TOKENS), v.token_types + [3] * len(FIM_TOKENS), v.merges,
+                     v.bos_id, v.eos_id, v.chat_template)
+
+
 def add_tokenizer(w: gguf.GGUFWriter, vocab: TinyVocab) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -195,14 +207,18 @@ def add_tokenizer(w: gguf.GGUFWriter, vocab: TinyVocab) -> None:
     w.add_eos_token_id(vocab.eos_id)
     w.add_add_bos_token(False)
     w.add_chat_template(vocab.chat_template)
+    for kind, text in zip(("pre", "suf", "mid"), FIM_TOKENS):
+        if text in vocab.tokens:
+            w.add_uint32(f"tokenizer.ggml.fim_{kind}_token_id", vocab.tokens.index(text))
 
 
-def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool) -> int:
-    """Embed the tiny tokenizer if asked; the model's vocabulary size either way."""
+def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool | str) -> int:
+    """Embed the tiny tokenizer if asked ("fim": the one with fill-in-the-middle tokens);
+    the model's vocabulary size either way."""
     if not tokenizer:
         w.add_vocab_size(N_VOCAB)
         return N_VOCAB
-    vocab = tiny_vocab()
+    vocab = fim_vocab() if tokenizer == "fim" else tiny_vocab()
     add_tokenizer(w, vocab)
     w.add_vocab_size(len(vocab.tokens))
     return len(vocab.tokens)
@@ -211,7 +227,7 @@ def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool) -> int:
 # ---- dense: llama, qwen3 ----------------------------------------------------------------------
 
 def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, context_length: int = 512,
-               rope_base: float = 10000.0, tokenizer: bool = False) -> Path:
+               rope_base: float = 10000.0, tokenizer: bool | str = False) -> Path:
     """2 layers, n_embd 64, GQA (4 heads / 2 kv heads). llama: head_dim 16, untied
     ``output.weight``; qwen3: head_dim 32 (q dim 128 != n_embd, so key_length matters), q/k
     norms, tied embedding. Norms stay F32 like llama.cpp."""
@@ -716,6 +732,7 @@ def build_qwen35(path, arch: str = "qwen35moe", wtype: str = "f32", seed: int = 
 # the recurrent ones) carry the tiny tokenizer and chat template.
 CATALOGUE = {
     "chat": lambda p: build_tiny(p, "qwen3", "q8_0", tokenizer=True),
+    "fim": lambda p: build_tiny(p, "llama", "q8_0", tokenizer="fim"),
     "gemma3": lambda p: build_gemma3(p),
     "gemma3-swa": lambda p: build_gemma3(p, window=32, tokenizer=True),
     "gpt-oss": lambda p: build_gpt_oss(p),

@@ -429,7 +429,7 @@ def test_host_rules_and_the_exposed_bind_warning(caplog):
         warn_if_exposed(ServerConfig(host="0.0.0.0"))
         assert "without an API key" in caplog.text
         caplog.clear()
-        warn_if_exposed(ServerConfig(host="0.0.0.0", api_key="k"))
+        warn_if_exposed(ServerConfig(host="0.0.0.0", api_keys=("k",)))
         assert not caplog.records
 
 
