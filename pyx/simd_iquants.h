@@ -341,7 +341,9 @@ typedef struct {
 } iq_act;
 
 #if SIMD_AVX512_VNNI
-static inline __m512i iq_table_u8(void) { /* kvalue + 128 in every 128-bit lane */
+/* kvalue + 128 in every 16 bytes: a vpshufb table (per 128-bit lane) and, with AVX-512
+ * VBMI, a vpermb table (64 entries: bits 4-5 of an index do not matter) */
+static inline __m512i iq_table_u8(void) {
     return _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118,
                                                 (char)129, (char)141, (char)153, (char)166,
                                                 (char)181, (char)197, (char)217, (char)241));
@@ -349,12 +351,20 @@ static inline __m512i iq_table_u8(void) { /* kvalue + 128 in every 128-bit lane 
 
 /* the 8 lane vectors of one 32-block: 4 chunks at q -> w[c] low nibbles, w[4 + c] high */
 static inline __attribute__((always_inline)) void iq_rp_decode(const uint8_t *q, __m512i tbl, __m512i *w) {
+#if defined(__AVX512VBMI__) /* vpermb reads 6 index bits: no masking */
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
+        w[c] = _mm512_permutexvar_epi8(v, tbl);
+        w[4 + c] = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), tbl);
+    }
+#else
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
         const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
         w[c] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
         w[4 + c] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
     }
+#endif
 }
 
 /* lane l of 16 rows: the exact dot of kvalues with the activations, as floats (a32, corr:

@@ -86,6 +86,12 @@ def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     return out
 
 
+def _ctx_bytes(weight_bytes: int, x_values: int, y_values: int) -> int:
+    """A ggml context for one matmul: the tensors, the graph, and the work buffer that
+    ggml_graph_compute_with_ctx takes from it (the quantized activations)."""
+    return weight_bytes + 8 * x_values + 4 * y_values + (64 << 20)
+
+
 def _copy_in(t, a: np.ndarray) -> None:
     base, _ = _load()
     a = np.ascontiguousarray(a)
@@ -105,7 +111,7 @@ class MulMat:
         base, _ = _load()
         bs, ts = _sizes(ggml_type)
         rows, k = raw.shape[0], raw.shape[1] // ts * bs
-        self.ctx = base.ggml_init(_InitParams(raw.nbytes + n * k * 8 + rows * n * 4 + (16 << 20), None, False))
+        self.ctx = base.ggml_init(_InitParams(_ctx_bytes(raw.nbytes, n * k, rows * n), None, False))
         w = base.ggml_new_tensor_2d(self.ctx, ggml_type, k, rows)
         self.x = base.ggml_new_tensor_2d(self.ctx, GGML_TYPE_F32, k, n)
         _copy_in(w, raw)
@@ -143,7 +149,7 @@ def mul_mat_id(raws: np.ndarray, ggml_type: int, x: np.ndarray, ids: np.ndarray,
     n_exp, rows, _ = raws.shape
     n, k = x.shape
     top = ids.shape[1]
-    ctx = base.ggml_init(_InitParams(raws.nbytes + x.nbytes * 4 + rows * n * top * 4 + (16 << 20), None, False))
+    ctx = base.ggml_init(_InitParams(_ctx_bytes(raws.nbytes, n * k, rows * n * top), None, False))
     try:
         w = base.ggml_new_tensor_3d(ctx, ggml_type, k, rows, n_exp)
         xt = base.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, k, 1, n)
