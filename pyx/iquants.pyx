@@ -4,12 +4,16 @@
 Implements the weight-format kernel interface of llmcore.quant (quants.pyx and kquants.pyx
 implement the same one): SUPPORTED, SIMD_LEVEL, Packed, pack, matmul, matmul_grouped,
 dequantize and get_rows. On AVX-512 VNNI builds weights are repacked at load into 16-row
-interleaved groups ("repacked16"); elsewhere (or with repack=False) the GGUF layout is used
-in place ("raw"). Activations are quantized once per row like llama.cpp (q8_0 for IQ4_NL,
-q8_K for IQ4_XS), dots are integer and the float sums follow ggml's vec_dot order in both
-layouts, so they give the same bits (see simd_iquants.h). Results never depend on the
-thread count or the batch composition.
+interleaved groups ("repacked16"); elsewhere, with repack=False or with
+``LLMCORE_IQ_REPACK=0``, the GGUF layout is used in place ("raw"). Activations are quantized
+once per row like llama.cpp (q8_0 for IQ4_NL, q8_K for IQ4_XS) and dots are integer. The
+GGUF-layout kernels sum in ggml's vec_dot order (bit-identical to llama.cpp's matmuls where
+it runs vec_dot); the repacked ones sum whole blocks, twice as fast for prefill, the same
+integers in another float order (see simd_iquants.h). Results never depend on the thread
+count or the batch composition.
 """
+import os
+
 import numpy as np
 
 from cython.parallel cimport parallel, prange
@@ -20,13 +24,13 @@ cdef extern from "simd_iquants.h" nogil:
     int iq_type_size(int t)
     int iq_block_size(int t)
     void iq_dequant_blocks(int t, const uint8_t *src, int64_t nblocks, float *dst)
-    void iq_quantize_row(int t, const float *x, int64_t k, int8_t *qs, float *d, int32_t *corr)
+    void iq_quantize_row(int t, const float *x, int64_t k, int8_t *qs, float *d, int32_t *bias)
     void iq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1, int64_t k,
                         const int8_t *qs, const float *d, int64_t n, float *Y, int64_t ldy)
     ctypedef struct iq_act:
         const int8_t *qs
         const float *d
-        const int32_t *corr
+        const int32_t *bias
     int IQ_RP
     int iq_rp_supported(int t)
     int64_t iq_rp_group_bytes(int t, int64_t k)
@@ -137,8 +141,9 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
     """Prepare raw GGUF rows for matmul.
 
     raw : uint8 (rows, bytes_per_row), C-contiguous; the raw layout keeps a view of it
-    repack : None or True: repacked where this build has the layout (AVX-512 VNNI), else the
-        GGUF layout; False: the GGUF layout
+    repack : None: repacked where this build has the layout (AVX-512 VNNI), unless
+        LLMCORE_IQ_REPACK=0; True: repacked where this build has the layout; False: the GGUF
+        layout (llama.cpp's float order)
     Single-threaded, like quants.pack.
     """
     cdef Packed pk = Packed.__new__(Packed)
@@ -146,7 +151,9 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
     pk.rows = raw.shape[0]
     pk.cols = _cols(ggml_type, raw.shape[1])
     pk.ngroups = (pk.rows + IQ_RP - 1) // IQ_RP
-    if repack is not False and iq_rp_supported(ggml_type) and pk.rows > 0 and pk.cols > 0:
+    if repack is None:
+        repack = os.environ.get("LLMCORE_IQ_REPACK", "1") != "0"
+    if repack and iq_rp_supported(ggml_type) and pk.rows > 0 and pk.cols > 0:
         pk.layout = "repacked16"
         pk.raw = None
         pk.buf = _repack(raw, ggml_type, pk.cols, pk.ngroups)
@@ -181,7 +188,7 @@ cdef inline int _cap_threads(int nt, int64_t weight_bytes, int64_t n) noexcept n
 
 
 cdef class _Acts:
-    """x quantized once per row: qs (n, k) int8, d (n, k / block size), corr (n, k / 4)
+    """x quantized once per row: qs (n, k) int8, d (n, k / block size), bias (n, k / 32)
     int32 (the repacked kernels' offset terms; empty for the GGUF layout)."""
     cdef object qs_arr, d_arr, c_arr
     cdef iq_act act
@@ -192,21 +199,21 @@ cdef class _Acts:
         cdef int32_t[:, ::1] cv
         self.qs_arr = np.empty((n, k), dtype=np.int8)
         self.d_arr = np.empty((n, k // iq_block_size(t)), dtype=np.float32)
-        self.c_arr = np.empty((n, k // 4 if repacked else 0), dtype=np.int32)
+        self.c_arr = np.empty((n, k // 32 if repacked else 0), dtype=np.int32)
         qv, dv = self.qs_arr, self.d_arr
         self.act.qs = &qv[0, 0]
         self.act.d = &dv[0, 0]
-        self.act.corr = NULL
+        self.act.bias = NULL
         if repacked:
             cv = self.c_arr
-            self.act.corr = &cv[0, 0]
+            self.act.bias = &cv[0, 0]
 
 
 cdef inline void _quantize_row(int t, const float *x, int64_t k, int64_t i, const iq_act *a) noexcept nogil:
     """Row i of the activations (buffers of _Acts)."""
     cdef int64_t nb = k // iq_block_size(t)
     iq_quantize_row(t, x, k, <int8_t *>&a.qs[i * k], <float *>&a.d[i * nb],
-                    <int32_t *>&a.corr[i * (k // 4)] if a.corr != NULL else NULL)
+                    <int32_t *>&a.bias[i * (k // 32)] if a.bias != NULL else NULL)
 
 
 def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads):

@@ -10,33 +10,39 @@
  * Activations are quantized like llama.cpp before the dot: q8_0 (32 int8 + f16 scale) for
  * IQ4_NL, q8_K (256 int8 + f32 scale) for IQ4_XS.
  *
- * Float summation follows ggml's x86 vec_dot_iq4_nl_q8_0 / vec_dot_iq4_xs_q8_K (its AVX2
- * code, which AVX-512 builds of ggml also run), so outputs are bit-identical to llama.cpp's
- * where it uses them (every matmul of IQ4_XS; IQ4_NL expert matmuls and one-token matmuls;
- * llama.cpp's multi-token IQ4_NL matmul goes through llamafile's tinyBLAS, which sums the
- * blocks in one chain). Per output, 8 float lanes: lane l holds the integer dot of values
- * 4l..4l+3 of each 32-block (l < 4: low nibbles of qs[4l..4l+3], l >= 4: high nibbles of
- * qs[4(l-4)..]), and
+ * GGUF-layout kernels (AVX2, portable C; any build) sum in the float order of ggml's x86
+ * vec_dot_iq4_nl_q8_0 / vec_dot_iq4_xs_q8_K (its AVX2 code, which AVX-512 builds of ggml
+ * also run), so with fused multiply-adds their outputs are bit-identical to llama.cpp's where
+ * it runs them (every IQ4_XS matmul; IQ4_NL expert matmuls and one-token matmuls: its
+ * multi-token IQ4_NL matmul goes through llamafile's tinyBLAS, one chain over the blocks).
+ * Per output, 8 float lanes: lane l holds the integer dot of values 4l..4l+3 of each
+ * 32-block (l < 4: low nibbles of qs[4l..4l+3], l >= 4: high nibbles of qs[4(l-4)..]), and
  *   IQ4_NL: even blocks and odd blocks feed two fma chains, acc = fma(d_w * d_a, lane, acc);
  *           the result is hsum8(acc_even + acc_odd) (ggml's hsum_float_8 order), then an odd
  *           last block is added as fma(d_w * d_a, its integer dot, sum).
  *   IQ4_XS: per super-block the lane's integer sum over sub-blocks of ls * dot, then one
  *           chain acc = fma(d_w * d_a, that, acc); the result is hsum8(acc).
- * Integer sums are exact, so the GGUF-layout kernels (AVX2, portable C) and the repacked
- * AVX-512 VNNI kernels give the same bits.
  *
  * Repacked layout (AVX-512 VNNI): rows in groups of 16, the last one padded with zero rows;
- * a 64-byte chunk holds 4 index bytes of each of the 16 rows, so one vpdpbusd with 4
- * broadcast activations gives 16 rows' lane sums in 16 int32 lanes. Indices are looked up
- * (vpshufb) as unsigned kvalue + 128; the offset comes back through the activations' lane
+ * a 64-byte chunk holds 4 index bytes of each of the 16 rows, so vpdpbusd with 4 broadcast
+ * activations adds 16 rows' partial dots to 16 int32 lanes. Indices are looked up (vpermb /
+ * vpshufb) as unsigned kvalue + 128; the offset comes back through the activations' block
  * sums, and the accumulator starts from the bits of the float 1.5 * 2^23, so that
- *     dpbusd(bits(1.5 * 2^23) - 128 * sum(a), kvalue + 128, a)  read as a float  - 1.5 * 2^23
- * is the exact dot as a float (|dot| < 2^22) without an int -> float conversion.
+ *     dpbusd chain from bits(1.5 * 2^23) - 128 * sum(a)  read as a float  - 1.5 * 2^23
+ * is a 32-block's exact integer dot as a float (|dot| < 2^22), with no conversion.
  *   IQ4_NL group-block (288 bytes): 4 chunks (chunk c: row r bytes qs[4c..4c+3]) | 16 f16 d
  *   IQ4_XS group-super-block (2208 bytes): 16 f16 d | 8 x 16 int8 ls - 32 | 8 sub-blocks x
  *           4 chunks (sub-block ib, chunk c: row r bytes qs[16 ib + 4c .. +3])
- * Every output lane sees the same operations in the same order whatever the number of
- * tokens, the token tile or the thread count.
+ * The repacked kernels sum whole 32-blocks, one chain per output (twice the speed of the
+ * 8-lane order when compute-bound, prefill):
+ *   IQ4_NL: acc = fma(d_w * d_a, dot, acc) over the blocks;
+ *   IQ4_XS: per super-block s = sum over sub-blocks of ls * dot, fused multiply-adds of
+ *           integers (exact while |s| < 2^24: each ls * dot is below 2^24, and a sum over
+ *           the 8 sub-blocks past it needs most products near 127 * 127 with one sign), then
+ *           acc = fma(d_w * d_a, s, acc).
+ * The integers are the GGUF-layout kernels'; the float sums differ in order only (relative
+ * differences ~1e-7). Every output sees the same operations in the same order whatever the
+ * number of tokens, the token tile or the thread count.
  */
 #ifndef LLMCORE_SIMD_IQUANTS_H
 #define LLMCORE_SIMD_IQUANTS_H
@@ -162,14 +168,16 @@ static void iq_quantize_q8_k(const float *x, int64_t k, int8_t *qs, float *d) {
 #define IQ_MAGIC 12582912.0f
 
 /* One row of activations: qs (k int8), d (k / block size), and for the repacked kernels
- * corr (k / 4 int32): bits(1.5 * 2^23) - 128 * the sum of the 4 values of each lane
- * (index 8 * block32 + l). */
-static void iq_quantize_row(int t, const float *x, int64_t k, int8_t *qs, float *d, int32_t *corr) {
+ * bias (k / 32 int32): bits(1.5 * 2^23) - 128 * the sum of each 32-block's values. */
+static void iq_quantize_row(int t, const float *x, int64_t k, int8_t *qs, float *d, int32_t *bias) {
     if (t == IQ_IQ4_NL) iq_quantize_q8_0(x, k, qs, d);
     else iq_quantize_q8_k(x, k, qs, d);
-    if (!corr) return;
-    for (int64_t i = 0; i < k / 4; i++)
-        corr[i] = IQ_MAGIC_BITS - 128 * ((int32_t)qs[4 * i] + qs[4 * i + 1] + qs[4 * i + 2] + qs[4 * i + 3]);
+    if (!bias) return;
+    for (int64_t i = 0; i < k / 32; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += qs[32 * i + j];
+        bias[i] = IQ_MAGIC_BITS - 128 * sum;
+    }
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -333,11 +341,11 @@ static void iq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows
     }
 }
 
-/* Activations of one matmul call, token 0; per token: qs k, d k / block size, corr k / 4 */
+/* Activations of one matmul call, token 0; per token: qs k, d k / block size, bias k / 32 */
 typedef struct {
     const int8_t *qs;
     const float *d;
-    const int32_t *corr;
+    const int32_t *bias;
 } iq_act;
 
 #if SIMD_AVX512_VNNI
@@ -349,7 +357,8 @@ static inline __m512i iq_table_u8(void) {
                                                 (char)181, (char)197, (char)217, (char)241));
 }
 
-/* the 8 lane vectors of one 32-block: 4 chunks at q -> w[c] low nibbles, w[4 + c] high */
+/* the 8 vectors of one 32-block: 4 chunks at q -> w[c] low nibbles (values 4c..4c+3 of
+ * each row), w[4 + c] high nibbles (values 16 + 4c..) */
 static inline __attribute__((always_inline)) void iq_rp_decode(const uint8_t *q, __m512i tbl, __m512i *w) {
 #if defined(__AVX512VBMI__) /* vpermb reads 6 index bits: no masking */
     for (int c = 0; c < 4; c++) {
@@ -367,94 +376,53 @@ static inline __attribute__((always_inline)) void iq_rp_decode(const uint8_t *q,
 #endif
 }
 
-/* lane l of 16 rows: the exact dot of kvalues with the activations, as floats (a32, corr:
- * that block's 8 entries) */
-static inline __attribute__((always_inline)) __m512 iq_rp_lane(const __m512i *w, int l, const int32_t *a32,
-                                                              const int32_t *corr) {
-    const __m512i p = _mm512_dpbusd_epi32(_mm512_set1_epi32(corr[l]), w[l], _mm512_set1_epi32(a32[l]));
-    return _mm512_sub_ps(_mm512_castsi512_ps(p), _mm512_set1_ps(IQ_MAGIC));
-}
-
-/* r = ((t0+t4) + (t2+t6)) + ((t1+t5) + (t3+t7)) */
-static inline __m512 iq_rp_hsum8(const __m512 *t) {
-    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[0], t[4]), _mm512_add_ps(t[2], t[6])),
-                         _mm512_add_ps(_mm512_add_ps(t[1], t[5]), _mm512_add_ps(t[3], t[7])));
-}
-
-/* IQ4_NL: one 16-row group (nb blocks at G) x one token */
-static void iq_rp_nl(const uint8_t *G, int64_t nb, const int32_t *a32, const float *da, const int32_t *corr,
-                     float *y, __mmask16 store_mask) {
-    const __m512i tbl = iq_table_u8();
-    __m512 f0[8], f1[8];
-    for (int l = 0; l < 8; l++) f0[l] = f1[l] = _mm512_setzero_ps();
-    __m512i w[8];
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *tile = G + (b + h) * 288;
-            iq_rp_decode(tile, tbl, w);
-            const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(da[b + h]),
-                                            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 256))));
-            const int32_t *ab = a32 + (b + h) * 8, *cb = corr + (b + h) * 8;
-            for (int l = 0; l < 8; l++) {
-                const __m512 p = iq_rp_lane(w, l, ab, cb);
-                if (h == 0) f0[l] = _mm512_fmadd_ps(sc, p, f0[l]);
-                else f1[l] = _mm512_fmadd_ps(sc, p, f1[l]);
-            }
-        }
+/* 16 rows' exact dot with one 32-block of activations (a32: its 8 int32 words, bias: its
+ * bias) as floats; two dpbusd chains so that several tokens keep the unit busy */
+static inline __attribute__((always_inline)) __m512 iq_rp_block_dot(const __m512i *w, const int32_t *a32,
+                                                                    int32_t bias) {
+    __m512i p = _mm512_set1_epi32(bias), q = _mm512_setzero_si512();
+    for (int l = 0; l < 4; l++) {
+        p = _mm512_dpbusd_epi32(p, w[l], _mm512_set1_epi32(a32[l]));
+        q = _mm512_dpbusd_epi32(q, w[4 + l], _mm512_set1_epi32(a32[4 + l]));
     }
-    for (int l = 0; l < 8; l++) f0[l] = _mm512_add_ps(f0[l], f1[l]);
-    __m512 r = iq_rp_hsum8(f0);
-    if (b < nb) { /* odd last block: its whole integer dot, fused into the sum */
-        const uint8_t *tile = G + b * 288;
-        iq_rp_decode(tile, tbl, w);
-        const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(da[b]),
-                                        _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 256))));
-        __m512 s = _mm512_setzero_ps(); /* integers below 2^24: exact in any order */
-        for (int l = 0; l < 8; l++) s = _mm512_add_ps(s, iq_rp_lane(w, l, a32 + b * 8, corr + b * 8));
-        r = _mm512_fmadd_ps(sc, s, r);
-    }
-    _mm512_mask_storeu_ps(y, store_mask, r);
+    return _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(p, q)), _mm512_set1_ps(IQ_MAGIC));
 }
 
-/* IQ4_XS: one 16-row group (nsb super-blocks at G) x NT tokens (NT compile-time).
- * Per super-block, lane l of a token: sum over sub-blocks of ls * dot in float, exact
- * (|sum| <= 8 * 32 * 4 * 127 * 127 < 2^24), so it equals ggml's integer sum converted.
- * The per-super-block chains live in acc (NT x 8 vectors, memory): the registers hold the
- * NT x 8 lane sums and the 8 decoded weight vectors. */
+#define IQ_NT 6 /* tokens per kernel call: 6 accumulators (+ 6 lane sums for IQ4_XS) in registers */
+
+/* one 16-row group (nb blocks / super-blocks at G) x NT tokens (NT compile-time) */
 static inline __attribute__((always_inline)) void
-iq_rp_xs(const int NT, const uint8_t *G, int64_t nsb, const int32_t *const *a32, const float *const *da,
-         const int32_t *const *corr, float *const *y, __mmask16 store_mask) {
+iq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const int32_t *const *a32,
+             const float *const *da, const int32_t *const *bias, float *const *y, __mmask16 store_mask) {
     const __m512i tbl = iq_table_u8();
-    float acc[2][8][16] __attribute__((aligned(64)));
-    memset(acc, 0, sizeof(acc));
+    __m512 acc[IQ_NT];
     __m512i w[8];
-    for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t *tile = G + b * 2208;
-        __m512 s[2][8];
-        for (int u = 0; u < NT; u++)
-            for (int l = 0; l < 8; l++) s[u][l] = _mm512_setzero_ps();
-        for (int ib = 0; ib < 8; ib++) {
-            iq_rp_decode(tile + 160 + 256 * ib, tbl, w);
-            const __m512 ls = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * ib))));
-            for (int u = 0; u < NT; u++) {
-                const int32_t *ab = a32[u] + (b * 8 + ib) * 8, *cb = corr[u] + (b * 8 + ib) * 8;
-                for (int l = 0; l < 8; l++)
-                    s[u][l] = _mm512_fmadd_ps(iq_rp_lane(w, l, ab, cb), ls, s[u][l]);
+    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
+    if (t == IQ_IQ4_NL) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *tile = G + b * 288;
+            iq_rp_decode(tile, tbl, w);
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 256)));
+            for (int u = 0; u < NT; u++)
+                acc[u] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(da[u][b])),
+                                         iq_rp_block_dot(w, a32[u] + 8 * b, bias[u][b]), acc[u]);
+        }
+    } else {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *tile = G + b * 2208;
+            __m512 s[IQ_NT];
+            for (int u = 0; u < NT; u++) s[u] = _mm512_setzero_ps();
+            for (int ib = 0; ib < 8; ib++) {
+                iq_rp_decode(tile + 160 + 256 * ib, tbl, w);
+                const __m512 ls = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * ib))));
+                for (int u = 0; u < NT; u++)
+                    s[u] = _mm512_fmadd_ps(iq_rp_block_dot(w, a32[u] + 8 * (8 * b + ib), bias[u][8 * b + ib]), ls, s[u]);
             }
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
-        for (int u = 0; u < NT; u++) {
-            const __m512 sc = _mm512_mul_ps(dv, _mm512_set1_ps(da[u][b]));
-            for (int l = 0; l < 8; l++)
-                _mm512_store_ps(acc[u][l], _mm512_fmadd_ps(sc, s[u][l], _mm512_load_ps(acc[u][l])));
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+            for (int u = 0; u < NT; u++) acc[u] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(da[u][b])), s[u], acc[u]);
         }
     }
-    for (int u = 0; u < NT; u++) {
-        __m512 t[8];
-        for (int l = 0; l < 8; l++) t[l] = _mm512_load_ps(acc[u][l]);
-        _mm512_mask_storeu_ps(y[u], store_mask, iq_rp_hsum8(t));
-    }
+    for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(y[u], store_mask, acc[u]);
 }
 #endif
 
@@ -467,28 +435,30 @@ static void iq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
     const int64_t nvalid = rows - g * IQ_RP;
     const __mmask16 m = simd_mask16((int)(nvalid < IQ_RP ? nvalid : IQ_RP));
     const int64_t nb = k / iq_block_size(t);
-    if (t == IQ_IQ4_NL) {
-        for (int64_t j = 0; j < n; j++) {
-            const int64_t tok = tok0 + j;
-            iq_rp_nl(G, nb, (const int32_t *)(act->qs + tok * k), act->d + tok * nb, act->corr + tok * (k / 4),
-                     Y + j * ldy + g * IQ_RP, m);
-        }
-        return;
-    }
-    const int32_t *a[2], *c[2];
-    const float *d[2];
-    float *y[2];
+    const int32_t *a[IQ_NT], *c[IQ_NT];
+    const float *d[IQ_NT];
+    float *y[IQ_NT];
     for (int64_t j = 0; j < n;) {
-        const int nt = n - j >= 2 ? 2 : 1;
+        const int nt = n - j >= IQ_NT ? IQ_NT : (int)(n - j);
         for (int u = 0; u < nt; u++) {
             const int64_t tok = tok0 + j + u;
             a[u] = (const int32_t *)(act->qs + tok * k);
             d[u] = act->d + tok * nb;
-            c[u] = act->corr + tok * (k / 4);
+            c[u] = act->bias + tok * (k / 32);
             y[u] = Y + (j + u) * ldy + g * IQ_RP;
         }
-        if (nt == 2) iq_rp_xs(2, G, nb, a, d, c, y, m);
-        else iq_rp_xs(1, G, nb, a, d, c, y, m);
+#define IQ_RP_CASES(T)                                                   \
+        switch (nt) {                                                    \
+        case 1: iq_rp_kernel(T, 1, G, nb, a, d, c, y, m); break;         \
+        case 2: iq_rp_kernel(T, 2, G, nb, a, d, c, y, m); break;         \
+        case 3: iq_rp_kernel(T, 3, G, nb, a, d, c, y, m); break;         \
+        case 4: iq_rp_kernel(T, 4, G, nb, a, d, c, y, m); break;         \
+        case 5: iq_rp_kernel(T, 5, G, nb, a, d, c, y, m); break;         \
+        default: iq_rp_kernel(T, IQ_NT, G, nb, a, d, c, y, m); break;    \
+        }
+        if (t == IQ_IQ4_NL) { IQ_RP_CASES(IQ_IQ4_NL) }
+        else { IQ_RP_CASES(IQ_IQ4_XS) }
+#undef IQ_RP_CASES
         j += nt;
     }
 #else
