@@ -8,8 +8,8 @@ interleaved groups ("repacked16"); elsewhere, with repack=False or with
 ``LLMCORE_IQ_REPACK=0``, the GGUF layout is used in place ("raw"). Activations are quantized
 once per row like llama.cpp (q8_0 for IQ4_NL, q8_K for IQ4_XS) and dots are integer. The
 GGUF-layout kernels sum in ggml's vec_dot order (bit-identical to llama.cpp's matmuls where
-it runs vec_dot); the repacked ones sum whole blocks, twice as fast for prefill, the same
-integers in another float order (see simd_iquants.h). Results never depend on the thread
+it runs vec_dot: experts, and small batches); the repacked ones sum whole blocks, twice as
+fast for prefill, the same integers in another float order (see simd_iquants.h). Results never depend on the thread
 count or the batch composition.
 """
 import os
@@ -44,7 +44,7 @@ SUPPORTED = frozenset({IQ4_NL, IQ4_XS})
 SIMD_LEVEL = iq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
 
 cdef enum:
-    ROW_TILE = 8      # rows per work item of the GGUF-layout kernel
+    ROW_TILE = 16     # rows per work item of the GGUF-layout kernel
     BLOCK_CHUNK = 64  # blocks per work item of dequantize
     TOK_CHUNK = 64    # tokens per work item of the repacked kernels
     MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads

@@ -13,8 +13,10 @@
  * GGUF-layout kernels (AVX2, portable C; any build) sum in the float order of ggml's x86
  * vec_dot_iq4_nl_q8_0 / vec_dot_iq4_xs_q8_K (its AVX2 code, which AVX-512 builds of ggml
  * also run), so with fused multiply-adds their outputs are bit-identical to llama.cpp's where
- * it runs them (every IQ4_XS matmul; IQ4_NL expert matmuls and one-token matmuls: its
- * multi-token IQ4_NL matmul goes through llamafile's tinyBLAS, one chain over the blocks).
+ * it runs them: expert matmuls (mul_mat_id) of both types, IQ4_XS matmuls of up to 7 tokens,
+ * one-token IQ4_NL matmuls (llama.cpp's batched paths are other kernels with other orders:
+ * llamafile's tinyBLAS for IQ4_NL from 2 tokens, one chain over the blocks; another for IQ4_XS
+ * from 8). Its results therefore depend on the batch size; these kernels' never do.
  * Per output, 8 float lanes: lane l holds the integer dot of values 4l..4l+3 of each
  * 32-block (l < 4: low nibbles of qs[4l..4l+3], l >= 4: high nibbles of qs[4(l-4)..]), and
  *   IQ4_NL: even blocks and odd blocks feed two fma chains, acc = fma(d_w * d_a, lane, acc);
@@ -130,6 +132,14 @@ static inline int iq_nearest_int(float f) {
 __attribute__((optimize("fp-contract=off")))
 static void iq_quantize_q8_0(const float *x, int64_t k, int8_t *qs, float *d) {
     for (int64_t i = 0; i < k / 32; i++, x += 32) {
+#if defined(__AVX512F__)
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const __m512 id = _mm512_set1_ps(amax != 0 ? 127.f / amax : 0.f);
+        /* the product rounded to float, then to the nearest integer (ties to even) */
+        _mm_storeu_si128((__m128i *)(qs + 32 * i), _mm512_cvtsepi32_epi8(_mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        _mm_storeu_si128((__m128i *)(qs + 32 * i + 16), _mm512_cvtsepi32_epi8(_mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+#else
         float amax = 0;
         for (int j = 0; j < 32; j++) {
             const float ax = fabsf(x[j]);
@@ -137,6 +147,7 @@ static void iq_quantize_q8_0(const float *x, int64_t k, int8_t *qs, float *d) {
         }
         const float id = amax != 0 ? 127.f / amax : 0.f;
         for (int j = 0; j < 32; j++) qs[i * 32 + j] = (int8_t)iq_nearest_int(x[j] * id);
+#endif
         d[i] = simd_f16_round(amax / 127.f);
     }
 }
@@ -146,20 +157,39 @@ __attribute__((optimize("fp-contract=off")))
 static void iq_quantize_q8_k(const float *x, int64_t k, int8_t *qs, float *d) {
     for (int64_t i = 0; i < k / 256; i++, x += 256, qs += 256) {
         float mx = 0, amax = 0;
+#if defined(__AVX512F__)
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < 16; j++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * j)));
+        amax = _mm512_reduce_max_ps(m);
+        for (int j = 0; j < 16 && amax > 0; j++) { /* the first value of that magnitude sets the sign */
+            const __mmask16 e = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * j)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (e) { mx = x[16 * j + __builtin_ctz(e)]; break; }
+        }
+#else
         for (int j = 0; j < 256; j++) {
             const float ax = fabsf(x[j]);
             if (ax > amax) { amax = ax; mx = x[j]; }
         }
-        if (amax == 0) {
+#endif
+        if (!(amax > 0)) {
             d[i] = 0;
             memset(qs, 0, 256);
             continue;
         }
         const float iscale = -127.f / mx;
+#if defined(__AVX512F__)
+        const __m512 is = _mm512_set1_ps(iscale), lim = _mm512_set1_ps(127.f);
+        for (int j = 0; j < 16; j++) {
+            const __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(is, _mm512_loadu_ps(x + 16 * j)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm_storeu_si128((__m128i *)(qs + 16 * j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(v, lim))));
+        }
+#else
         for (int j = 0; j < 256; j++) {
             const int v = iq_nearest_int(iscale * x[j]);
             qs[j] = (int8_t)(v < 127 ? v : 127);
         }
+#endif
         d[i] = 1 / iscale;
     }
 }
@@ -174,8 +204,14 @@ static void iq_quantize_row(int t, const float *x, int64_t k, int8_t *qs, float 
     else iq_quantize_q8_k(x, k, qs, d);
     if (!bias) return;
     for (int64_t i = 0; i < k / 32; i++) {
+#if defined(__AVX512F__)
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * i))),
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * i + 16)))));
+#else
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) sum += qs[32 * i + j];
+#endif
         bias[i] = IQ_MAGIC_BITS - 128 * sum;
     }
 }
@@ -202,15 +238,16 @@ static inline void iq_lanes32(const uint8_t *q, const int8_t *a, int32_t *lane) 
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* 8 int32 lanes of one 32-block: 16 index bytes at q, activations at a (ggml's mul_add_epi8) */
-static inline __m256i iq_lanes32_avx2(const uint8_t *q, const int8_t *a) {
+/* 8 int32 lanes of one 32-block (16 index bytes at q, activations at a), each lane's two
+ * int16 pair sums (ggml's mul_add_epi8: |w| * sign(a, w), at most 2 * 127 * 127) times the
+ * int16 scale s */
+static inline __m256i iq_lanes32_avx2(const uint8_t *q, const int8_t *a, __m256i s) {
     const __m128i tbl = _mm_loadu_si128((const __m128i *)iq_kvalues), m4 = _mm_set1_epi8(0x0F);
     const __m128i bits = _mm_loadu_si128((const __m128i *)q);
     const __m256i w = _mm256_set_m128i(_mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
                                        _mm_shuffle_epi8(tbl, _mm_and_si128(bits, m4)));
     const __m256i av = _mm256_loadu_si256((const __m256i *)a);
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)), s);
 }
 #endif
 
@@ -221,8 +258,9 @@ static float iq_dot_nl(const uint8_t *w, const int8_t *a, const float *da, int64
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
     for (; ib + 1 < nb; ib += 2) {
-        const __m256i p1 = iq_lanes32_avx2(w + ib * 18 + 2, a + ib * 32);
-        const __m256i p2 = iq_lanes32_avx2(w + (ib + 1) * 18 + 2, a + (ib + 1) * 32);
+        const __m256i one = _mm256_set1_epi16(1);
+        const __m256i p1 = iq_lanes32_avx2(w + ib * 18 + 2, a + ib * 32, one);
+        const __m256i p2 = iq_lanes32_avx2(w + (ib + 1) * 18 + 2, a + (ib + 1) * 32, one);
         acc1 = _mm256_fmadd_ps(_mm256_set1_ps(da[ib] * simd_load_f16(w + ib * 18)), _mm256_cvtepi32_ps(p1), acc1);
         acc2 = _mm256_fmadd_ps(_mm256_set1_ps(da[ib + 1] * simd_load_f16(w + (ib + 1) * 18)), _mm256_cvtepi32_ps(p2), acc2);
     }
@@ -258,8 +296,8 @@ static float iq_dot_xs(const uint8_t *w, const int8_t *a, const float *da, int64
     for (int64_t b = 0; b < nsb; b++, w += 136, a += 256) {
         __m256i isum = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ib++)
-            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(iq_lanes32_avx2(w + 8 + 16 * ib, a + 32 * ib),
-                                                             _mm256_set1_epi32(iq_xs_scale(w, ib))));
+            isum = _mm256_add_epi32(isum, iq_lanes32_avx2(w + 8 + 16 * ib, a + 32 * ib,
+                                                          _mm256_set1_epi16((int16_t)iq_xs_scale(w, ib))));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(simd_load_f16(w) * da[b]), _mm256_cvtepi32_ps(isum), acc);
     }
     return simd_hsum_f32x8(acc);
@@ -281,14 +319,19 @@ static float iq_dot_xs(const uint8_t *w, const int8_t *a, const float *da, int64
 
 /* Y[j * ldy + r] for rows [r0, r1) of W (row r at W + r * row_stride, k values) and n
  * tokens of activations (qs n x k, d n x k / block size) */
+#define IQ_TOK_TILE 16 /* tokens whose activations stay in L1 while the rows pass over them */
+
 static void iq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1, int64_t k,
                            const int8_t *qs, const float *d, int64_t n, float *Y, int64_t ldy) {
     const int64_t nb = k / iq_block_size(t);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = W + r * row_stride;
-        for (int64_t j = 0; j < n; j++)
-            Y[j * ldy + r] = t == IQ_IQ4_NL ? iq_dot_nl(wr, qs + j * k, d + j * nb, nb)
-                                            : iq_dot_xs(wr, qs + j * k, d + j * nb, nb);
+    for (int64_t j0 = 0; j0 < n; j0 += IQ_TOK_TILE) {
+        const int64_t j1 = j0 + IQ_TOK_TILE < n ? j0 + IQ_TOK_TILE : n;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * row_stride;
+            for (int64_t j = j0; j < j1; j++)
+                Y[j * ldy + r] = t == IQ_IQ4_NL ? iq_dot_nl(wr, qs + j * k, d + j * nb, nb)
+                                                : iq_dot_xs(wr, qs + j * k, d + j * nb, nb);
+        }
     }
 }
 

@@ -224,14 +224,21 @@ def test_llama_cpp_quantized_blocks_dequantize_exactly(qt):
 @pytest.mark.parametrize("qt", TYPES, ids=IDS)
 @pytest.mark.parametrize("repack", REPACKS, ids=REPACK_IDS)
 def test_matmul_vs_llama_cpp(qt, repack):
-    """The GGUF layout sums in llama.cpp's vec_dot order: every IQ4_XS matmul and one-token
-    IQ4_NL matmuls give its bits (its multi-token IQ4_NL matmul, llamafile's tinyBLAS, sums
-    the blocks in one chain instead of two, and results here do not depend on the batch).
-    The repacked layout: a float rounding apart."""
+    """The GGUF layout sums in llama.cpp's vec_dot order: IQ4_XS matmuls of up to 7 tokens
+    and one-token IQ4_NL matmuls give its bits (its batched paths are other kernels: for
+    IQ4_NL from 2 tokens llamafile's tinyBLAS, one chain over the blocks instead of two; for
+    IQ4_XS from 8; results here do not depend on the batch). The repacked layout: a float
+    rounding apart."""
     rng = np.random.default_rng(7 + int(qt))
     rows, cols = 70, 2 * cols_for(qt)
     w = ggml_ops.quantize(rng.standard_normal((rows, cols)).astype(np.float32), int(qt))
-    x = rng.standard_normal((6, cols)).astype(np.float32)
+    x = rng.standard_normal((7, cols)).astype(np.float32)
+    # activation quantization edge cases: an all-zero block, the largest magnitude negative,
+    # a tie on it (the first one sets q8_K's sign), values on rounding ties (x * 127/amax = k + 0.5)
+    x[1, :256] = 0
+    x[2, 3], x[2, 300], x[2, 290] = -50.0, 40.0, -40.0
+    x[3, :32] = np.concatenate([[127.0], np.arange(31) - 15.5])
+    x[3, 256:288] = np.concatenate([[-127.0], np.arange(31) * 0.5])
     p = iq.pack(w, int(qt), repack=repack)
     y = mm(p, x, 2)
     ref1 = ggml_ops.mul_mat(w, int(qt), x[:1])
@@ -240,6 +247,8 @@ def test_matmul_vs_llama_cpp(qt, repack):
         np.testing.assert_array_equal(y[:1], ref1)
         if qt == QT.IQ4_XS:
             np.testing.assert_array_equal(y, ref)
+        else:
+            np.testing.assert_array_equal(y[3], ggml_ops.mul_mat(w, int(qt), x[3:4])[0])
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 
