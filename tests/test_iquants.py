@@ -29,7 +29,6 @@ EXACT = iq.SIMD_LEVEL != "c"
 REPACKS = [None, False]
 REPACK_IDS = ["default", "raw"]
 needs_llama = pytest.mark.skipif(ggml_ops.available() is not None, reason=str(ggml_ops.available()))
-needs_repack = pytest.mark.skipif(iq.SIMD_LEVEL != "avx512vnni", reason="the repacked layout needs AVX-512 VNNI")
 
 
 def rand_blocks(rng, qt, nblocks, scale=0.02):
@@ -100,7 +99,7 @@ def test_fixture_quantizer_writes_valid_close_blocks(qt):
     assert raw.shape == (12, 512 // gguf.GGML_QUANT_SIZES[qt][0] * gguf.GGML_QUANT_SIZES[qt][1])
     ref = ref_dequant(raw, qt, x.shape)
     np.testing.assert_array_equal(dequant(raw, qt), ref)
-    assert np.mean((ref - x) ** 2) / np.mean(x ** 2) < 0.012  # ~4.5 bits: llama.cpp's own lands ~0.009
+    assert np.mean((ref - x) ** 2) / np.mean(x ** 2) < 0.008  # llama.cpp's quantizer: 0.0058 on this data
 
 
 @pytest.mark.parametrize("qt", TYPES, ids=IDS)
