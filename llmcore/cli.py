@@ -245,9 +245,6 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="default presence penalty")] = 0.0
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="default frequency penalty")] = 0.0
     seed: Annotated[int, typer.Option("-s", "--seed", help="default sampling seed (-1 = random)")] = -1
-    api_key: Annotated[Optional[str], typer.Option(
-        "--api-key", envvar="LLAMA_API_KEY", help="require this key (Authorization: Bearer KEY) on every route "
-                                                  "but /health")] = None
     threads_http: Annotated[int, typer.Option(
         "--threads-http", help="threads for request work off the event loop (0 = default)")] = 0
     shutdown_timeout: Annotated[float, typer.Option(
@@ -266,6 +263,44 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
         "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
     max_body_mib: Annotated[float, typer.Option(
         "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", help="require this key (comma-separate several) as 'Authorization: Bearer KEY' "
+                          "or 'x-api-key: KEY' on every route but /health")] = None
+    api_key_file: Annotated[Optional[str], typer.Option(
+        "--api-key-file", help="require one of the keys in this file (one a line)")] = None
+    chat_template: Annotated[Optional[str], typer.Option(
+        "--chat-template", help="serve the model's chat template of this name (or chatml) instead of its default")] = None
+    chat_template_file: Annotated[Optional[str], typer.Option(
+        "--chat-template-file", help="serve the Jinja chat template in this file")] = None
+    reasoning_format: Annotated[str, typer.Option(
+        "--reasoning-format", help="deepseek: a think block becomes reasoning_content; none: left in the content")] = "deepseek"
+    reasoning_budget: Annotated[int, typer.Option(
+        "--reasoning-budget", help="thinking tokens per request (-1 no limit, 0 thinking off)")] = -1
+    spec_type: Annotated[str, typer.Option(
+        "--spec-type", help="speculative decoding for every request: none, or ngram (prompt lookup: "
+                            "drafts from n-grams of the prompt and output; llama-server's ngram-* names "
+                            "mean the same here)")] = "none"
+    draft_max: Annotated[int, typer.Option(
+        "--draft-max", "--draft", "--draft-n", help="most tokens drafted per step (speculative decoding)")] = 16
+    draft_min: Annotated[int, typer.Option(
+        "--draft-min", "--draft-n-min", help="fewer drafted tokens than this: no draft")] = 0
+    spec_ngram_size: Annotated[int, typer.Option(
+        "--spec-ngram-size-n", help="longest n-gram of the sequence's end looked up for a draft")] = 4
+
+    def speculative(self):
+        """The server-wide drafting settings, or None (off)."""
+        from .engine.speculative import SpecParams
+
+        kind = self.spec_type.lower()
+        if kind in ("none", "off", ""):
+            return None
+        if kind != "ngram" and not kind.startswith("ngram-"):
+            raise LLMCoreError(f"--spec-type {self.spec_type!r}: expected none or ngram (no draft models yet)")
+        try:
+            return SpecParams(n_max=self.draft_max, n_min=self.draft_min, ngram_max=self.spec_ngram_size,
+                              ngram_min=min(2, self.spec_ngram_size)).validate()
+        except LLMCoreError as e:
+            raise LLMCoreError(f"--draft-max/--draft-min/--spec-ngram-size-n: {e}") from None
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -278,7 +313,9 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
                                     min_p=self.min_p, repeat_penalty=self.repeat_penalty,
                                     repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
                                     frequency_penalty=self.frequency_penalty, seed=self.seed),
-            n_predict=self.n_predict, kv_unified=self.kv_unified, cache_dir=self.cache_dir,
+            n_predict=self.n_predict, chat_template_name=self.chat_template,
+            chat_template_text=_read_text(self.chat_template_file, "--chat-template-file"),
+            speculative=self.speculative(), kv_unified=self.kv_unified, cache_dir=self.cache_dir,
             cache_disk_mib=self.cache_disk, slot_save_path=self.slot_save_path)
 
     def server_config(self) -> ServerConfig:
@@ -301,12 +338,38 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
             if d is not None and os.path.exists(d) and not os.path.isdir(d):
                 raise LLMCoreError(f"{flag} {d}: not a directory")
         origins = tuple(o.strip().rstrip("/") for arg in (self.cors or ()) for o in arg.split(",") if o.strip())
-        return ServerConfig(host=self.host, port=self.port, cors_origins=origins,
+        if self.reasoning_format not in ("deepseek", "none"):
+            raise LLMCoreError(f"--reasoning-format {self.reasoning_format!r}: expected deepseek or none")
+        if self.reasoning_budget < -1:
+            raise LLMCoreError("--reasoning-budget must be >= -1 (-1 = no limit, 0 = thinking off)")
+        return ServerConfig(host=self.host, port=self.port, cors_origins=origins, api_keys=self.api_keys(),
+                            reasoning_format=self.reasoning_format, reasoning_budget=self.reasoning_budget,
                             body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
                             idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
                             max_body_bytes=int(self.max_body_mib * 1024 * 1024),
-                            shutdown_timeout=self.shutdown_timeout, api_key=self.api_key or None,
+                            shutdown_timeout=self.shutdown_timeout,
                             **({"workers": self.threads_http} if self.threads_http > 0 else {}))
+
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys of --api-key (comma-separated) and --api-key-file (one a line)."""
+        keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
+        if self.api_key_file:
+            text = _read_text(self.api_key_file, "--api-key-file")
+            found = [k.strip() for k in text.splitlines() if k.strip() and not k.lstrip().startswith("#")]
+            if not found:
+                raise LLMCoreError(f"--api-key-file {self.api_key_file}: no key in it")
+            keys += found
+        return tuple(dict.fromkeys(keys))
+
+
+def _read_text(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LLMCoreError(f"{flag} {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def with_options(options: type[RuntimeOptions]):
@@ -428,10 +491,11 @@ def tui(
         sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
         engine = Engine.from_path(path, cfg)
+    keys = server_cfg.api_keys if server_cfg is not None else opts.api_keys()
     try:
         rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,
                       no_tui=no_tui, once_=once, fmt="json" if json_out else "text", mock=mock,
-                      log_level=opts.log_level)
+                      log_level=opts.log_level, api_key=keys[0] if keys else None)
     finally:
         if engine is not None:
             engine.stop()

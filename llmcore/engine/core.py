@@ -30,9 +30,9 @@ from ..cache.disk import DiskCache
 from ..cache.disk_io import IOWorker
 from ..cache.prompt_cache import PromptCache
 from ..cache.state_file import Fingerprint, model_fingerprint
-from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      RequestError, ShuttingDownError)
-from ..sampling import Sampler
+from ..errors import (ContextFullError, EngineFailure, LLMCoreError, ModelLoadFailedError,
+                      ModelLoadingError, RequestError, ShuttingDownError)
+from ..sampling import Sample, Sampler
 from . import memory
 from .config import EngineConfig, GenParams, check_stops
 from .disk_tier import DiskTier
@@ -41,7 +41,8 @@ from .output import StreamOutput
 from .prefix import PrefixPolicy
 from .protocols import LanguageModel, TextTokenizer
 from .scheduler import Scheduler, StepPlan
-from .slot import Generation, Phase, Slot
+from .speculative import NgramDrafter
+from .slot import Generation, Phase, Pooling, Slot
 from .slot_files import SlotCommand, SlotFiles
 from .stats import EngineCounters
 from .task import Task
@@ -49,6 +50,10 @@ from .task import Task
 log = logging.getLogger("llmcore.engine")
 
 TRIM_EVERY_S = 2.0  # going idle gives the heap's free pages back at most this often
+
+
+class GrammarStuckError(EngineFailure):
+    """A constrained generation cannot go on (no token fits its grammar)."""
 
 
 class EngineStatus(str, enum.Enum):
@@ -112,6 +117,7 @@ class Engine:
         self._t_trim = 0.0
         self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self._cache_numbers: dict = {}
+        self._masks = None  # constrain.MaskBatch, made when the first constrained request runs
         self._fault_hook: Callable[[str], None] | None = None
         self.t_start = time.time()
         if model is not None:
@@ -125,7 +131,7 @@ class Engine:
 
         cfg = cfg or EngineConfig()
         path = Path(path)
-        return cls(cfg, loader=lambda: load_gguf(path, **cfg.model_options()),
+        return cls(cfg, loader=lambda: load_gguf(path, **cfg.template_options(), **cfg.model_options()),
                    info={"path": str(path), "name": path.stem})
 
     def _setup(self) -> None:
@@ -205,7 +211,19 @@ class Engine:
     # ---- facts -----------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        return self.cfg.model_alias or self.info.get("path") or self.info.get("name") or "model"
+        """The model's id on every route: the alias (-a), else the file name (never a path)."""
+        if self.cfg.model_alias:
+            return self.cfg.model_alias
+        path = self.info.get("path")
+        return Path(path).name if path else (self.info.get("name") or "model")
+
+    @property
+    def default_n_predict(self) -> int:
+        """What a request that sets no limit may generate: -n, else a slot's share of the
+        context (n_ctx / slots), so one client that sends no max_tokens cannot take it all."""
+        if self.cfg.n_predict > 0:
+            return self.cfg.n_predict
+        return max(1, self.n_ctx // max(1, len(self.slots) or self.cfg.n_parallel))
 
     @property
     def memory_plan(self) -> dict:
@@ -247,6 +265,9 @@ class Engine:
             extra = self.cfg.cache_disk_flush_s if self.cfg.cache_dir else 0.0
             self._thread.join(timeout + extra)
             self._thread = None
+        if self._masks is not None:
+            self._masks.close()
+            self._masks = None
 
     shutdown = stop
 
@@ -296,6 +317,8 @@ class Engine:
             raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
         params.sampling.validate()
         check_stops(params.stop)
+        if params.min_tokens < 0:
+            raise RequestError("'min_tokens' must be >= 0")
         if loop is None and not sync:
             try:
                 loop = asyncio.get_running_loop()
@@ -418,6 +441,7 @@ class Engine:
             try:
                 self._admit()  # requests queued before a command start first (their slot is then busy)
                 self._run_commands()
+                self._draft()
                 plan = self.scheduler.plan(self.slots)
                 if plan.items:
                     self._heap_dirty = True
@@ -532,11 +556,16 @@ class Engine:
     def _new_generation(self, task: Task, state, n_keep: int) -> Generation:
         p = task.params
         dec = self.tokenizer.stream_decoder()
+        if p.constraint is not None:
+            p.constraint.reset()  # a request that waited for memory starts over
+        if p.reasoning_budget is not None:
+            p.reasoning_budget.reset()
         return Generation(
             task=task, pending=np.asarray(task.prompt[n_keep:], dtype=np.int32),
             n_prompt=len(task.prompt), n_cached=n_keep,
             sampler=Sampler(p.sampling, self.model.n_vocab), output=StreamOutput(dec, p.stop),
-            history=list(task.prompt))
+            history=list(task.prompt), constraint=p.constraint,
+            pooled=Pooling(p.embedding) if p.embedding else None)
 
     def _start(self, task: Task, slot: Slot) -> None:
         t0 = time.perf_counter()
@@ -551,29 +580,99 @@ class Engine:
             g.ckpt_plan = collections.deque(plan_positions(
                 n_keep, len(task.prompt), cfg.checkpoint_every_n_tokens, task.params.checkpoint_at,
                 cfg.n_ubatch))
+        g.drafter = self._drafter_for(task.params, g)
         slot.gen = g
         if cfg.cache_idle_slots:
             self.prefix.publish_idle(self.slots)
         self._refresh_cache_numbers()
 
+    # ---- speculative decoding (engine/speculative.py) -------------------------------------
+    def _drafter_for(self, p: GenParams, g: Generation) -> NgramDrafter | None:
+        """A prompt-lookup drafter when the request (or the server) asks for one and its
+        state can be cut back after a rejected draft: not for recurrent state (it cannot be
+        trimmed), constrained output (masks are per position) or embeddings."""
+        sp = self.cfg.speculative if p.speculative is None else p.speculative
+        if not sp or g.constraint is not None or g.pooled is not None or self._probe.fixed_state_nbytes:
+            return None
+        return NgramDrafter(sp)
+
+    def _draft(self) -> None:
+        """Drafts for this step's generating slots (never past the request's limits)."""
+        for s in self.slots:
+            g = s.gen
+            if g is None or g.drafter is None or g.phase is not Phase.DECODE:
+                continue
+            p = g.task.params
+            room = s.n_ctx - g.n_prompt - len(g.generated) - 1
+            if p.n_predict > 0:
+                room = min(room, p.n_predict - len(g.generated) - 1)
+            g.draft = g.drafter.draft(g.history, max(0, room)) if room > 0 else []
+
+    def _verify(self, s: Slot, rows: np.ndarray, n_draft: int, n_before: int, mask) -> None:
+        """Sample each verified position in turn, as plain decoding would; keep the drafts up
+        to the first that differs from the token sampled there, then cut the state back to
+        the kept ones (the last sampled token is evaluated next step, as always)."""
+        g = s.gen
+        draft, g.draft = g.draft, []
+        accepted = 0
+        g.n_drafted += n_draft  # counted first: the request may end inside the loop
+        self.c.spec_draft_tokens += n_draft
+        for i in range(n_draft + 1):
+            self._sample(s, rows[i], mask if i == 0 else None)
+            if s.gen is not g or i == n_draft or g.generated[-1] != draft[i]:
+                break
+            accepted += 1
+            g.n_draft_accepted += 1
+            self.c.spec_accepted_tokens += 1
+        g.drafter.record(accepted, n_draft)
+        keep = n_before + 1 + accepted  # the last sampled token, then the kept drafts
+        st = s.state
+        if st is not None and st.n_tokens > keep and st.trim(keep) != keep:
+            raise EngineFailure(f"slot {s.id}: cannot cut the state back after a rejected draft")
+
     # ---- one step --------------------------------------------------------------------
     def _step(self, plan: StepPlan) -> None:
         n_threads = self._set_threads(prefill=not plan.decode_only, n_tokens=len(plan))
+        masks = self._start_masks(plan)  # computed on a helper thread while the model runs
+        try:
+            self._run_step(plan, n_threads, masks)
+        finally:
+            for pending, _ in (masks or {}).values():
+                pending.settle()  # no matcher is still in use when the next step starts
+
+    def _run_step(self, plan: StepPlan, n_threads: int, masks: dict | None) -> None:
+        # embedding requests want every token's hidden state, the others logits: the
+        # embeddings of the step go through a second forward, batched together
+        emb = StepPlan([it for it in plan.items if it.slot.gen.pooled is not None])
+        if emb.items:
+            plan = StepPlan([it for it in plan.items if it.slot.gen.pooled is None])
         t0 = time.perf_counter()
-        logits = self._forward(plan)
-        if logits is None:
+        logits = self._forward(plan) if plan.items else None
+        hidden = self._forward(emb, output="hidden") if emb.items else None
+        if logits is None and hidden is None:
             return
-        if plan.decode_only and self._adaptive is not None:
+        if plan.items and plan.decode_only and not emb.items and self._adaptive is not None:
             self._adaptive.record(len(plan), n_threads, time.perf_counter() - t0)
         self.c.n_decode_total += 1
-        self.c.n_busy_slots_total += len(plan)
+        self.c.n_busy_slots_total += len(plan) + len(emb)
         t1 = time.perf_counter()
+        if hidden is not None:
+            self._pool_embeddings(emb, hidden, t1)
+        if logits is None:
+            self._refresh_cache_numbers()
+            return
+        row = 0
         for i, it in enumerate(plan.items):
             s, g = it.slot, it.slot.gen
+            r0, row = row, row + (it.n_logits if plan.n_logits is not None else 1)
             if g is None:
                 continue
             try:
                 self.c.n_tokens_max = max(self.c.n_tokens_max, s.n_tokens)
+                if it.n_draft:
+                    self._verify(s, logits[r0:row], it.n_draft, s.n_tokens - it.n,
+                                 masks.get(s.id) if masks else None)
+                    continue
                 if g.phase is Phase.PREFILL:
                     g.i_pending += it.n
                     if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
@@ -585,19 +684,61 @@ class Engine:
                     if g.task.params.n_predict == 0:
                         self._finish(s, StopReason.LIMIT)
                         continue
-                self._sample(s, logits[i])
+                self._sample(s, logits[r0], masks.get(s.id) if masks else None)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, drop_state=False)
         self._refresh_cache_numbers()
 
-    def _forward(self, plan: StepPlan):
+    def _pool_embeddings(self, emb: StepPlan, hidden: np.ndarray, t1: float) -> None:
+        """Pool each embedding request's rows of the step; a request whose prompt is all
+        in ends with its vector."""
+        off = 0
+        for it in emb.items:
+            s, g = it.slot, it.slot.gen
+            rows, off = hidden[off:off + it.n], off + it.n
+            if g is None:
+                continue
+            try:
+                g.pooled.add(rows)
+                g.i_pending += it.n
+                if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
+                    self.prefix.take_checkpoint(s, g.ckpt_plan.popleft()[1], self.slots)
+                if g.prefill_left == 0:
+                    g.t_prompt_done = t1
+                    self._finish(s, StopReason.EOS, embedding=g.pooled.vector())
+            except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
+                log.exception("pooling failed on slot %d", s.id)
+                self._fail(s, e, drop_state=False)
+
+    def _start_masks(self, plan: StepPlan) -> dict | None:
+        """Start the token masks of the constrained slots that sample after this step
+        (slot id -> (PendingMasks, row)); None when there are none."""
+        sampling = [it.slot for it in plan.items
+                    if it.slot.gen is not None and it.slot.gen.constraint is not None
+                    and (it.decode or it.slot.gen.prefill_left == it.n)]
+        if not sampling:
+            return None
+        if self._masks is None:
+            from ..constrain import MaskBatch
+
+            self._masks = MaskBatch()
+        pending = self._masks.start([s.gen.constraint for s in sampling])
+        return {s.id: (pending, i) for i, s in enumerate(sampling)}
+
+    def _forward(self, plan: StepPlan, output: str = "logits"):
         """model.forward with KV-pressure handling: on a full pool free cached states, then
         let prefilling slots wait (dropped from this step), then fail the youngest request
-        with ContextFullError. Shrinks the plan in place; None: nothing ran."""
+        with ContextFullError. Shrinks the plan in place; None: nothing ran. `output`:
+        "logits", or "hidden" (every token's hidden state, for embeddings)."""
         while plan.items:
             try:
-                return self.model.forward(plan.batch)
+                if output != "logits":
+                    return self.model.forward(plan.batch, output=output)
+                n_logits = plan.n_logits
+                if n_logits is None:
+                    return self.model.forward(plan.batch)
+                return self.model.forward(plan.batch, n_logits=n_logits)
             except ContextFullError as e:
                 if memory.make_room(plan.batch, self._evict_cached, self._drop_idle_state):
                     continue
@@ -666,20 +807,40 @@ class Engine:
         return n
 
     # ---- after the forward: sampling and the end of a generation ---------------------
-    def _sample(self, s: Slot, row: np.ndarray) -> None:
+    def _sample(self, s: Slot, row: np.ndarray, mask=None) -> None:
         g = s.gen
         p = g.task.params
-        sample = g.sampler.sample(row, g.history)
+        c = g.constraint
+        if mask is not None:
+            pending, i = mask
+            row = pending.apply(i, row)
+            if not np.isfinite(row).any():
+                raise GrammarStuckError(f"the grammar allows no next token ({c.error or 'no way to go on'})")
+        if len(g.generated) < p.min_tokens and self.eog_ids:
+            row = self._without_eog(row)
+        budget = p.reasoning_budget
+        forced = budget.forced() if budget is not None else None
+        if forced is not None:  # the thinking budget is spent: its block is closed
+            sample = Sample(forced, float("nan"), None)
+        else:
+            sample = g.sampler.sample(row, g.history)
         tok = sample.token
+        if budget is not None:
+            budget.after(tok)
         g.generated.append(tok)
         g.history.append(tok)
         if tok in self.eog_ids and not p.ignore_eos:
             self._finish(s, StopReason.EOS)
             return
+        if c is not None and not c.consume(tok):
+            raise GrammarStuckError(f"the sampled token does not fit the grammar ({c.error})")
         text, stop = g.output.feed(tok)
         self._emit(g, [tok], text, [sample])
         if stop is not None:
             self._finish(s, StopReason.WORD, stop)
+            return
+        if c is not None and c.stopped:  # complete: only end-of-generation could follow
+            self._finish(s, StopReason.EOS)
             return
         n_gen = len(g.generated)
         if (p.n_predict > 0 and n_gen >= p.n_predict) or g.n_prompt + n_gen >= s.n_ctx:
@@ -687,11 +848,19 @@ class Engine:
             return
         g.last_token = tok
 
+    def _without_eog(self, row: np.ndarray) -> np.ndarray:
+        """min_tokens: end-of-generation refused, unless nothing else is left (a grammar
+        that is complete)."""
+        ids = [t for t in self.eog_ids if t < row.shape[0]]
+        out = row.copy()
+        out[ids] = -np.inf
+        return out if np.isfinite(out).any() else row
+
     def _emit(self, g: Generation, tokens, text: str, samples) -> None:
         want_probs = g.task.params.sampling.n_probs > 0
         g.task.put(TokenEvent(list(tokens), text, list(samples) if want_probs else []))
 
-    def _finish(self, s: Slot, why: StopReason, word: str = "") -> None:
+    def _finish(self, s: Slot, why: StopReason, word: str = "", embedding: list[float] | None = None) -> None:
         g = s.gen
         task = g.task
         now = time.perf_counter()
@@ -708,6 +877,7 @@ class Engine:
             predicted_ms=1e3 * (now - t_prompt_done) if g.t_prompt_done else 0.0,
             cache_source=g.cache_source if g.n_cached else CacheSource.NONE,
             checkpoint_restores=g.n_ckpt_restored,
+            draft_n=g.n_drafted, draft_n_accepted=g.n_draft_accepted,
         )
         c = self.c
         c.requests_total += 1
@@ -721,7 +891,8 @@ class Engine:
             c.requests_cancelled += 1
             task.done = True
         else:
-            final = FinalEvent(why, word, g.n_prompt, len(g.generated), tm, s.id, truncated=False)
+            final = FinalEvent(why, word, g.n_prompt, len(g.generated), tm, s.id, truncated=False,
+                               embedding=embedding)
         td = tm.to_dict()
         log.info("slot %d task %d %s: prompt %d tok (%d cached from %s) %.1f tok/s, generated %d "
                  "tok %.1f tok/s", s.id, task.id, why, g.n_prompt, g.n_cached, tm.cache_source,
