@@ -37,16 +37,18 @@ class Serve:
         self.proc = subprocess.Popen([sys.executable, "-m", "llmcore.cli", "serve", "-m", str(model), "--host", host,
                                       "--port", str(self.port), *args], cwd=REPO, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.result: tuple[int, str] | None = None
         end = time.time() + 120
         while True:
-            assert self.proc.poll() is None, self.proc.stdout.read()
+            if self.proc.poll() is not None or time.time() > end:
+                rc, out = self.stop(timeout=5)
+                raise AssertionError(f"server not healthy (exit {rc}):\n{out[-3000:]}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
                         break
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
-            assert time.time() < end, "server not healthy"
             time.sleep(0.1)
 
     def post(self, path, body, headers=None, timeout=120):
@@ -60,14 +62,17 @@ class Serve:
             return json.loads(r.read())
 
     def stop(self, timeout=60) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        return self.proc.returncode, out
+        """SIGTERM, then the exit code and the log (once; again: the same answer)."""
+        if self.result is None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                out, _ = self.proc.communicate()
+            self.result = (self.proc.returncode, out)
+        return self.result
 
 
 def complete(srv, prompt, n=4):
@@ -89,8 +94,10 @@ def test_sigterm_then_restart_serves_the_conversation_from_disk(built_model, tmp
     model, d = built_model(name), tmp_path / "cache"
     p1 = toks(1, 160)
     a = Serve(model, "--cache-dir", str(d), "-c", "4096")
-    r1 = complete(a, p1)
-    rc, out = a.stop()
+    try:
+        r1 = complete(a, p1)
+    finally:
+        rc, out = a.stop()
     assert rc == 0, out
     assert "written at stop" in out and any(d.iterdir())
     p2 = p1 + r1["tokens"] + toks(2, 30)
@@ -130,6 +137,13 @@ def stream_chat(url, max_tokens, out: list):
 def test_sigterm_finishes_short_requests_ends_long_ones_with_an_error_and_done(built_model, tmp_path):
     srv = Serve(built_model("chat"), "-np", "2", "-c", "200000", "--shutdown-timeout", "1.5",
                 "--cache-dir", str(tmp_path / "c"))
+    try:
+        _drain_check(srv)
+    finally:
+        srv.stop()
+
+
+def _drain_check(srv):
     long_out, short_out = [], []
     long_t = threading.Thread(target=stream_chat, args=(srv.url, 150000, long_out))
     long_t.start()
