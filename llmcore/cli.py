@@ -25,7 +25,8 @@ from . import __version__
 from .errors import LLMCoreError
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
+    from .cluster import ClusterConfig
+    from .engine import EngineClient, EngineConfig
     from .server import ServerConfig
 
 def _click():
@@ -194,6 +195,15 @@ class ServerOptions(RuntimeOptions):
         "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
     max_body_mib: Annotated[float, typer.Option(
         "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
+    replicas: Annotated[int, typer.Option(
+        "--replicas", help="run N engine replicas on Ray Serve behind this server, each with -t threads, "
+                           "-np slots and its own caches (0 = one engine in this process)")] = 0
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="with --replicas: join this Ray cluster (e.g. auto, HOST:6379); "
+                              "default: start a local Ray instance with the server")] = None
+    routing: Annotated[str, typer.Option(
+        "--routing", help="with --replicas: prefix (the replica holding the prompt's prefix) or "
+                          "power_of_two (Ray Serve's default)")] = "prefix"
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -223,6 +233,33 @@ class ServerOptions(RuntimeOptions):
                             body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
                             idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
                             max_body_bytes=int(self.max_body_mib * 1024 * 1024))
+
+
+    def cluster_config(self) -> ClusterConfig:
+        """The replicas' setup (--replicas N >= 1): -t threads each (0: the CPUs split
+        evenly between them)."""
+        from .cluster import ClusterConfig, Routing
+        from .threads import available_cpus
+
+        if self.replicas < 0:
+            raise LLMCoreError("--replicas must be >= 0 (0 = one engine in this process)")
+        if self.routing not in [str(r) for r in Routing]:
+            raise LLMCoreError(f"--routing {self.routing!r}: expected prefix or power_of_two")
+        return ClusterConfig(replicas=self.replicas, ray_address=self.ray_address, routing=self.routing,
+                             threads_per_replica=self.threads or max(1, available_cpus() // self.replicas))
+
+    def make_engine(self, path, cfg: EngineConfig) -> EngineClient:
+        """One engine in this process, or the replicas (--replicas); not started yet."""
+        if self.replicas == 0:
+            from .engine import Engine
+
+            return Engine.from_path(path, cfg)  # loads in the background once started
+        from .cluster import ReplicaPool
+        from .cluster.pool import import_ray
+
+        cluster = self.cluster_config()
+        import_ray()  # not installed: one line now, before the server starts
+        return ReplicaPool(path, cfg, cluster)
 
 
 def with_options(options: type[RuntimeOptions]):
@@ -260,7 +297,6 @@ def _setup_logging(level: str) -> None:
 def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     """Run the HTTP server (OpenAI and llama-server compatible API)."""
     from . import threads as thr
-    from .engine import Engine
     from .pull import resolve_model
     from .server import run_server
 
@@ -271,8 +307,9 @@ def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     _check_model(path)
     sock = _listen(opts)  # the port is ours before the model loads
     thr.set_num_threads(opts.threads or None)
-    engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
-    typer.echo(f"llmcore: loading {path.name}, {opts.parallel} slot(s)", err=True)
+    engine = opts.make_engine(path, cfg)  # loads in the background: /health says 503 meanwhile
+    where = f"{opts.replicas} replica(s) x " if opts.replicas else ""
+    typer.echo(f"llmcore: loading {path.name}, {where}{opts.parallel} slot(s)", err=True)
     try:
         run_server(engine, server_cfg, sock=sock)
     finally:
@@ -330,7 +367,6 @@ def tui(
         url = f"http://{opts.host}:{opts.port}"  # --once only reads: the local server
     if not url and not mock:  # the same engine and server as `llmcore serve`
         from . import threads as thr
-        from .engine import Engine
         from .pull import resolve_model
 
         # every start-up error is one line here, before any screen opens
@@ -339,7 +375,7 @@ def tui(
         _check_model(path)
         sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
-        engine = Engine.from_path(path, cfg)
+        engine = opts.make_engine(path, cfg)
     try:
         rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,
                       no_tui=no_tui, once_=once, fmt="json" if json_out else "text", mock=mock,

@@ -18,16 +18,39 @@ class LoadedModel(NamedTuple):
     info: dict
 
 
+class TextSide(NamedTuple):
+    """What a front end needs of a model without its weights: tokenizing prompts, rendering
+    chats, the facts /props shows (llmcore.cluster's front end to remote replicas)."""
+
+    tokenizer: Any
+    chat_template: Any | None
+    info: dict
+
+
 def load_gguf(path: str | Path, **model_options) -> LoadedModel:
     """Open and build everything from one GGUF (model_options: llmcore.models.load_model's)."""
-    from .chat import ChatTemplate
     from .gguf_file import GGUFFile
     from .models import load_model
-    from .tokenizer import Tokenizer
 
     path = Path(path)
     gf = GGUFFile(path)
     model = load_model(gf, **model_options)
+    text = _text_side(gf, path)
+    return LoadedModel(model, text.tokenizer, text.chat_template, text.info)
+
+
+def load_gguf_text(path: str | Path) -> TextSide:
+    """The tokenizer, chat template and facts of the GGUF at `path`; no tensor is read."""
+    from .gguf_file import GGUFFile
+
+    path = Path(path)
+    return _text_side(GGUFFile(path), path)
+
+
+def _text_side(gf, path: Path) -> TextSide:
+    from .chat import ChatTemplate
+    from .tokenizer import Tokenizer
+
     tok = Tokenizer.from_gguf(gf)
     try:
         tmpl = ChatTemplate.from_gguf(gf, tok)
@@ -44,7 +67,7 @@ def load_gguf(path: str | Path, **model_options) -> LoadedModel:
         "n_params": sum(int(np.prod(t.shape)) for t in gf.tensors.values()),
         "chat_template": meta.get("tokenizer.chat_template"),
     }
-    return LoadedModel(model, tok, tmpl, info)
+    return TextSide(tok, tmpl, info)
 
 
-__all__ = ["LoadedModel", "load_gguf"]
+__all__ = ["LoadedModel", "TextSide", "load_gguf", "load_gguf_text"]

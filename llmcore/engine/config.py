@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..errors import RequestError
+from ..errors import ContextFullError, RequestError
 from ..sampling import SamplingParams
 
 log = logging.getLogger("llmcore.engine")
@@ -64,6 +64,21 @@ def check_stops(stops) -> None:
             raise RequestError(f"'stop': a stop string has at most {MAX_STOP_CHARS} characters ({len(s)} given)")
 
 
+def check_prompt(prompt: list[int], n_ctx_slot: int, n_vocab: int) -> None:
+    """RequestError / ContextFullError unless `prompt` is non-empty token ids of the
+    vocabulary that leave room in a slot of `n_ctx_slot` tokens."""
+    if len(prompt) == 0:
+        raise RequestError("the prompt is empty")
+    if len(prompt) >= n_ctx_slot:
+        raise ContextFullError(
+            f"the request exceeds the available context size, try increasing it "
+            f"({len(prompt)} prompt tokens, n_ctx {n_ctx_slot}). This model's maximum "
+            f"context length is {n_ctx_slot} tokens. However, your messages resulted "
+            f"in {len(prompt)} tokens.", n_prompt_tokens=len(prompt), n_ctx=n_ctx_slot)
+    if min(prompt) < 0 or max(prompt) >= n_vocab:
+        raise RequestError(f"prompt contains an invalid token id (vocabulary size {n_vocab})")
+
+
 @dataclass
 class GenParams:
     n_predict: int = -1  # -1: until EOS or the slot's context is full
@@ -75,4 +90,4 @@ class GenParams:
     checkpoint_at: int | None = None  # token position where the last user message starts
 
 
-__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_stops"]
+__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_prompt", "check_stops"]

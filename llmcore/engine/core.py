@@ -31,7 +31,7 @@ from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, Mode
                       RequestError, ShuttingDownError)
 from ..sampling import Sampler
 from . import memory
-from .config import EngineConfig, GenParams, check_stops
+from .config import EngineConfig, GenParams, check_prompt, check_stops
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
 from .output import StreamOutput
 from .prefix import PrefixPolicy
@@ -212,17 +212,7 @@ class Engine:
     # ---- submission (any thread) -----------------------------------------------------
     def check_prompt(self, prompt: list[int]) -> None:
         self.require_ready()
-        if len(prompt) == 0:
-            raise RequestError("the prompt is empty")
-        if len(prompt) >= self.n_ctx_slot:
-            raise ContextFullError(
-                f"the request exceeds the available context size, try increasing it "
-                f"({len(prompt)} prompt tokens, n_ctx {self.n_ctx_slot}). This model's maximum "
-                f"context length is {self.n_ctx_slot} tokens. However, your messages resulted "
-                f"in {len(prompt)} tokens.", n_prompt_tokens=len(prompt), n_ctx=self.n_ctx_slot)
-        nv = self.model.n_vocab
-        if min(prompt) < 0 or max(prompt) >= nv:
-            raise RequestError(f"prompt contains an invalid token id (vocabulary size {nv})")
+        check_prompt(prompt, self.n_ctx_slot, self.model.n_vocab)
 
     def submit(self, prompt, params: GenParams | None = None,
                loop: asyncio.AbstractEventLoop | None = None, sync: bool = False) -> Task:
