@@ -472,3 +472,29 @@ async def test_killing_a_replica_mid_load(fleet):
                                        for i in range(4)])
     assert all(a["usage"]["completion_tokens"] == 8 for a in again)
 
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+def test_replica_flags_make_the_cluster_config():
+    import llmcore.cli as cli
+    from llmcore.errors import LLMCoreError
+
+    opts = cli.ServerOptions(replicas=3, threads=2, ray_address="auto", routing="power_of_two")
+    c = opts.cluster_config()
+    assert (c.replicas, c.threads_per_replica, c.ray_address, str(c.routing)) == (3, 2, "auto", "power_of_two")
+    assert cli.ServerOptions(replicas=2).cluster_config().threads_per_replica >= 1  # -t 0: the CPUs split
+    with pytest.raises(LLMCoreError, match="--routing"):
+        cli.ServerOptions(replicas=2, routing="random").cluster_config()
+    with pytest.raises(LLMCoreError, match="--replicas"):
+        cli.ServerOptions(replicas=-1).cluster_config()
+    assert isinstance(cli.ServerOptions().make_engine("/m.gguf", EngineConfig()), Engine)
+
+
+@_needs_ray
+def test_replicas_flag_makes_a_pool():
+    import llmcore.cli as cli
+
+    opts = cli.ServerOptions(replicas=2, threads=1, parallel=3)
+    pool = opts.make_engine("/m.gguf", opts.engine_config())
+    assert isinstance(pool, ReplicaPool) and pool.cluster.replicas == 2 and pool.cfg.n_parallel == 6
+    assert pool.status is EngineStatus.LOADING  # not started: nothing runs yet

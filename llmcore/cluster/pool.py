@@ -224,7 +224,7 @@ class ReplicaPool:
             num_replicas=c.replicas, max_ongoing_requests=c.max_ongoing_requests,
             ray_actor_options={"num_cpus": c.threads_per_replica, "runtime_env": {"env_vars": env}},
             request_router_config=router, health_check_period_s=c.health_check_period_s,
-            graceful_shutdown_timeout_s=5,
+            graceful_shutdown_timeout_s=5, max_constructor_retry_count=3,  # a model that cannot load fails
             logging_config={"enable_access_log": False})  # a line per stats poll otherwise
         serve.start(proxy_location="Disabled")
         self._deployed = True
@@ -300,7 +300,7 @@ class ReplicaPool:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise LLMCoreError("ReplicaPool.submit is called from a coroutine") from None
+            raise LLMCoreError("ReplicaPool.submit must be called from a coroutine") from None
         pump: list[asyncio.Task] = []
         task = Task(prompt, params, loop, wake=lambda: loop.call_soon_threadsafe(_cancel, pump))
         stream = self._stream.generate.remote(ReplicaRequest(prompt, params))

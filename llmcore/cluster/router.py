@@ -75,6 +75,10 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             imbalance=self._imbalance, match_rate=self._match_rate)
         if any(q is not None for q in queues.values()):  # then the first group is the one chosen
             self._choosing[ranked[0][0]].append(now)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("route %d tokens: matched %s, queues %s -> %s", len(req.prompt),
+                      {i.unique_id: self._index.matched_blocks(i, hashes) for i in ids},
+                      {i.unique_id: q for i, q in queues.items()}, [[i.unique_id for i in g] for g in ranked])
         by_id = {r.replica_id: r for r in candidate_replicas}
         return [[by_id[i] for i in group] for group in ranked]
 
