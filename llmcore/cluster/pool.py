@@ -56,6 +56,25 @@ def import_ray():
     return ray, serve
 
 
+class ClusterUnreachableError(LLMCoreError):
+    """--ray-address names a host:port where no Ray cluster answers."""
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """ClusterUnreachableError unless a TCP connection to a `host:port` address opens
+    (other forms, "auto" and "ray://...", are left to Ray)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ClusterUnreachableError(f"--ray-address {address}: no Ray cluster answers there "
+                                      f"({e.strerror or e}); start one with `ray start --head`") from None
+
+
 def _package_root() -> str:
     import llmcore
 
@@ -138,10 +157,11 @@ class ReplicaPool:
         return self.status is EngineStatus.READY
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Remove the replicas (and the local Ray instance, when it is ours)."""
+        """Remove the replicas (and the local Ray instance, when it is ours). A start-up
+        still under way is given a few seconds: the pool's thread ends with the process."""
         self._stopping.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(timeout if self.status is not EngineStatus.LOADING else min(timeout, 10.0))
         self._thread = None
 
     def _run(self) -> None:
@@ -196,7 +216,13 @@ class ReplicaPool:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         c = self.cluster
         if c.ray_address is not None:
-            ray.init(address=c.ray_address, log_to_driver=c.log_to_driver)
+            check_reachable(c.ray_address)  # ray.init would retry an unreachable address forever
+            try:
+                ray.init(address=c.ray_address, log_to_driver=c.log_to_driver)
+            except ConnectionError as e:  # "auto" with no cluster here, or its token missing
+                raise ClusterUnreachableError(
+                    f"--ray-address {c.ray_address}: {e} (a cluster with token authentication: "
+                    "RAY_AUTH_MODE=token and its token, see docs/cluster.md)") from None
         else:
             ray.init(num_cpus=c.replicas * c.threads_per_replica, include_dashboard=False,
                      object_store_memory=c.object_store_mib << 20, log_to_driver=c.log_to_driver,
@@ -364,4 +390,4 @@ def _pythonpath() -> str:
     return os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH", "")) if p)
 
 
-__all__ = ["ReplicaPool", "RayMissingError", "import_ray"]
+__all__ = ["ReplicaPool", "RayMissingError", "ClusterUnreachableError", "check_reachable", "import_ray"]
