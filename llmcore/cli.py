@@ -235,9 +235,9 @@ class ServerOptions(RuntimeOptions):
                             max_body_bytes=int(self.max_body_mib * 1024 * 1024))
 
 
-    def cluster_config(self) -> ClusterConfig:
+    def cluster_config(self, replica_logs: bool = True) -> ClusterConfig:
         """The replicas' setup (--replicas N >= 1): -t threads each (0: the CPUs split
-        evenly between them)."""
+        evenly between them); `replica_logs`: their log lines on this process's stderr."""
         from .cluster import ClusterConfig, Routing
         from .threads import available_cpus
 
@@ -246,9 +246,10 @@ class ServerOptions(RuntimeOptions):
         if self.routing not in [str(r) for r in Routing]:
             raise LLMCoreError(f"--routing {self.routing!r}: expected prefix or power_of_two")
         return ClusterConfig(replicas=self.replicas, ray_address=self.ray_address, routing=self.routing,
-                             threads_per_replica=self.threads or max(1, available_cpus() // self.replicas))
+                             threads_per_replica=self.threads or max(1, available_cpus() // self.replicas),
+                             log_to_driver=replica_logs)
 
-    def make_engine(self, path, cfg: EngineConfig) -> EngineClient:
+    def make_engine(self, path, cfg: EngineConfig, replica_logs: bool = True) -> EngineClient:
         """One engine in this process, or the replicas (--replicas); not started yet."""
         if self.replicas == 0:
             from .engine import Engine
@@ -257,7 +258,7 @@ class ServerOptions(RuntimeOptions):
         from .cluster import ReplicaPool
         from .cluster.pool import import_ray
 
-        cluster = self.cluster_config()
+        cluster = self.cluster_config(replica_logs)
         import_ray()  # not installed: one line now, before the server starts
         return ReplicaPool(path, cfg, cluster)
 
@@ -375,7 +376,7 @@ def tui(
         _check_model(path)
         sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
-        engine = opts.make_engine(path, cfg)
+        engine = opts.make_engine(path, cfg, replica_logs=no_tui)  # not across the dashboard
     try:
         rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,
                       no_tui=no_tui, once_=once, fmt="json" if json_out else "text", mock=mock,

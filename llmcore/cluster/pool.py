@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -214,6 +216,8 @@ class ReplicaPool:
         if ray.is_initialized():  # the caller's Ray session: use it, leave it up
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if not faulthandler.is_enabled():  # Ray would, on sys.stderr: the dashboard replaces it
+            faulthandler.enable(file=sys.__stderr__, all_threads=False)
         c = self.cluster
         if c.ray_address is not None:
             check_reachable(c.ray_address)  # ray.init would retry an unreachable address forever
