@@ -424,11 +424,34 @@ async def stream_completion(session, url, prompt, n_predict, started: asyncio.Ev
 
 
 @needs_ray
+class LoopLag:
+    """The longest the server's event loop was late for a 10 ms tick (nothing in it may
+    wait on a replica)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.worst = 0.0
+        self.running = True
+        self.future = asyncio.run_coroutine_threadsafe(self._tick(), loop)
+
+    async def _tick(self) -> None:
+        while self.running:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.worst = max(self.worst, time.perf_counter() - t - 0.01)
+
+    def stop(self) -> float:
+        self.running = False
+        self.future.result(5)
+        return self.worst
+
+
+@needs_ray
 async def test_killing_a_replica_mid_load(fleet):
     """Last in this module: it takes a replica away (Ray brings it back)."""
     pool: ReplicaPool = fleet.app[ENGINE]
     victim = pool.replica_reports()[1]
     assert victim is not None
+    lag = LoopLag(fleet._loop)
     long_n = 3000
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         starts = [asyncio.Event() for _ in range(4)]
@@ -446,6 +469,10 @@ async def test_killing_a_replica_mid_load(fleet):
                 return r.status, r.headers.get("Retry-After"), await r.json()
 
         shorts = await asyncio.gather(*[short(i) for i in range(4)])
+        t = time.perf_counter()  # the fleet's numbers do not wait for the lost replica
+        await get(fleet.url, "/metrics", False)
+        await get(fleet.url, "/slots")
+        assert time.perf_counter() - t < 1.0
         ended = await asyncio.gather(*streams)
     on = {0: [e for e in ended if e["slot"] // N_SLOTS == 0], 1: [e for e in ended if e["slot"] // N_SLOTS == 1]}
     assert len(on[0]) == len(on[1]) == 2, ended  # the router spread them
@@ -473,6 +500,7 @@ async def test_killing_a_replica_mid_load(fleet):
         again = await asyncio.gather(*[chat(s, fleet.url, [{"role": "user", "content": f"hello again {i}"}])
                                        for i in range(4)])
     assert all(a["usage"]["completion_tokens"] == 8 for a in again)
+    assert lag.stop() < 1.0, "the server's event loop stalled"
 
 
 
