@@ -42,6 +42,9 @@ def request_of(pending: Optional[PendingRequest]) -> Optional[ReplicaRequest]:
 
 
 class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """Ray Serve builds it with `request_router_kwargs` (llmcore.cluster.pool._deploy)
+    passed to `initialize_state`; everything it keeps lives on the handle's router loop."""
+
     def initialize_state(self, routing: str = "prefix", block_size: int = 16, imbalance_threshold: int = 1,
                          match_rate_threshold: float = 0.1, index_blocks_per_replica: int = 1 << 16):
         self._routing = routing
