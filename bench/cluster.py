@@ -13,8 +13,10 @@ started and stopped with it), greedy, one thread per engine (`-t 1`).
 throughput: the same workload against one engine in the server's process (no Ray, the
 reference), one replica and two replicas, each with `-np` slots: `--streams` streamed
 chats at once (distinct prompts, ignore_eos, `--gen` tokens each, no prompt reuse),
-`--rounds` times; aggregate decode = tokens after each stream's first, over the span from
-the earliest first token to the latest last one (client clock), median over rounds.
+`--rounds` times, the three servers up side by side and measured in turn; aggregate
+decode = tokens after each stream's first, over the span from the earliest first token to
+the latest last one (client clock), median over rounds; and the CPU time the server's
+processes (front end, Ray, replicas) spent per token.
 
 routing: two replicas, once with `--routing prefix`, once with `--routing power_of_two`.
 `--conversations` chats share one system prompt; turn after turn, each conversation sends
@@ -61,25 +63,66 @@ async def throughput_round(base: str, prompts: list[str], n_gen: int) -> float:
     return window_rate(res)[0]
 
 
-def throughput(a, path) -> list[dict]:
-    rows = []
-    for label, replicas in (("one engine, no Ray", 0), ("1 replica", 1), ("2 replicas", 2)):
-        args = serve_args(path, a.parallel, replicas, ["-c", str(a.parallel * (a.prompt_tokens + a.gen + 64) + 256)])
-        print(f"$ llmcore serve {' '.join(args)}", file=sys.stderr)
-        with ServerProcess(args) as srv:
-            async def prompts():
-                async with aiohttp.ClientSession() as s:
-                    pm = PromptMaker()
-                    await pm.calibrate(s, srv.url)
-                rng = random.Random(0)
-                return [f"Story {i}: " + pm.text(rng, a.prompt_tokens) for i in range(a.streams)]
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every process under it (a server's
+    Ray instance and replicas), from /proc."""
+    parent, cpu = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d)] = int(fields[1])
+        cpu[int(d)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return total
 
-            texts = asyncio.run(prompts())
+
+def throughput(a, path) -> list[dict]:
+    """The three servers run side by side, idle but for the one measured; rounds go
+    A B C, A B C, ... so each sees the machine's load as the others do."""
+    setups = (("one engine, no Ray", 0), ("1 replica", 1), ("2 replicas", 2))
+    servers = []
+    try:
+        for label, replicas in setups:
+            args = serve_args(path, a.parallel, replicas, ["-c", str(a.parallel * (a.prompt_tokens + a.gen + 64) + 256)])
+            print(f"$ llmcore serve {' '.join(args)}", file=sys.stderr)
+            servers.append((label, ServerProcess(args).start()))
+
+        async def prompts(url):
+            async with aiohttp.ClientSession() as s:
+                pm = PromptMaker()
+                await pm.calibrate(s, url)
+            rng = random.Random(0)
+            return [f"Story {i}: " + pm.text(rng, a.prompt_tokens) for i in range(a.streams)]
+
+        texts = asyncio.run(prompts(servers[0][1].url))
+        for _, srv in servers:
             asyncio.run(throughput_round(srv.url, texts[:2], 4))  # warm-up
-            rates = [asyncio.run(throughput_round(srv.url, texts, a.gen)) for _ in range(a.rounds)]
-        rows.append({"setup": label, "rate": statistics.median(rates), "all": rates})
-        print(f"  {label}: {rows[-1]['rate']:.1f} tok/s (rounds: {', '.join(f'{r:.1f}' for r in rates)})",
-              file=sys.stderr)
+        rates = {label: [] for label, _ in servers}
+        cpu = {label: [] for label, _ in servers}
+        for _ in range(a.rounds):
+            for label, srv in servers:
+                c0 = tree_cpu_s(srv.proc.pid)
+                rates[label].append(asyncio.run(throughput_round(srv.url, texts, a.gen)))
+                cpu[label].append(tree_cpu_s(srv.proc.pid) - c0)
+    finally:
+        for _, srv in servers:
+            srv.stop()
+    rows = []
+    n_tokens = a.streams * a.gen
+    for label, _ in setups:
+        rows.append({"setup": label, "rate": statistics.median(rates[label]), "all": rates[label],
+                     "cpu_per_token_ms": 1e3 * statistics.median(cpu[label]) / n_tokens})
+        print(f"  {label}: {rows[-1]['rate']:.1f} tok/s (rounds: {', '.join(f'{r:.1f}' for r in rates[label])}), "
+              f"{rows[-1]['cpu_per_token_ms']:.1f} ms CPU per token", file=sys.stderr)
     return rows
 
 
@@ -149,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", type=int, default=8, help="throughput: concurrent streams")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--gen", type=int, default=None, help="tokens per answer (64 / 16)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=4, help="routing: requests in flight")
@@ -168,9 +211,11 @@ def main(argv=None) -> int:
         b = argparse.Namespace(**{**vars(a), "parallel": a.parallel or 4, "gen": a.gen or 64})
         rows = throughput(b, path)
         base = rows[0]["rate"]
-        out += [f"aggregate decode, {b.streams} streams x {b.gen} tokens, -np {b.parallel}, -t 1 per engine:",
-                "| setup | tok/s | vs one engine |", "|---|---:|---:|"]
-        out += [f"| {r['setup']} | {r['rate']:.1f} | {r['rate'] / base:.2f}x |" for r in rows]
+        out += [f"aggregate decode, {b.streams} streams x {b.gen} tokens, -np {b.parallel}, -t 1 per engine "
+                f"(median of {b.rounds} rounds; CPU: every process of the server, Ray's included):",
+                "| setup | tok/s | vs one engine | CPU ms per token |", "|---|---:|---:|---:|"]
+        out += [f"| {r['setup']} | {r['rate']:.1f} | {r['rate'] / base:.2f}x | {r['cpu_per_token_ms']:.1f} |"
+                for r in rows]
     if a.what in ("routing", "all"):
         b = argparse.Namespace(**{**vars(a), "parallel": a.parallel or 2, "gen": a.gen or 16})
         rows = routing(b, path)
