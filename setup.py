@@ -1,4 +1,5 @@
-"""Build the Cython kernels in pyx/ with OpenMP and SIMD tuned for this machine.
+"""Build the Cython kernels in pyx/ (one extension per pyx/<name>.pyx, llmcore._kernels.<name>;
+see pyx/README.md) with OpenMP and SIMD tuned for this machine.
 
 Environment:
   LLMCORE_PORTABLE=1     no -march=native (portable wheels)
@@ -50,12 +51,16 @@ if os.environ.get("LLMCORE_NO_OPENMP") != "1" and _compiles(["-fopenmp"], OPENMP
     link_args.append("-fopenmp")
 else:
     warnings.warn("llmcore: OpenMP not available; kernels will run on one thread")
+    if _compiles(["-fopenmp-simd"]):
+        # `#pragma omp simd` (vectorisation, no runtime) still applies: same sums as threaded builds
+        compile_args.append("-fopenmp-simd")
 
 extensions = [
     Extension(
         "llmcore._kernels." + os.path.splitext(os.path.basename(path))[0],
         [path],
         include_dirs=[np.get_include(), "pyx"],
+        depends=sorted(glob.glob("pyx/*.h")),  # headers include each other (simd.h): rebuild on any change
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

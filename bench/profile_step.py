@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-op CPU time of one SmolLM2 decode step and one prefill (min over N runs).
 
-    PYTHONPATH=. python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20]
+    python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20]
 
 Times with the calling thread's CPU clock (robust to a loaded machine at -t 1); at -t 2
 the wall clock is reported too. Ops are wrapped at the Python level (nn.*, Linear.__call__
@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's llmcore
 
 
 def main(argv=None):
@@ -24,7 +28,7 @@ def main(argv=None):
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("-n", type=int, default=20)
     a = ap.parse_args(argv)
-    from llmcore import nn, quant, threads
+    from llmcore import _kernels, nn, quant, threads
     from llmcore.models import load_model
     from llmcore.models import layers as L
     from llmcore.pull import resolve_model
@@ -51,11 +55,11 @@ def main(argv=None):
     for fn in ("rms_norm", "add_rms_norm", "rope", "silu_mul", "kv_store", "attention"):
         if hasattr(nn, fn):
             wrap(nn, fn)
-    if nn._k is not None:  # kernels called directly by the layers' fused decode path
-        for fn in ("qkv_post", "act_rows"):
-            if hasattr(nn._k, fn):
-                wrap(nn._k, fn)
-        wrap(nn._k, "attention", "attention (kernel)")
+    if _kernels.ENABLED:  # kernels called directly by the layers' fused decode path
+        attention, activations = _kernels.load("attention"), _kernels.load("activations")
+        wrap(attention, "qkv_post")
+        wrap(activations, "act_rows")
+        wrap(attention, "attention", "attention (kernel)")
     if hasattr(L, "rms_norm_into"):
         wrap(L, "rms_norm_into", "rms_norm (+add)")
     if hasattr(L, "matmul_into"):

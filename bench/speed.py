@@ -19,14 +19,28 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+# this checkout's llmcore (not whichever one is installed), and bench/ for the helpers
+sys.path[:0] = [os.path.dirname(BENCH), BENCH]
 
 from _peer_llamacpp import available, measure_in_subprocess  # noqa: E402
 
 
-def membw_gbs(n_threads: int, reps: int = 5) -> float:
-    from llmcore._kernels import membw
+def load_membw():
+    """bench/membw.pyx, compiled by pyximport on first use (needs Cython and a C compiler
+    with OpenMP: pip install -e .[bench])."""
+    import pyximport
 
+    importers = pyximport.install(language_level=3)
+    try:
+        import membw
+    finally:
+        pyximport.uninstall(*importers)
+    return membw
+
+
+def membw_gbs(n_threads: int, reps: int = 5) -> float:
+    membw = load_membw()
     buf = np.ones(512 * 1024 * 1024 // 8, dtype=np.uint64)
     best = float("inf")
     for _ in range(reps):

@@ -204,6 +204,19 @@ class ServerOptions(RuntimeOptions):
     routing: Annotated[str, typer.Option(
         "--routing", help="with --replicas: prefix (the replica holding the prompt's prefix) or "
                           "power_of_two (Ray Serve's default)")] = "prefix"
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", help="require this key (comma-separate several) as 'Authorization: Bearer KEY' "
+                          "or 'x-api-key: KEY' on every route but /health")] = None
+    api_key_file: Annotated[Optional[str], typer.Option(
+        "--api-key-file", help="require one of the keys in this file (one a line)")] = None
+    chat_template: Annotated[Optional[str], typer.Option(
+        "--chat-template", help="serve the model's chat template of this name (or chatml) instead of its default")] = None
+    chat_template_file: Annotated[Optional[str], typer.Option(
+        "--chat-template-file", help="serve the Jinja chat template in this file")] = None
+    reasoning_format: Annotated[str, typer.Option(
+        "--reasoning-format", help="deepseek: a think block becomes reasoning_content; none: left in the content")] = "deepseek"
+    reasoning_budget: Annotated[int, typer.Option(
+        "--reasoning-budget", help="thinking tokens per request (-1 no limit, 0 thinking off)")] = -1
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -214,7 +227,8 @@ class ServerOptions(RuntimeOptions):
             slot_prompt_similarity=self.sps, swa_full=self.swa_full, model_alias=self.alias,
             sampling=SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p,
                                     min_p=self.min_p),
-            n_predict=self.n_predict)
+            n_predict=self.n_predict, chat_template_name=self.chat_template,
+            chat_template_text=_read_text(self.chat_template_file, "--chat-template-file"))
 
     def server_config(self) -> ServerConfig:
         from .server import ServerConfig
@@ -229,11 +243,15 @@ class ServerOptions(RuntimeOptions):
         if self.max_conns_per_client < 0:
             raise LLMCoreError("--max-connections-per-client must be >= 0 (0 = no cap)")
         origins = tuple(o.strip().rstrip("/") for arg in (self.cors or ()) for o in arg.split(",") if o.strip())
-        return ServerConfig(host=self.host, port=self.port, cors_origins=origins,
+        if self.reasoning_format not in ("deepseek", "none"):
+            raise LLMCoreError(f"--reasoning-format {self.reasoning_format!r}: expected deepseek or none")
+        if self.reasoning_budget < -1:
+            raise LLMCoreError("--reasoning-budget must be >= -1 (-1 = no limit, 0 = thinking off)")
+        return ServerConfig(host=self.host, port=self.port, cors_origins=origins, api_keys=self.api_keys(),
+                            reasoning_format=self.reasoning_format, reasoning_budget=self.reasoning_budget,
                             body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
                             idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
                             max_body_bytes=int(self.max_body_mib * 1024 * 1024))
-
 
     def cluster_config(self, replica_logs: bool = True) -> ClusterConfig:
         """The replicas' setup (--replicas N >= 1): -t threads each (0: the CPUs split
@@ -261,6 +279,27 @@ class ServerOptions(RuntimeOptions):
         cluster = self.cluster_config(replica_logs)
         import_ray()  # not installed: one line now, before the server starts
         return ReplicaPool(path, cfg, cluster)
+
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys of --api-key (comma-separated) and --api-key-file (one a line)."""
+        keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
+        if self.api_key_file:
+            text = _read_text(self.api_key_file, "--api-key-file")
+            found = [k.strip() for k in text.splitlines() if k.strip() and not k.lstrip().startswith("#")]
+            if not found:
+                raise LLMCoreError(f"--api-key-file {self.api_key_file}: no key in it")
+            keys += found
+        return tuple(dict.fromkeys(keys))
+
+
+def _read_text(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LLMCoreError(f"{flag} {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def with_options(options: type[RuntimeOptions]):
@@ -377,10 +416,11 @@ def tui(
         sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
         engine = opts.make_engine(path, cfg, replica_logs=no_tui)  # not across the dashboard
+    keys = server_cfg.api_keys if server_cfg is not None else opts.api_keys()
     try:
         rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,
                       no_tui=no_tui, once_=once, fmt="json" if json_out else "text", mock=mock,
-                      log_level=opts.log_level)
+                      log_level=opts.log_level, api_key=keys[0] if keys else None)
     finally:
         if engine is not None:
             engine.stop()

@@ -71,5 +71,12 @@ class ContextFullError(RequestError):
             self.n_ctx = n_ctx
 
 
+class ImagesNotSupportedError(RequestError):
+    """An image in a request: no vision model is supported yet (HTTP 400, on every route)."""
+
+    def __init__(self, where: str = "the request"):
+        super().__init__(f"{where}: image input is not supported (this server runs text-only models)")
+
+
 class EngineFailure(LLMCoreError):
     """The engine could not run a request's step (a bug or a broken model; HTTP 500)."""

@@ -38,24 +38,32 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
   K.Q products, scale applied to the products, probabilities normalised then rounded to
   f16 before the V products.
 
-Kernels live in llmcore/_kernels/nn (pyx/nn.pyx); when that module is not built the
-NumPy reference versions (``_ref_*``, also the test oracle) are used instead.
+Kernels: pyx/norms.pyx, rope.pyx, activations.pyx, kv_rows.pyx and attention.pyx (built into
+llmcore._kernels). With LLMCORE_NO_KERNELS=1 the NumPy reference versions (``_ref_*``, also
+the test oracle) run instead.
 """
 from __future__ import annotations
 
 import numpy as np
 
 
+from . import _kernels
 from .threads import get_num_threads
 
-try:
-    from ._kernels import nn as _k
-except ImportError:  # kernels not built: NumPy fallback
-    _k = None
+# The kernels of pyx/ (one module per family), or the NumPy references at the end of this
+# file when LLMCORE_NO_KERNELS=1 (_kernels.ENABLED; tests flip it to compare the two).
+if _kernels.ENABLED:
+    _norms = _kernels.load("norms")
+    _rope = _kernels.load("rope")
+    _activations = _kernels.load("activations")
+    _kv_rows = _kernels.load("kv_rows")
+    _attention = _kernels.load("attention")
 
 KV_F16, KV_Q8_0, KV_Q4_0, KV_F32 = "f16", "q8_0", "q4_0", "f32"
 KV_TYPES = (KV_F16, KV_Q8_0, KV_Q4_0, KV_F32)
-_KV_CODE = {KV_F32: 0, KV_F16: 1, KV_Q8_0: 2, KV_Q4_0: 3}
+# storage type codes of the kernels (pyx/kv_rows.pxd)
+_KV_CODE = ({KV_F32: _kv_rows.F32, KV_F16: _kv_rows.F16, KV_Q8_0: _kv_rows.Q8_0, KV_Q4_0: _kv_rows.Q4_0}
+            if _kernels.ENABLED else {})
 _QBLOCK = {KV_Q8_0: 34, KV_Q4_0: 18}  # bytes per 32 values
 
 
@@ -96,7 +104,7 @@ def _pool_head_dim(pool: np.ndarray, kv_type: str) -> int:
 
 def _check_pool(pool: np.ndarray, kv_type: str) -> None:
     want = {KV_F16: np.float16, KV_F32: np.float32}.get(kv_type, np.uint8)
-    if kv_type not in _KV_CODE:
+    if kv_type not in KV_TYPES:
         raise ValueError(f"unknown kv type {kv_type!r}")
     if pool.dtype != want or pool.ndim != 4:
         raise ValueError(f"{kv_type} pool must be a 4-d {np.dtype(want).name} array, got {pool.dtype} {pool.shape}")
@@ -121,7 +129,7 @@ def _f32(a) -> np.ndarray:
 # ---- norms, rope, activations ----------------------------------------------------------------
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None) -> np.ndarray:
-    if _k is None:
+    if not _kernels.ENABLED:
         y = _ref_rms_norm(x, weight, eps)
         if out is not None:
             out[...] = y
@@ -134,35 +142,35 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarr
         x2 = np.ascontiguousarray(x2) if x2.flags.writeable else np.array(x2, order="C")
     o2 = np.empty(x2.shape, dtype=np.float32) if out is None else out.reshape(-1, d)
     w = None if weight is None else _f32(weight)
-    _k.rms_norm(x2, w, float(eps), o2, None, get_num_threads())
+    _norms.rms_norm(x2, w, float(eps), o2, None, get_num_threads())
     return o2.reshape(shape) if out is None else out
 
 
 def add_rms_norm(x: np.ndarray, add: np.ndarray, weight: np.ndarray | None, eps: float,
                  out: np.ndarray | None = None) -> np.ndarray:
     """x += add (in place, x must be a writable float32 (n, d) array), return rms_norm(x)."""
-    if _k is None or x.dtype != np.float32 or x.ndim != 2 or x.strides[-1] != 4:
+    if not _kernels.ENABLED or x.dtype != np.float32 or x.ndim != 2 or x.strides[-1] != 4:
         x += add
         return rms_norm(x, weight, eps, out)
     a = _f32(add).reshape(x.shape)
     o = np.empty(x.shape, dtype=np.float32) if out is None else out
     w = None if weight is None else _f32(weight)
-    _k.rms_norm(x, w, float(eps), o, a, get_num_threads())
+    _norms.rms_norm(x, w, float(eps), o, a, get_num_threads())
     return o
 
 
 def rope(x, positions, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
-    if _k is None:
+    if not _kernels.ENABLED:
         return _ref_rope(x, positions, n_rot, base, neox, freq_scale, freq_factors)
     pos = _i32(positions)
     ff = None if freq_factors is None else _f32(freq_factors)
     if n_rot > x.shape[-1] or n_rot % 2:
         raise ValueError(f"n_rot={n_rot} must be even and <= head_dim={x.shape[-1]}")
     if x.dtype == np.float32 and x.ndim == 3 and x.strides[-1] == 4 and x.flags.writeable:
-        _k.rope(x, pos, int(n_rot), float(base), bool(neox), float(freq_scale), ff, get_num_threads())
+        _rope.rope(x, pos, int(n_rot), float(base), bool(neox), float(freq_scale), ff, get_num_threads())
         return x
     tmp = np.ascontiguousarray(x, dtype=np.float32).reshape(x.shape[0], -1, x.shape[-1])
-    _k.rope(tmp, pos, int(n_rot), float(base), bool(neox), float(freq_scale), ff, get_num_threads())
+    _rope.rope(tmp, pos, int(n_rot), float(base), bool(neox), float(freq_scale), ff, get_num_threads())
     x[...] = tmp.reshape(x.shape)
     return x
 
@@ -170,10 +178,9 @@ def rope(x, positions, n_rot, base, neox, freq_scale=1.0, freq_factors=None):
 def _act(kind, g, u):
     g = np.asarray(g, dtype=np.float32)
     if (g.ndim == 2 and g.strides[1] == 4 and g.shape[1] and u is not None and isinstance(u, np.ndarray)
-            and u.dtype == np.float32 and u.shape == g.shape and u.strides[1] == 4
-            and hasattr(_k, "act_rows")):
+            and u.dtype == np.float32 and u.shape == g.shape and u.strides[1] == 4):
         out = np.empty(g.shape, dtype=np.float32)  # strided rows (fused gate/up slices): no copies
-        _k.act_rows(kind, g, u, out, get_num_threads())
+        _activations.act_rows(kind, g, u, out, get_num_threads())
         return out
     gf = np.ascontiguousarray(g).reshape(-1)
     uf = None
@@ -183,33 +190,33 @@ def _act(kind, g, u):
             u = np.broadcast_to(u, g.shape)
         uf = np.ascontiguousarray(u).reshape(-1)
     out = np.empty(g.shape, dtype=np.float32)
-    _k.act(kind, gf, uf, out.reshape(-1), get_num_threads())
+    _activations.act(kind, gf, uf, out.reshape(-1), get_num_threads())
     return out
 
 
 def silu(x):
-    return _ref_silu(x) if _k is None else _act(0, x, None)
+    return _act(0, x, None) if _kernels.ENABLED else _ref_silu(x)
 
 
 def gelu(x):
-    return _ref_gelu(x) if _k is None else _act(1, x, None)
+    return _act(1, x, None) if _kernels.ENABLED else _ref_gelu(x)
 
 
 def silu_mul(g, u):
-    return _ref_silu_mul(g, u) if _k is None else _act(0, g, u)
+    return _act(0, g, u) if _kernels.ENABLED else _ref_silu_mul(g, u)
 
 
 def gelu_mul(g, u):
-    return _ref_gelu_mul(g, u) if _k is None else _act(1, g, u)
+    return _act(1, g, u) if _kernels.ENABLED else _ref_gelu_mul(g, u)
 
 
 def softmax(x, axis=-1):
     x = np.asarray(x)
-    if _k is None or x.ndim == 0 or axis not in (-1, x.ndim - 1) or x.dtype != np.float32:
+    if not _kernels.ENABLED or x.ndim == 0 or axis not in (-1, x.ndim - 1) or x.dtype != np.float32:
         return _ref_softmax(x, axis)
     x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
     out = np.empty(x2.shape, dtype=np.float32)
-    _k.softmax_rows(x2, out, get_num_threads())
+    _activations.softmax_rows(x2, out, get_num_threads())
     return out.reshape(x.shape)
 
 
@@ -233,12 +240,12 @@ def kv_store(pool, kv_type, block_table, positions, values, seg_start=None):
         seg = _i32(seg_start)
         if tables.ndim != 2 or len(seg) != tables.shape[0] + 1 or seg[0] != 0 or seg[-1] != values.shape[0]:
             raise ValueError("kv_store: seg_start must run from 0 to n with one entry per table + 1")
-    if _k is None:
+    if not _kernels.ENABLED:
         for s in range(tables.shape[0]):
             r0, r1 = seg[s], seg[s + 1]
             _ref_kv_store(pool, kv_type, tables[s], np.asarray(positions)[r0:r1], values[r0:r1])
         return
-    bad = _k.kv_store(_pool_bytes(pool), _KV_CODE[kv_type], pool.shape[1], pool.shape[2],
+    bad = _kv_rows.kv_store(_pool_bytes(pool), _KV_CODE[kv_type], pool.shape[1], pool.shape[2],
                       kv_row_bytes(kv_type, values.shape[2]), tables, seg, _i32(positions),
                       values, get_num_threads())
     if bad:
@@ -251,19 +258,19 @@ def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
     bs = pool.shape[1]
     if n > len(table) * bs:
         raise ValueError(f"kv_load: {n} tokens but the table covers {len(table) * bs}")
-    if _k is None:
+    if not _kernels.ENABLED:
         return _ref_kv_load(pool, kv_type, table, n)
     hd = _pool_head_dim(pool, kv_type)
     out = np.empty((n, pool.shape[2], hd), dtype=np.float32)
     if (table[: (n + bs - 1) // bs] >= pool.shape[0]).any():
         raise ValueError("kv_load: block id out of range")
-    _k.kv_load(_pool_bytes(pool), _KV_CODE[kv_type], bs, pool.shape[2], kv_row_bytes(kv_type, hd), table, out)
+    _kv_rows.kv_load(_pool_bytes(pool), _KV_CODE[kv_type], bs, pool.shape[2], kv_row_bytes(kv_type, hd), table, out)
     return out
 
 
 def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
               window=0, softcap=0.0, sinks=None, out=None):
-    if _k is None:
+    if not _kernels.ENABLED:
         return _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
                               window, softcap, sinks)
     _check_pool(k_pool, kv_type)
@@ -290,7 +297,7 @@ def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
     if sk is not None and sk.shape != (H,):
         raise ValueError(f"sinks must have shape ({H},)")
     o = np.empty((N, H, Dv), dtype=np.float32) if out is None else out
-    _k.attention(q, _pool_bytes(k_pool), _pool_bytes(v_pool), _KV_CODE[kv_type], bs, kvh,
+    _attention.attention(q, _pool_bytes(k_pool), _pool_bytes(v_pool), _KV_CODE[kv_type], bs, kvh,
                  kv_row_bytes(kv_type, D), kv_row_bytes(kv_type, Dv), Dv, tables, seg, pos,
                  float(scale), int(window or 0), float(softcap or 0.0), sk, o, get_num_threads())
     return o

@@ -20,28 +20,35 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
 
 KERNEL MODULE INTERFACE (how pyx/ kernels plug in)
 --------------------------------------------------
-``KERNELS`` maps a ggml type to the name of a module in ``llmcore._kernels``
-(``pyx/<name>.pyx``). A kernel module provides:
+Each module named in ``WEIGHT_KERNELS`` (``llmcore._kernels.<name>``, built from
+``pyx/<name>.pyx``: ``quants`` for float and legacy quants, ``kquants`` for K-quants and
+MXFP4, ``iquants`` for IQ4_NL and IQ4_XS) provides exactly:
 
-- ``pack(raw, ggml_type) -> packed``: ``raw`` is the C-contiguous uint8 array
-  (rows, bytes_per_row) of GGUF blocks (zero-copy mmap view; do not keep it if you
-  repack). ``packed`` is any object with int attributes ``rows`` (= out_features),
-  ``cols`` (= in_features) and ``nbytes`` (bytes read by one matmul).
-- ``matmul(packed, x, y, n_threads) -> None``: ``x`` float32 (n, cols) C-contiguous,
-  ``y`` float32 (n, rows) C-contiguous, overwritten with x @ W.T. Releases the GIL;
-  one OpenMP parallel region with ``n_threads`` threads.
-- optional ``dequantize(raw, ggml_type, out) -> None``: out float32 (rows, cols)
-  C-contiguous, must equal gguf.quants.dequantize exactly.
-- optional ``get_rows(raw, ggml_type, ids, out) -> None``: ids int64 (k,), out float32
-  (k, cols): out[i] = dequantized row ids[i].
+- ``SUPPORTED``: frozenset of the ggml type ids it handles; ``SIMD_LEVEL``: the kernel path
+  this build uses, "avx512vnni", "avx2" or "c".
+- ``pack(raw, ggml_type, repack=None) -> Packed``: ``raw`` uint8 (rows, bytes_per_row),
+  C-contiguous GGUF blocks (a zero-copy view of the mapping: a layout that uses it in place
+  keeps a reference). ``Packed`` has int attributes ``ggml_type``, ``rows`` (= out_features),
+  ``cols`` (= in_features), ``nbytes`` (bytes read by one matmul) and ``layout`` ("raw": the
+  GGUF layout; "repacked16": 16-row groups interleaved). ``repack``: None for the module's
+  choice, True or False to ask for one (False raises ValueError where no kernel reads the
+  GGUF layout).
+- ``matmul(packed, x, y, n_threads) -> None``: ``x`` float32 (n, cols), ``y`` float32
+  (n, rows), both C-contiguous; y is overwritten with x @ W.T. One OpenMP parallel region,
+  GIL released; results do not depend on n_threads.
+- ``matmul_grouped(packs, offsets, x, y, n_threads) -> None`` (MoE): rows
+  ``offsets[i]:offsets[i+1]`` of y = those rows of x @ packs[i].T; packs of one type and
+  shape, offsets int64 (len(packs) + 1,) from 0 to n. One parallel region for all experts.
+- ``dequantize(raw, ggml_type, out, n_threads) -> None``: ``out`` float32 (rows, cols),
+  equal to gguf.quants.dequantize bit for bit.
+- ``get_rows(raw, ggml_type, ids, out, n_threads) -> None``: ``ids`` int64 (k,), ``out``
+  float32 (k, cols): out[i] = dequantized row ids[i] (IndexError for an id out of range).
 
-A type missing from ``KERNELS``, or whose module is not built, falls back to NumPy
-(dequantize at load, float32 matmul): correct but slow. ``LLMCORE_NO_KERNELS=1`` forces
-that fallback (tests, debugging).
+A type no module supports falls back to NumPy (dequantize at load, float32 matmul): correct
+but slow. ``LLMCORE_NO_KERNELS=1`` forces that fallback for every type (tests, debugging).
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 import numpy as np
@@ -52,6 +59,7 @@ try:
 except ImportError:  # pragma: no cover - gguf is a hard dependency
     raise
 
+from . import _kernels
 from .threads import get_num_threads
 
 # A parallel region costs a wake-up of the other threads (a futex round trip with the
@@ -68,41 +76,20 @@ def _threads_for(n_rows: int, nbytes: int) -> int:
 
 FLOAT_TYPES = {QT.F32, QT.F16, QT.BF16}
 
-# ggml type -> kernel module name in llmcore._kernels (see KERNEL MODULE INTERFACE).
-KERNELS: dict[int, str] = {
-    QT.F32: "quants",
-    QT.F16: "quants",
-    QT.BF16: "quants",
-    QT.Q4_0: "quants",
-    QT.Q4_1: "quants",
-    QT.Q5_0: "quants",
-    QT.Q5_1: "quants",
-    QT.Q8_0: "quants",
-    # K-quants, pyx/kquants.pyx:
-    QT.Q2_K: "kquants",
-    QT.Q3_K: "kquants",
-    QT.Q4_K: "kquants",
-    QT.Q5_K: "kquants",
-    QT.Q6_K: "kquants",
-    QT.MXFP4: "kquants",
-}
-
-_modules: dict[str, object | None] = {}
+# kernel modules in llmcore._kernels implementing the interface above
+WEIGHT_KERNELS = ("quants", "kquants", "iquants")
+_module_of_type: dict[int, object] | None = None
 
 
 def kernel_for(ggml_type: int):
-    """The kernel module for a ggml type, or None (NumPy fallback)."""
-    if os.environ.get("LLMCORE_NO_KERNELS") == "1":
+    """The kernel module for a ggml type, or None (no kernel for it, or LLMCORE_NO_KERNELS=1:
+    the NumPy fallback)."""
+    global _module_of_type
+    if not _kernels.ENABLED:
         return None
-    name = KERNELS.get(int(ggml_type))
-    if name is None:
-        return None
-    if name not in _modules:
-        try:
-            _modules[name] = importlib.import_module(f"llmcore._kernels.{name}")
-        except ImportError:
-            _modules[name] = None
-    return _modules[name]
+    if _module_of_type is None:
+        _module_of_type = {int(t): m for m in map(_kernels.load, WEIGHT_KERNELS) for t in m.SUPPORTED}
+    return _module_of_type.get(int(ggml_type))
 
 
 def _c_uint8(raw) -> np.ndarray:
@@ -123,12 +110,11 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
     """Dequantize raw GGUF storage to float32 with the given logical shape."""
     shape = tuple(int(s) for s in shape)
     k = kernel_for(ggml_type)
-    if k is not None and hasattr(k, "dequantize") and len(shape) >= 1:
+    if k is not None:
         cols = shape[-1]
-        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-        r = _c_uint8(raw).reshape(rows, -1)
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
         out = np.empty((rows, cols), dtype=np.float32)
-        k.dequantize(r, int(ggml_type), out)
+        k.dequantize(_c_uint8(raw).reshape(rows, -1), int(ggml_type), out, get_num_threads())
         return out.reshape(shape)
     return _np_dequantize(raw, ggml_type, shape)
 
@@ -142,9 +128,9 @@ def get_rows(tensor, ids) -> np.ndarray:
         raise IndexError(f"{tensor.name}: row id out of range [0, {n_rows})")
     dim = tensor.shape[-1]
     k = kernel_for(tensor.ggml_type)
-    if k is not None and hasattr(k, "get_rows") and raw.flags.c_contiguous:
+    if k is not None:
         out = np.empty((len(ids), dim), dtype=np.float32)
-        k.get_rows(raw, int(tensor.ggml_type), ids, out)
+        k.get_rows(_c_uint8(raw).reshape(n_rows, -1), int(tensor.ggml_type), ids, out, get_num_threads())
         return out
     return _np_dequantize(raw[ids], tensor.ggml_type, (len(ids), dim))
 
@@ -276,14 +262,13 @@ class ExpertLinear:
         """Rows offsets[i]:offsets[i+1] of x_sorted go through expert expert_ids[i]."""
         x2 = np.ascontiguousarray(np.asarray(x_sorted, dtype=np.float32).reshape(-1, self.in_features))
         y = out if out is not None else np.empty((x2.shape[0], self.out_features), np.float32)
-        grouped = getattr(self._kernel, "matmul_grouped", None) if self._packed is not None else None
-        if grouped is not None and len(expert_ids) and y.dtype == np.float32 and y.flags.c_contiguous:
-            # one parallel region for all experts (kernel module's optional matmul_grouped)
+        if self._packed is not None and len(expert_ids) and y.dtype == np.float32 and y.flags.c_contiguous:
+            # one parallel region for all experts
             offs = np.asarray(offsets, dtype=np.int64)
             a, b = int(offs[0]), int(offs[-1])
             if b > a:
-                grouped([self._packed[int(e)] for e in expert_ids], np.ascontiguousarray(offs - a),
-                        x2[a:b], y[a:b], get_num_threads())
+                self._kernel.matmul_grouped([self._packed[int(e)] for e in expert_ids], np.ascontiguousarray(offs - a),
+                                            x2[a:b], y[a:b], get_num_threads())
             return y
         offsets = [int(o) for o in offsets]
         for i, e in enumerate(expert_ids):

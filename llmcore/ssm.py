@@ -45,24 +45,17 @@ d_inner (mamba), d_inner + 2*n_group*d_state (mamba2) or n_embd (lfm2, d_conv =
 l_cache); scan ``(d_inner, d_state)`` (mamba) or ``(n_head, head_dim, d_state)`` (mamba2).
 ``conv_state_shape`` / ``mamba_state_shape`` / ``mamba2_state_shape`` compute them.
 
-The Cython kernels live in pyx/ssm.pyx (llmcore._kernels.ssm); without them (not built,
-or LLMCORE_NO_KERNELS=1) the same ops run in NumPy.
+The Cython kernels live in pyx/ssm.pyx (llmcore._kernels.ssm); with LLMCORE_NO_KERNELS=1
+the same ops run in NumPy.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from . import _kernels
 from .threads import get_num_threads
 
-try:  # pragma: no cover - depends on the build
-    from ._kernels import ssm as _k
-except ImportError:  # pragma: no cover
-    _k = None
-
-if os.environ.get("LLMCORE_NO_KERNELS") == "1":  # pragma: no cover
-    _k = None
+_k = _kernels.load("ssm") if _kernels.ENABLED else None  # None: the NumPy versions below
 
 __all__ = ["conv1d", "mamba_scan", "mamba2_scan", "conv_state_shape", "mamba_state_shape",
            "mamba2_state_shape", "have_kernels"]

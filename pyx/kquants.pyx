@@ -1,36 +1,31 @@
 # cython: language_level=3
-"""K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and MXFP4 kernels.
+"""Kernels for K-quant (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and MXFP4 weights.
 
-Public API (all arrays NumPy):
+Implements the weight-format kernel interface of llmcore.quant (quants.pyx implements the
+same one): SUPPORTED, SIMD_LEVEL, Packed, pack, matmul, matmul_grouped, dequantize and
+get_rows. Q4_K, Q5_K, Q6_K and MXFP4 are repacked at load into 16-row interleaved tiles
+("repacked16", AVX-512 VNNI builds; ``LLMCORE_KQ_REPACK=0`` or repack=False keeps the
+zero-copy GGUF layout, "raw"). Activations are quantized like llama.cpp (q8_K for K-quants,
+q8_0 for MXFP4) and dots are integer (VNNI / AVX2 / C), so repacked and raw layouts compute
+the same integers; their float sums differ in order only. Results never depend on the
+thread count or the batch composition. The kernels are in simd_kquants.h.
 
-- ``SUPPORTED``: set of ggml type ids handled here.
-- ``simd() -> str``: "avx512vnni", "avx2" or "c" (the path this build uses).
-- Kernel module interface of llmcore.quant (see its docstring): ``pack(raw, ggml_type,
-  repack=None) -> Packed`` (rows, cols, nbytes, layout): Q4_K, Q5_K, Q6_K and MXFP4 are
-  repacked at load into 16-row interleaved tiles ("repacked16", AVX-512 VNNI builds;
-  ``LLMCORE_KQ_REPACK=0`` or repack=False keeps the zero-copy GGUF layout, "raw"),
-  ``matmul(packed, x, y, n_threads)``, ``matmul_grouped(packs, offsets, x, y, n_threads)``
-  (MoE: rows offsets[i]:offsets[i+1] through packs[i], one parallel region, activations
-  quantized once; used by quant.ExpertLinear.grouped), ``dequantize(raw, ggml_type, out=None)`` (equals
-  ``gguf.quants.dequantize`` bit for bit; returns a flat array when out is None),
-  ``get_rows(raw, ggml_type, ids, out)``.
-- ``matmul_raw(w, ggml_type, x, out=None, n_threads=0) -> float32 (n, rows)``: y = x @ W.T.
-  ``w`` is uint8 (rows, row_bytes) in GGUF block layout (rows may be strided, e.g. one
-  expert's slice of a 3-D tensor); ``x`` float32 (n, in). Activations are quantized like
-  llama.cpp (q8_K for K-quants, q8_0 for MXFP4), dots are integer (VNNI/AVX2/C).
-  Repacked and raw layouts compute the same integers; float sums differ in order only
-  (within float rounding). Results never depend on thread count or batch composition.
-  ``n_threads <= 0``: llmcore.threads.get_num_threads(). The GIL is released.
-- ``quantize_q8_k(x) -> (d float32 (n, nb), qs int8 (n, nb, 256), bsums int16 (n, nb, 16))``
-  for tests and references.
+Beyond the interface (tests, benchmarks, references):
+
+- ``block_info(ggml_type) -> (values per block, bytes per block)``
+- ``matmul_raw(w, ggml_type, x, out=None, n_threads=1) -> float32 (n, rows)``: y = x @ W.T
+  straight from the GGUF layout; ``w`` uint8 (rows, row_bytes) whose rows may be strided
+  (one expert's slice of a 3-D tensor), ``x`` float32 (n, cols).
+- ``quantize_q8_k(x, n_threads=1) -> (d float32 (n, nb), qs int8 (n, nb, 256), bsums int16
+  (n, nb, 16))``: llama.cpp's q8_K activation quantization.
 """
-import numpy as np
-cimport numpy as cnp
-from cython.parallel cimport prange, parallel
-from libc.stdint cimport uint8_t, int8_t, int16_t, int32_t, int64_t
-from libc.stdlib cimport malloc, free
+import os
 
-cnp.import_array()
+import numpy as np
+
+from cython.parallel cimport parallel, prange
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
+from libc.stdlib cimport free, malloc
 
 cdef extern from "simd_kquants.h" nogil:
     ctypedef struct kq_q8k:
@@ -64,16 +59,18 @@ cdef extern from "simd_kquants.h" nogil:
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
+SIMD_LEVEL = kq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
 Q8K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
 assert Q8K_DTYPE.itemsize == sizeof(kq_q8k)
 
 cdef enum:
-    ROW_TILE = 8   # rows per OpenMP work item
+    ROW_TILE = 8      # rows per work item of the GGUF-layout kernels
+    BLOCK_CHUNK = 64  # blocks per work item of dequantize
+    TOK_CHUNK = 64    # tokens per work item of the repacked kernels
+    MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads
+    MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
+    MIN_PARALLEL_ROWS = 4        # get_rows: fewer rows run on one thread
     T_MXFP4 = 39
-
-
-def simd():
-    return kq_simd_name().decode()
 
 
 def block_info(int ggml_type):
@@ -83,114 +80,81 @@ def block_info(int ggml_type):
     return kq_block_size(ggml_type), kq_type_size(ggml_type)
 
 
-cdef int _threads(int n_threads):
-    if n_threads > 0:
-        return n_threads
-    from llmcore.threads import get_num_threads
-    return max(1, get_num_threads())
-
-
-def dequantize(raw, int ggml_type, out=None, int n_threads=0):
-    """Dequantize whole blocks of raw GGUF bytes into `out` (float32, any C-contiguous
-    shape with the right size) or a new flat float32 array; returns it."""
+cdef int64_t _cols(int ggml_type, int64_t row_bytes) except -1:
     bs, ts = block_info(ggml_type)
-    cdef const uint8_t[::1] src = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-    if src.shape[0] % ts:
-        raise ValueError(f"kquants.dequantize: {src.shape[0]} bytes is not a whole number of {ts}-byte blocks")
-    cdef int64_t nblocks = src.shape[0] // ts
-    if out is None:
-        out = np.empty(nblocks * bs, dtype=np.float32)
-    elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size != nblocks * bs:
-        raise ValueError(f"kquants.dequantize: out must be C-contiguous float32 with {nblocks * bs} values")
-    cdef float[::1] dst = out.reshape(-1)
-    if nblocks == 0:
-        return out
-    cdef int nt = _threads(n_threads)
-    cdef int64_t chunk = 64, nchunks = (nblocks + chunk - 1) // chunk, c, b0, b1
-    cdef int t = ggml_type, cts = ts, cbs = bs
+    if row_bytes % ts:
+        raise ValueError(f"kquants: rows of {row_bytes} bytes are not whole {ts}-byte blocks")
+    return row_bytes // ts * bs
+
+
+def dequantize(const uint8_t[:, ::1] raw, int ggml_type, float[:, ::1] out, int n_threads):
+    """out = the dequantized rows, bit-exact with gguf.quants.dequantize.
+
+    raw : uint8 (rows, bytes_per_row), C-contiguous
+    out : float32 (rows, cols)
+    n_threads : OpenMP threads over chunks of BLOCK_CHUNK blocks (small tensors run on one)
+    """
+    cdef int64_t rows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1])
+    if out.shape[0] != rows or out.shape[1] != cols:
+        raise ValueError(f"kquants.dequantize: out {tuple(out.shape)[:2]}, expected {(rows, cols)}")
+    if rows == 0 or cols == 0:
+        return
+    cdef int t = ggml_type, ts = kq_type_size(ggml_type), bs = kq_block_size(ggml_type)
+    cdef int64_t nblocks = rows * cols // bs
+    cdef int64_t nchunks = (nblocks + BLOCK_CHUNK - 1) // BLOCK_CHUNK, c, b0
+    cdef const uint8_t *src = &raw[0, 0]
+    cdef float *dst = &out[0, 0]
+    cdef int nt = n_threads if rows * cols > MIN_PARALLEL_VALUES else 1
     with nogil:
-        for c in prange(nchunks, num_threads=nt, schedule="static"):
-            b0 = c * chunk
-            b1 = b0 + chunk
-            if b1 > nblocks:
-                b1 = nblocks
-            kq_dequant_blocks(t, &src[b0 * cts], b1 - b0, &dst[b0 * cbs])
-    return out
+        if nt > 1:
+            for c in prange(nchunks, num_threads=nt, schedule="static"):
+                b0 = c * BLOCK_CHUNK
+                kq_dequant_blocks(t, src + b0 * ts, min(b0 + BLOCK_CHUNK, nblocks) - b0, dst + b0 * bs)
+        else:
+            kq_dequant_blocks(t, src, nblocks, dst)
 
 
-def get_rows(raw, int ggml_type, ids, out):
-    """out[i] = dequantized row ids[i] of raw (rows, bytes_per_row)."""
-    bs, ts = block_info(ggml_type)
-    r = np.asarray(raw).view(np.uint8)
-    r = r.reshape(r.shape[0], -1)
-    if r.strides[1] != 1:
-        r = np.ascontiguousarray(r)
-    cdef const uint8_t[:, :] rv = r
-    cdef const int64_t[::1] iv = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-    cdef int64_t nrows = rv.shape[0], nb = rv.shape[1] // ts, n = iv.shape[0], i, row
-    if rv.shape[1] % ts:
-        raise ValueError("kquants.get_rows: rows are not whole blocks")
-    if out.dtype != np.float32 or not out.flags.c_contiguous or out.shape != (n, nb * bs):
-        raise ValueError(f"kquants.get_rows: out must be C-contiguous float32 {(n, nb * bs)}")
-    for i in range(n):
-        if iv[i] < 0 or iv[i] >= nrows:
-            raise IndexError(f"kquants.get_rows: row {iv[i]} out of range [0, {nrows})")
-    cdef float[:, ::1] ov = out
+def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, float[:, ::1] out,
+             int n_threads):
+    """out[i] = dequantized row ids[i] of raw (embedding lookup).
+
+    raw : uint8 (rows, bytes_per_row), C-contiguous
+    ids : int64 (k,), each in [0, rows) (IndexError otherwise)
+    out : float32 (k, cols)
+    n_threads : OpenMP threads over the ids (a few ids run on one)
+    """
+    cdef int64_t nrows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1]), k = ids.shape[0], i
+    if out.shape[0] != k or out.shape[1] != cols:
+        raise ValueError(f"kquants.get_rows: out {tuple(out.shape)[:2]}, expected {(k, cols)}")
+    for i in range(k):
+        if ids[i] < 0 or ids[i] >= nrows:
+            raise IndexError(f"kquants.get_rows: row {ids[i]} out of range [0, {nrows})")
+    if k == 0 or cols == 0:
+        return
     cdef int t = ggml_type
-    if n == 0 or nb == 0:
-        return out
-    cdef int nt = min(_threads(0), n) if n > 4 else 1
+    cdef int64_t nb = cols // kq_block_size(ggml_type)
+    cdef int nt = min(n_threads, k) if k > MIN_PARALLEL_ROWS else 1
     with nogil:
-        for i in prange(n, num_threads=nt, schedule="static"):
-            row = iv[i]
-            kq_dequant_blocks(t, &rv[row, 0], nb, &ov[i, 0])
-    return out
-
-
-def _repack_enabled():
-    import os
-    return os.environ.get("LLMCORE_KQ_REPACK", "1") != "0"
+        if nt > 1:
+            for i in prange(k, num_threads=nt, schedule="static"):
+                kq_dequant_blocks(t, &raw[ids[i], 0], nb, &out[i, 0])
+        else:
+            for i in range(k):
+                kq_dequant_blocks(t, &raw[ids[i], 0], nb, &out[i, 0])
 
 
 cdef class Packed:
-    """A K-quant/MXFP4 weight (rows, cols) prepared for matmul.
+    """A K-quant / MXFP4 weight (rows, cols) prepared for matmul.
 
-    ``layout`` "repacked16": rows interleaved 16 at a time (see simd_kquants.h), built at
-    pack time (Q4_K, Q5_K, Q6_K, MXFP4 on AVX-512 VNNI builds; off with
-    ``LLMCORE_KQ_REPACK=0``); ``raw``: zero-copy GGUF block layout, the kq_matmul_rows path.
-    ``nbytes`` is the bytes one matmul reads."""
+    layout : "repacked16" (rows interleaved 16 at a time, see simd_kquants.h; Q4_K, Q5_K,
+        Q6_K, MXFP4 on AVX-512 VNNI builds) or "raw" (the GGUF block layout used in place)
+    nbytes : bytes one matmul reads
+    """
     cdef readonly int ggml_type
     cdef readonly int64_t rows, cols, nbytes, ngroups
     cdef readonly object raw
     cdef readonly object buf
     cdef readonly str layout
-
-    def __init__(self, raw, int ggml_type, repack=None):
-        bs, ts = block_info(ggml_type)
-        r = np.asarray(raw)
-        if r.ndim != 2:
-            raise ValueError(f"kquants.pack: expected (rows, bytes_per_row), got shape {r.shape}")
-        r = r.view(np.uint8)
-        if r.strides[1] != 1 or r.strides[0] < r.shape[1]:
-            r = np.ascontiguousarray(r)
-        if r.shape[1] % ts:
-            raise ValueError(f"kquants.pack: rows of {r.shape[1]} bytes are not whole {ts}-byte blocks")
-        self.ggml_type = ggml_type
-        self.rows = r.shape[0]
-        self.cols = r.shape[1] // ts * bs
-        if repack is None:
-            repack = _repack_enabled()
-        self.ngroups = (self.rows + KQ_RP - 1) // KQ_RP
-        if repack and kq_rp_supported(ggml_type) and self.rows > 0 and self.cols > 0:
-            self.layout = "repacked16"
-            self.raw = None
-            self.buf = _repack(r, ggml_type, self.cols, self.ngroups)
-            self.nbytes = self.buf.shape[0]
-        else:
-            self.layout = "raw"
-            self.raw = r
-            self.buf = None
-            self.nbytes = r.shape[0] * r.shape[1]
 
     def __reduce__(self):
         raise TypeError("Packed weights are not picklable")
@@ -199,8 +163,35 @@ cdef class Packed:
         return f"kquants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-cdef object _repack(r, int t, int64_t k, int64_t ngroups):
-    cdef const uint8_t[:, :] rv = r
+def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
+    """Prepare raw GGUF rows for matmul.
+
+    raw : uint8 (rows, bytes_per_row), C-contiguous; the raw layout keeps a view of it
+    repack : None: repacked where this build has the layout, unless LLMCORE_KQ_REPACK=0;
+        True: repacked where this build has the layout; False: the GGUF layout
+    Single-threaded, like quants.pack.
+    """
+    cdef Packed pk = Packed.__new__(Packed)
+    pk.ggml_type = ggml_type
+    pk.rows = raw.shape[0]
+    pk.cols = _cols(ggml_type, raw.shape[1])
+    if repack is None:
+        repack = os.environ.get("LLMCORE_KQ_REPACK", "1") != "0"
+    pk.ngroups = (pk.rows + KQ_RP - 1) // KQ_RP
+    if repack and kq_rp_supported(ggml_type) and pk.rows > 0 and pk.cols > 0:
+        pk.layout = "repacked16"
+        pk.raw = None
+        pk.buf = _repack(raw, ggml_type, pk.cols, pk.ngroups)
+        pk.nbytes = pk.buf.shape[0]
+    else:
+        pk.layout = "raw"
+        pk.raw = np.asarray(raw)
+        pk.buf = None
+        pk.nbytes = raw.shape[0] * raw.shape[1]
+    return pk
+
+
+cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups):
     cdef int64_t gb = kq_rp_group_bytes(t, k), size = gb * ngroups
     arr = np.empty(size + 64, dtype=np.uint8)
     off = (-arr.ctypes.data) % 64
@@ -210,17 +201,6 @@ cdef object _repack(r, int t, int64_t k, int64_t ngroups):
     with nogil:
         kq_rp_pack(t, &rv[0, 0], stride, rows, k, 0, ngroups, &ov[0])
     return arr
-
-
-def pack(raw, int ggml_type, repack=None):
-    """Prepare a 2-D weight (rows, bytes_per_row) for matmul (kernel module interface).
-    repack: None = default (repack where supported), False = keep the GGUF layout."""
-    return Packed(raw, ggml_type, repack)
-
-
-cdef enum:
-    TOK_CHUNK = 64   # tokens per work item of the repacked kernels
-    MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads
 
 
 cdef inline int _cap_threads(int nt, int64_t weight_bytes, int64_t n) noexcept nogil:
@@ -261,19 +241,22 @@ cdef inline void _quantize_row(int t, const float *x, int64_t k, int64_t i, cons
                               <int32_t *>&act.as_[i * (k // 32)])
 
 
-def matmul(Packed packed, x, y, int n_threads=0):
-    """y[...] = x @ W.T (kernel module interface): x (n, cols), y (n, rows) float32."""
+def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads):
+    """y = x @ W.T.
+
+    x : float32 (n, cols); y : float32 (n, rows), overwritten
+    n_threads : OpenMP threads (one parallel region; small calls use fewer); results do not
+        depend on it
+    """
+    cdef int64_t n = x.shape[0], k = packed.cols, rows = packed.rows
+    if x.shape[1] != k or y.shape[0] != n or y.shape[1] != rows:
+        raise ValueError(f"kquants.matmul: x {tuple(x.shape)[:2]}, y {tuple(y.shape)[:2]} for weights {(rows, k)}")
+    if n == 0 or rows == 0:
+        return
+    cdef int nt = n_threads if n_threads > 0 else 1
     if packed.layout == "raw":
-        matmul_raw(packed.raw, packed.ggml_type, x, y, n_threads)
+        _matmul_gguf(packed.raw, packed.ggml_type, x, y, nt)
         return
-    cdef const float[:, ::1] xv = x
-    cdef float[:, ::1] yv = y
-    cdef int64_t n = xv.shape[0], k = packed.cols, rows = packed.rows
-    if xv.shape[1] != k or yv.shape[0] != n or yv.shape[1] != rows:
-        raise ValueError(f"kquants.matmul: x {tuple(xv.shape)[:2]}, y {tuple(yv.shape)[:2]} for weights {(rows, k)}")
-    if n == 0:
-        return
-    cdef int nt = _threads(n_threads)
     cdef kq_act act
     keep = _alloc_acts(packed.ggml_type, n, k, &act)
     cdef const uint8_t[::1] pv = packed.buf
@@ -281,12 +264,13 @@ def matmul(Packed packed, x, y, int n_threads=0):
     cdef int64_t nitems = ng * nchunks, it, g, c, t0, t1
     cdef int t = packed.ggml_type
     cdef const uint8_t *pp = &pv[0]
-    cdef float *yp = &yv[0, 0]
+    cdef const float *xp = &x[0, 0]
+    cdef float *yp = &y[0, 0]
     cdef int64_t i
     nt = _cap_threads(nt, packed.nbytes, n)
     with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, rows
         for i in prange(n, schedule="static"):
-            _quantize_row(t, &xv[i, 0], k, i, &act)
+            _quantize_row(t, xp + i * k, k, i, &act)
         for it in prange(nitems, schedule="static"):
             c = it // ng
             g = it - c * ng
@@ -296,40 +280,41 @@ def matmul(Packed packed, x, y, int n_threads=0):
     del keep
 
 
-def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0):
+def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x, float[:, ::1] y,
+                   int n_threads):
     """MoE: rows offsets[i]:offsets[i+1] of y = those rows of x @ packs[i].T, one parallel
-    region over (expert, token chunk, 16-row group) work items, activations quantized once
-    (same type and shape, offsets[0] == 0, len(offsets) == len(packs) + 1)."""
-    cdef int64_t ne = len(packs), i, n
+    region over (expert, token chunk, 16-row group) work items, activations quantized once.
+
+    packs : Packed weights of one type, shape and layout
+    offsets : int64 (len(packs) + 1,), non-decreasing from 0 to n
+    x : float32 (n, cols); y : float32 (n, rows), overwritten
+    """
+    cdef int64_t ne = len(packs), i, n = x.shape[0]
     cdef Packed pk
     if offsets.shape[0] != ne + 1:
         raise ValueError("matmul_grouped: offsets must have len(packs) + 1 entries")
     if ne == 0:
         return
     pk = packs[0]
-    cdef const float[:, ::1] xv = x
-    cdef float[:, ::1] yv = y
-    n = xv.shape[0]
     if offsets[0] != 0 or offsets[ne] != n:
         raise ValueError("matmul_grouped: offsets must run from 0 to len(x)")
-    if xv.shape[1] != pk.cols or yv.shape[0] != n or yv.shape[1] != pk.rows:
-        raise ValueError(f"matmul_grouped: x {tuple(xv.shape)[:2]}, y {tuple(yv.shape)[:2]} for weights {(pk.rows, pk.cols)}")
+    if x.shape[1] != pk.cols or y.shape[0] != n or y.shape[1] != pk.rows:
+        raise ValueError(f"matmul_grouped: x {tuple(x.shape)[:2]}, y {tuple(y.shape)[:2]} for weights {(pk.rows, pk.cols)}")
     for i in range(ne):
         if (<Packed>packs[i]).rows != pk.rows or (<Packed>packs[i]).cols != pk.cols \
                 or (<Packed>packs[i]).ggml_type != pk.ggml_type or (<Packed>packs[i]).layout != pk.layout:
             raise ValueError("matmul_grouped: experts differ in type, shape or layout")
         if offsets[i + 1] < offsets[i]:
             raise ValueError("matmul_grouped: offsets must not decrease")
-    if n == 0:
+    if n == 0 or pk.rows == 0:
         return
+    cdef int nt = n_threads if n_threads > 0 else 1
     if pk.layout == "raw":
-        xa, ya = np.asarray(xv), np.asarray(yv)
         for i in range(ne):
             if offsets[i + 1] > offsets[i]:
-                ya[offsets[i]:offsets[i + 1]] = matmul_raw(packs[i].raw, pk.ggml_type, xa[offsets[i]:offsets[i + 1]],
-                                                           n_threads=n_threads)
+                _matmul_gguf((<Packed>packs[i]).raw, pk.ggml_type, x[offsets[i]:offsets[i + 1]],
+                             y[offsets[i]:offsets[i + 1]], nt)
         return
-    cdef int nt = _threads(n_threads)
     cdef kq_act act
     cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r
     keep = _alloc_acts(pk.ggml_type, n, k, &act)
@@ -352,14 +337,15 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0
                 iv[it, 2] = offsets[i] + c * TOK_CHUNK
                 it += 1
     cdef int t = pk.ggml_type
-    cdef float *yp = &yv[0, 0]
+    cdef const float *xp = &x[0, 0]
+    cdef float *yp = &y[0, 0]
     cdef int64_t work = 0
     for i in range(ne):
         work += pk.nbytes * ((offsets[i + 1] - offsets[i] + 3) // 4)
     nt = _cap_threads(nt, work, 4)
     with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, items
         for r in prange(n, schedule="static"):
-            _quantize_row(t, &xv[r, 0], k, r, &act)
+            _quantize_row(t, xp + r * k, k, r, &act)
         for it in prange(nitems, schedule="static"):
             e = iv[it, 0]
             t0 = iv[it, 2]
@@ -368,7 +354,7 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, x, y, int n_threads=0
     del keep
 
 
-def quantize_q8_k(x, int n_threads=0):
+def quantize_q8_k(x, int n_threads=1):
     """llama.cpp q8_K quantization of float32 rows (n, k), k % 256 == 0."""
     cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, np.shape(x)[np.ndim(x) - 1])
     cdef int64_t n = xv.shape[0], k = xv.shape[1], i
@@ -377,7 +363,7 @@ def quantize_q8_k(x, int n_threads=0):
     cdef int64_t nb = k // 256
     out = np.empty((n, nb), dtype=Q8K_DTYPE)
     cdef uint8_t[:, ::1] ov = out.view(np.uint8).reshape(n, nb * sizeof(kq_q8k))
-    cdef int nt = _threads(n_threads)
+    cdef int nt = n_threads if n_threads > 0 else 1
     if n:
         with nogil:
             for i in prange(n, num_threads=nt, schedule="static"):
@@ -385,44 +371,43 @@ def quantize_q8_k(x, int n_threads=0):
     return out["d"], out["qs"], out["bsums"]
 
 
-def matmul_raw(w, int ggml_type, x, out=None, int n_threads=0):
-    """y = x @ W.T with W (rows, row_bytes) uint8 in GGUF layout of `ggml_type`."""
+def matmul_raw(w, int ggml_type, x, out=None, int n_threads=1):
+    """y = x @ W.T with W (rows, row_bytes) uint8 in the GGUF layout of `ggml_type`; rows may
+    be strided (last axis contiguous). x float32 (n, cols) or (cols,); returns out (n, rows)."""
     bs, ts = block_info(ggml_type)
     w = np.asarray(w)
     if w.dtype != np.uint8 or w.ndim != 2:
         w = w.view(np.uint8).reshape(w.shape[0], -1)
     if w.strides[1] != 1 or w.strides[0] < w.shape[1]:
         w = np.ascontiguousarray(w)
-    cdef const uint8_t[:, :] wv = w
-    cdef int64_t rows = wv.shape[0], row_bytes = wv.shape[1]
-    if row_bytes % ts:
-        raise ValueError(f"kquants.matmul: row of {row_bytes} bytes is not whole {ts}-byte blocks")
-    cdef int64_t k = row_bytes // ts * bs
+    cdef int64_t rows = w.shape[0], k = _cols(ggml_type, w.shape[1])
     xa = np.ascontiguousarray(x, dtype=np.float32)
     if xa.ndim == 1:
         xa = xa.reshape(1, -1)
     if xa.ndim != 2 or xa.shape[1] != k:
         raise ValueError(f"kquants.matmul: x has shape {np.shape(x)}, weight rows hold {k} values")
-    cdef const float[:, ::1] xv = xa
-    cdef int64_t n = xv.shape[0]
+    cdef int64_t n = xa.shape[0]
     if out is None:
         out = np.empty((n, rows), dtype=np.float32)
     elif out.dtype != np.float32 or out.shape != (n, rows) or not out.flags.c_contiguous:
         raise ValueError(f"kquants.matmul: out must be C-contiguous float32 {(n, rows)}")
-    cdef float[:, ::1] yv = out
-    if n == 0 or rows == 0:
-        return out
-    cdef int nt = _threads(n_threads)
-    cdef int t = ggml_type
-    cdef int64_t nb = k // bs, ntiles = (rows + ROW_TILE - 1) // ROW_TILE, i, r0, r1
+    if n and rows:
+        _matmul_gguf(w, ggml_type, xa, out, n_threads if n_threads > 0 else 1)
+    return out
+
+
+cdef int _matmul_gguf(const uint8_t[:, :] wv, int t, const float[:, ::1] xv, float[:, ::1] yv, int nt) except -1:
+    """y (n, rows) = x (n, k) @ W.T from the GGUF block layout (rows of wv may be strided)."""
+    cdef int64_t rows = wv.shape[0], n = xv.shape[0], k = xv.shape[1]
+    cdef int64_t nb = k // kq_block_size(t), ntiles = (rows + ROW_TILE - 1) // ROW_TILE, i, r0, r1
     cdef int64_t wstride = wv.strides[0]
     cdef const uint8_t *wp = &wv[0, 0]
     cdef float *yp = &yv[0, 0]
     cdef uint8_t[:, ::1] av
     cdef int8_t[:, ::1] aq
     cdef float[:, ::1] ad
-    cdef uint8_t *qbuf
-    cdef float *dwbuf
+    cdef uint8_t *qbuf = NULL
+    cdef float *dwbuf = NULL
     if t != MXFP4:
         act = np.empty((n, nb * sizeof(kq_q8k)), dtype=np.uint8)
         av = act
@@ -441,7 +426,7 @@ def matmul_raw(w, int ggml_type, x, out=None, int n_threads=0):
         aq = aq_arr
         ad = ad_arr
         with nogil:
-            with parallel(num_threads=nt):
+            with parallel(num_threads=nt):  # per-thread scratch for the portable kernel
                 qbuf = <uint8_t *>malloc(k + 64)
                 dwbuf = <float *>malloc(nb * sizeof(float) + 64)
                 for i in prange(n, schedule="static"):
@@ -455,4 +440,4 @@ def matmul_raw(w, int ggml_type, x, out=None, int n_threads=0):
                                          qbuf, dwbuf)
                 free(qbuf)
                 free(dwbuf)
-    return out
+    return 0

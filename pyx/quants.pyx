@@ -1,15 +1,19 @@
 # cython: language_level=3
 """Kernels for float (F32, F16, BF16) and legacy quant (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) weights.
 
-Implements the kernel module interface of llmcore.quant: pack, matmul, dequantize,
-get_rows. The SIMD code lives in simd_q.h (AVX-512 VNNI, portable C fallback).
+Implements the weight-format kernel interface of llmcore.quant (kquants.pyx implements the
+same one): SUPPORTED, SIMD_LEVEL, Packed, pack, matmul, matmul_grouped, dequantize and
+get_rows. Beyond the interface: matmul_portable (the C kernel on the same packed layout, for
+tests). The kernels are in simd_quants.h (AVX-512 VNNI, AVX2, portable C); the work items
+(16-row groups, token tiles) are shared out here with prange.
 """
 import numpy as np
 
-from libc.stdint cimport uint8_t, int64_t
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cython.parallel cimport parallel, prange
+from libc.stdint cimport int8_t, int64_t, uint8_t
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
-cdef extern from "simd_q.h" nogil:
+cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
         int type
         int fmt
@@ -19,21 +23,29 @@ cdef extern from "simd_q.h" nogil:
         const uint8_t *data
     int LQ_FMT_NONE
     int LQ_FMT_BF16
-    int lq_have_vnni()
+    int LQ_G
+    int LQ_TT
     int lq_simd_level()
     int lq_fmt_for_type(int type)
     int lq_block_bytes(int type)
     int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
-    void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int64_t cols, uint8_t *out, int nt)
-    int lq_dequant_rows(const uint8_t *raw, int64_t bpr, const int64_t *ids, int64_t nrows, int type,
-                        int64_t cols, float *out, int nt)
-    int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, int nt, int force_scalar)
-    int lq_matmul_grouped(const lq_packed *const *P, int64_t ne, const int64_t *offs,
-                          const float *x, float *y, int nt)
+    void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int64_t cols,
+                 int64_t g0, int64_t g1, uint8_t *out)
+    void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *out)
+    void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff)
+    void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n)
+    int lq_act_buffers(int64_t n, int64_t K, int8_t **qa, float **da, float **sa)
+    int64_t lq_tile_tokens(const lq_packed *P, int portable)
+    void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                       int64_t n, int64_t tt, float *y, int portable)
 
-SUPPORTED_TYPES = (0, 1, 30, 2, 3, 6, 7, 8)  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
-HAVE_VNNI = bool(lq_have_vnni())
+SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
+
+cdef enum:
+    FLOAT_CHUNK = 16           # output rows per work item of the float kernels
+    MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
+    MIN_PARALLEL_ROWS = 4      # get_rows: fewer rows run on one thread
 
 
 cdef int64_t _cols(int ggml_type, int64_t bpr) except -1:
@@ -48,72 +60,127 @@ cdef int64_t _cols(int ggml_type, int64_t bpr) except -1:
 
 
 cdef class Packed:
-    """Weights (rows, cols) repacked for lq_matmul; `nbytes` = bytes read per matmul."""
+    """A weight (rows, cols) prepared for matmul.
+
+    layout : "raw" (float types: the GGUF bytes used in place) or "repacked16" (quant types:
+        16-row groups interleaved, see simd_quants.h)
+    nbytes : bytes one matmul reads
+    """
     cdef lq_packed p
     cdef readonly object buf
     cdef readonly int64_t rows, cols, nbytes
     cdef readonly int ggml_type
+    cdef readonly str layout
 
     def __reduce__(self):
         raise TypeError("Packed weights are not picklable")
 
+    def __repr__(self):
+        return f"quants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
-def pack(const uint8_t[:, ::1] raw, int ggml_type, int n_threads=1):  # IN
-    """Repack raw GGUF rows (rows, bytes_per_row) into the interleaved kernel layout."""
+
+def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
+    """Prepare raw GGUF rows for matmul.
+
+    raw : uint8 (rows, bytes_per_row), C-contiguous; float weights keep a view of it
+    repack : None or True: the layout above; False: the GGUF layout, which only the float
+        types have a kernel for (ValueError for the quant types)
+    Single-threaded: repacking is ~1 GB/s per core and a parallel region per tensor costs more
+    than it saves when the cores are shared.
+    """
     cdef int64_t rows = raw.shape[0], bpr = raw.shape[1]
     cdef int64_t cols = _cols(ggml_type, bpr)
     cdef Packed pk = Packed.__new__(Packed)
     cdef int64_t size = lq_init_packed(&pk.p, ggml_type, rows, cols, NULL)
     cdef uint8_t[::1] out
-    cdef const uint8_t[:, ::1] keep
-    cdef int64_t off
     pk.rows, pk.cols, pk.ggml_type = rows, cols, ggml_type
     if pk.p.fmt <= LQ_FMT_BF16:
         # float weights are used in place (zero-copy view of the mapping)
+        pk.layout = "raw"
         pk.buf = np.asarray(raw)
-        keep = raw
-        pk.p.data = &keep[0, 0] if rows > 0 and bpr > 0 else NULL
+        pk.p.data = &raw[0, 0] if rows > 0 and bpr > 0 else NULL
         pk.nbytes = rows * bpr
         return pk
+    if repack is False:
+        raise ValueError(f"quants: no kernel reads ggml type {ggml_type} in the GGUF layout")
     arr = np.empty(size + 64, dtype=np.uint8)
     off = (-arr.ctypes.data) % 64
     arr = arr[off:off + size]
     out = arr
-    # one thread by default: repacking is ~1 GB/s per core and a parallel region per
-    # tensor costs more than it saves when the cores are shared
     if size > 0:
         with nogil:
-            lq_pack(&raw[0, 0], bpr, ggml_type, rows, cols, &out[0], n_threads)
+            lq_pack(&raw[0, 0], bpr, ggml_type, rows, cols, 0, pk.p.ngroups, &out[0])
         pk.p.data = &out[0]
+    pk.layout = "repacked16"
     pk.buf = arr
     pk.nbytes = size
     return pk
 
 
-def matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_threads, bint force_scalar=False):  # IN, IN, OUT
-    """y (n, rows) = x (n, cols) @ W.T."""
-    cdef int64_t n = x.shape[0]
-    cdef int rc
-    if x.shape[1] != pk.cols or y.shape[0] != n or y.shape[1] != pk.rows:
-        raise ValueError(f"matmul: x {tuple(x.shape)[:2]}, y {tuple(y.shape)[:2]} for weights {(pk.rows, pk.cols)}")
-    if n == 0 or pk.rows == 0:
-        return
-    if pk.cols == 0:
+cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_threads, bint portable) except -1:
+    cdef int64_t n = x.shape[0], R = pk.rows, K = pk.cols, ng = pk.p.ngroups, i, g, c, nch, tt
+    cdef const lq_packed *P = &pk.p
+    cdef int8_t *qa
+    cdef float *da
+    cdef float *sa
+    cdef int nt = n_threads if n_threads > 0 else 1
+    if x.shape[1] != K or y.shape[0] != n or y.shape[1] != R:
+        raise ValueError(f"matmul: x {tuple(x.shape)[:2]}, y {tuple(y.shape)[:2]} for weights {(R, K)}")
+    if n == 0 or R == 0:
+        return 0
+    if K == 0:
         np.asarray(y)[...] = 0
-        return
-    with nogil:
-        rc = lq_matmul(&pk.p, &x[0, 0], &y[0, 0], n, max(1, n_threads), force_scalar)
-    if rc != 0:
+        return 0
+    cdef const float *xp = &x[0, 0]
+    cdef float *yp = &y[0, 0]
+    if P.fmt <= LQ_FMT_BF16:
+        nch = (R + FLOAT_CHUNK - 1) // FLOAT_CHUNK
+        if nt > nch:
+            nt = <int>nch
+        with nogil, parallel(num_threads=nt):
+            for c in prange(nch, schedule='static'):
+                lq_float_rows(P, c * FLOAT_CHUNK, min((c + 1) * FLOAT_CHUNK, R), xp, yp, n)
+        return 0
+    if lq_act_buffers(n, K, &qa, &da, &sa) != 0:
         raise MemoryError("matmul: scratch allocation failed")
+    if nt > ng and n == 1:
+        nt = <int>ng
+    tt = lq_tile_tokens(P, portable)
+    with nogil, parallel(num_threads=nt):  # one region: quantize x, barrier, row groups
+        for i in prange(n, schedule='static'):
+            lq_quant_row_q8(xp + i * K, K, qa + i * K, da + i * P.nb, sa + i * P.nb, P.moff)
+        for g in prange(ng, schedule='static'):
+            lq_group_rows(P, g, qa, da, sa, n, tt, yp, portable)
+    return 0
+
+
+def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads):
+    """y = x @ W.T.
+
+    x : float32 (n, cols); y : float32 (n, rows), overwritten
+    n_threads : OpenMP threads (one parallel region); results do not depend on it
+    """
+    _matmul(packed, x, y, n_threads, False)
+
+
+def matmul_portable(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads):
+    """matmul with the portable C kernel on the same packed layout (tests compare the SIMD
+    kernels with it; equal up to float summation order)."""
+    _matmul(packed, x, y, n_threads, True)
 
 
 def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x, float[:, ::1] y,
-                   int n_threads):  # IN, IN, IN, OUT
+                   int n_threads):
     """MoE: rows offsets[i]:offsets[i+1] of y = those rows of x @ packs[i].T, one parallel
-    region for all (same type and shape, offsets[0] == 0, len(offsets) == len(packs) + 1)."""
-    cdef int64_t ne = len(packs), i, n = x.shape[0]
+    region for all experts (activations quantized once, (expert, row group) work items).
+
+    packs : Packed weights of one type and shape
+    offsets : int64 (len(packs) + 1,), non-decreasing from 0 to n
+    x : float32 (n, cols); y : float32 (n, rows), overwritten
+    """
+    cdef int64_t ne = len(packs), i, n = x.shape[0], w, e, c, g, r0, m, nch, nw
     cdef Packed pk
-    cdef int rc
+    cdef int nt = n_threads if n_threads > 0 else 1
     if offsets.shape[0] != ne + 1 or (ne and (offsets[0] != 0 or offsets[ne] != n)):
         raise ValueError("matmul_grouped: offsets must run from 0 to len(x), one per expert + 1")
     if ne == 0 or n == 0:
@@ -121,42 +188,97 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
     pk = packs[0]
     if x.shape[1] != pk.cols or y.shape[0] != n or y.shape[1] != pk.rows:
         raise ValueError(f"matmul_grouped: x {tuple(x.shape)[:2]}, y {tuple(y.shape)[:2]} for weights {(pk.rows, pk.cols)}")
+    cdef int64_t K = pk.cols, R = pk.rows, nb = pk.p.nb, ng = pk.p.ngroups
+    cdef const lq_packed *P0 = &pk.p
+    cdef int8_t *qa
+    cdef float *da
+    cdef float *sa
+    cdef const float *xp = &x[0, 0]
+    cdef float *yp = &y[0, 0]
     cdef const lq_packed **ptrs = <const lq_packed **>PyMem_Malloc(ne * sizeof(lq_packed *))
     if ptrs == NULL:
         raise MemoryError()
     try:
         for i in range(ne):
             pk = packs[i]
-            if pk.rows != packs[0].rows or pk.cols != packs[0].cols or pk.ggml_type != packs[0].ggml_type:
+            if pk.rows != R or pk.cols != K or pk.ggml_type != P0.type:
                 raise ValueError("matmul_grouped: experts differ in type or shape")
             if offsets[i + 1] < offsets[i]:
                 raise ValueError("matmul_grouped: offsets must not decrease")
             ptrs[i] = &pk.p
-        if pk.cols == 0:
+        if K == 0:
             np.asarray(y)[...] = 0
             return
-        with nogil:
-            rc = lq_matmul_grouped(ptrs, ne, &offsets[0], &x[0, 0], &y[0, 0], max(1, n_threads))
-        if rc != 0:
+        if R == 0:
+            return
+        if P0.fmt <= LQ_FMT_BF16:
+            nch = (R + FLOAT_CHUNK - 1) // FLOAT_CHUNK
+            nw = ne * nch
+            if nt > nw:
+                nt = <int>nw
+            with nogil, parallel(num_threads=nt):
+                for w in prange(nw, schedule='dynamic', chunksize=1):
+                    e = w // nch
+                    c = w % nch
+                    r0 = offsets[e]
+                    m = offsets[e + 1] - r0
+                    if m > 0:
+                        lq_float_rows(ptrs[e], c * FLOAT_CHUNK, min((c + 1) * FLOAT_CHUNK, R),
+                                      xp + r0 * K, yp + r0 * R, m)
+            return
+        if lq_act_buffers(n, K, &qa, &da, &sa) != 0:
             raise MemoryError("matmul_grouped: scratch allocation failed")
+        nw = ne * ng
+        if nt > nw:
+            nt = <int>nw
+        with nogil, parallel(num_threads=nt):  # one region: quantize x, barrier, work items
+            for i in prange(n, schedule='static'):
+                lq_quant_row_q8(xp + i * K, K, qa + i * K, da + i * nb, sa + i * nb, P0.moff)
+            for w in prange(nw, schedule='dynamic', chunksize=1):
+                e = w // ng
+                g = w % ng
+                r0 = offsets[e]
+                m = offsets[e + 1] - r0
+                if m > 0:
+                    lq_group_rows(ptrs[e], g, qa + r0 * K, da + r0 * nb, sa + r0 * nb, m, LQ_TT, yp + r0 * R, 0)
     finally:
         PyMem_Free(ptrs)
 
 
-def dequantize(const uint8_t[:, ::1] raw, int ggml_type, float[:, ::1] out, int n_threads=1):  # IN, OUT
-    """out (rows, cols) = dequantized raw rows, bit-exact with gguf.quants.dequantize."""
-    cdef int64_t rows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1])
+def dequantize(const uint8_t[:, ::1] raw, int ggml_type, float[:, ::1] out, int n_threads):
+    """out = the dequantized rows, bit-exact with gguf.quants.dequantize.
+
+    raw : uint8 (rows, bytes_per_row), C-contiguous
+    out : float32 (rows, cols)
+    n_threads : OpenMP threads over rows (small tensors run on one)
+    """
+    cdef int64_t rows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1]), i
+    cdef int t = ggml_type
     if out.shape[0] != rows or out.shape[1] != cols:
         raise ValueError(f"dequantize: out {tuple(out.shape)[:2]}, expected {(rows, cols)}")
     if rows == 0 or cols == 0:
         return
+    cdef int nt = n_threads if rows * cols > MIN_PARALLEL_VALUES else 1
     with nogil:
-        lq_dequant_rows(&raw[0, 0], raw.shape[1], NULL, rows, ggml_type, cols, &out[0, 0], n_threads)
+        if nt > 1:
+            for i in prange(rows, num_threads=nt, schedule='static'):
+                lq_dequant_row(&raw[i, 0], t, cols, &out[i, 0])
+        else:
+            for i in range(rows):
+                lq_dequant_row(&raw[i, 0], t, cols, &out[i, 0])
 
 
-def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, float[:, ::1] out):  # IN, IN, OUT
-    """out[i] = dequantized row ids[i] of raw (rows, bytes_per_row)."""
+def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, float[:, ::1] out,
+             int n_threads):
+    """out[i] = dequantized row ids[i] of raw (embedding lookup).
+
+    raw : uint8 (rows, bytes_per_row), C-contiguous
+    ids : int64 (k,), each in [0, rows) (IndexError otherwise)
+    out : float32 (k, cols)
+    n_threads : OpenMP threads over the ids (a few ids run on one)
+    """
     cdef int64_t k = ids.shape[0], cols = _cols(ggml_type, raw.shape[1]), i
+    cdef int t = ggml_type
     if out.shape[0] != k or out.shape[1] != cols:
         raise ValueError(f"get_rows: out {tuple(out.shape)[:2]}, expected {(k, cols)}")
     for i in range(k):
@@ -164,5 +286,11 @@ def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, f
             raise IndexError(f"get_rows: row {ids[i]} out of range [0, {raw.shape[0]})")
     if k == 0 or cols == 0:
         return
+    cdef int nt = min(n_threads, k) if k > MIN_PARALLEL_ROWS else 1
     with nogil:
-        lq_dequant_rows(&raw[0, 0], raw.shape[1], &ids[0], k, ggml_type, cols, &out[0, 0], 1)
+        if nt > 1:
+            for i in prange(k, num_threads=nt, schedule='static'):
+                lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])
+        else:
+            for i in range(k):
+                lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])

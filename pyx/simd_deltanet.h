@@ -4,7 +4,7 @@
 #ifndef LLMCORE_SIMD_DELTANET_H
 #define LLMCORE_SIMD_DELTANET_H
 #include <math.h>
-#include "simd_nn.h" /* nn_silu_row: SiLU with ggml's vector exp (llama.cpp's values) */
+#include "simd_activations.h" /* act_silu_row: SiLU with ggml's vector exp (llama.cpp's values) */
 
 /* One token of the delta rule on `n` state rows of one value head (row i = value dim i,
  * contiguous over the S key dims; llama.cpp's layout):
@@ -109,7 +109,7 @@ static inline void conv_row(float *restrict y, const float *const *src, const fl
 }
 
 /* Conv output row in place: SiLU. */
-static inline void dn_silu_inplace(float *y, int n) { nn_silu_row(y, NULL, y, n); }
+static inline void dn_silu_inplace(float *y, int n) { act_silu_row(y, NULL, y, n); }
 
 /* y = o / sqrt(mean(o^2) + eps) * w * silu(z) over one head of n values (the gated RMS norm). */
 static inline void dn_gated_norm(const float *restrict o, const float *restrict z, const float *restrict w,
@@ -122,7 +122,7 @@ static inline void dn_gated_norm(const float *restrict o, const float *restrict 
     float g[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         const int m = n - j0 < 64 ? n - j0 : 64;
-        nn_silu_row(z + j0, NULL, g, m);
+        act_silu_row(z + j0, NULL, g, m);
         for (int j = 0; j < m; j++)
             y[j0 + j] = o[j0 + j] * sc * w[j0 + j] * g[j];
     }

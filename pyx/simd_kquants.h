@@ -15,15 +15,10 @@
 #ifndef LLMCORE_SIMD_KQUANTS_H
 #define LLMCORE_SIMD_KQUANTS_H
 
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define KQ_AVX512 1
-#elif defined(__AVX2__)
+/* integer dot kernels: AVX-512 VNNI, else AVX2, else portable C */
+#if !SIMD_AVX512_VNNI && defined(__AVX2__)
 #define KQ_AVX2 1
 #endif
 
@@ -31,7 +26,7 @@
 enum { KQ_Q2_K = 10, KQ_Q3_K = 11, KQ_Q4_K = 12, KQ_Q5_K = 13, KQ_Q6_K = 14, KQ_MXFP4 = 39 };
 
 static inline const char *kq_simd_name(void) {
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     return "avx512vnni";
 #elif defined(KQ_AVX2)
     return "avx2";
@@ -53,57 +48,6 @@ static inline int kq_type_size(int t) {
     }
 }
 static inline int kq_block_size(int t) { return t == KQ_MXFP4 ? 32 : (kq_type_size(t) ? KQ_QK : 0); }
-
-static inline float kq_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, ex = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    float f;
-    if (ex == 0) { /* zero / subnormal: man * 2^-24, exact */
-        f = (float)man * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else if (ex == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((ex + 112) << 23) | (man << 13);
-    }
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
-static inline float kq_f32_to_f16_to_f32(float x) {
-#if defined(__F16C__)
-    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
-#else
-    /* round-to-nearest-even f32 -> f16 -> f32 (finite inputs) */
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    uint32_t sign = b & 0x80000000u, a = b & 0x7fffffffu;
-    float r;
-    if (a >= 0x477ff000u) { /* rounds to >= 65536: inf (or nan kept) */
-        uint32_t o = sign | (a > 0x7f800000u ? 0x7fc00000u : 0x7f800000u);
-        memcpy(&r, &o, 4);
-        return r;
-    }
-    if (a < 0x38800000u) { /* f16 subnormal range: quantum 2^-24 */
-        float ax;
-        memcpy(&ax, &a, 4);
-        float q = ax * 16777216.0f;            /* exact scaling */
-        float rq = (q + 12582912.0f) - 12582912.0f; /* round half even */
-        r = rq * 5.9604644775390625e-8f;
-    } else {
-        uint32_t lsb = (a >> 13) & 1;
-        a = (a + 0xfffu + lsb) & ~0x1fffu;
-        memcpy(&r, &a, 4);
-    }
-    return sign ? -r : r;
-#endif
-}
 
 /* ---------------------------------------------------------------------------------- */
 /* canonical unpacked K-quant super-block                                              */
@@ -127,8 +71,8 @@ static inline void kq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
 }
 
 static inline void kq_unpack_q4_k(const uint8_t *b, kq_sb *o) {
-    o->d = kq_f16(b);
-    o->dmin = kq_f16(b + 2);
+    o->d = simd_load_f16(b);
+    o->dmin = simd_load_f16(b + 2);
     o->off = 0;
     const uint8_t *s = b + 4, *qs = b + 16;
     for (int j = 0; j < 8; j++) {
@@ -146,8 +90,8 @@ static inline void kq_unpack_q4_k(const uint8_t *b, kq_sb *o) {
 }
 
 static inline void kq_unpack_q5_k(const uint8_t *b, kq_sb *o) {
-    o->d = kq_f16(b);
-    o->dmin = kq_f16(b + 2);
+    o->d = simd_load_f16(b);
+    o->dmin = simd_load_f16(b + 2);
     o->off = 0;
     const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
     for (int j = 0; j < 8; j++) {
@@ -167,7 +111,7 @@ static inline void kq_unpack_q5_k(const uint8_t *b, kq_sb *o) {
 static inline void kq_unpack_q6_k(const uint8_t *b, kq_sb *o) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *s = (const int8_t *)(b + 192);
-    o->d = kq_f16(b + 208);
+    o->d = simd_load_f16(b + 208);
     o->dmin = o->d;
     o->off = 32;
     for (int g = 0; g < 16; g++) {
@@ -187,7 +131,7 @@ static inline void kq_unpack_q6_k(const uint8_t *b, kq_sb *o) {
 
 static inline void kq_unpack_q3_k(const uint8_t *b, kq_sb *o) {
     const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
-    o->d = kq_f16(b + 108);
+    o->d = simd_load_f16(b + 108);
     o->dmin = o->d;
     o->off = 4;
     for (int j = 0; j < 16; j++) {
@@ -209,8 +153,8 @@ static inline void kq_unpack_q3_k(const uint8_t *b, kq_sb *o) {
 
 static inline void kq_unpack_q2_k(const uint8_t *b, kq_sb *o) {
     const uint8_t *s = b, *qs = b + 16;
-    o->d = kq_f16(b + 80);
-    o->dmin = kq_f16(b + 82);
+    o->d = simd_load_f16(b + 80);
+    o->dmin = simd_load_f16(b + 82);
     o->off = 0;
     for (int g = 0; g < 16; g++) {
         o->sc[g] = s[g] & 0xF;
@@ -304,7 +248,7 @@ static inline int kq_nearest_int(float f) {
 
 /* quantize_row_q8_K_ref: iscale = -127/max (signed value of largest magnitude, first one) */
 static void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y) {
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t i = 0; i < k / KQ_QK; i++, x += KQ_QK) {
         __m512 m = _mm512_setzero_ps();
@@ -372,28 +316,16 @@ static void kq_quantize_q8_0(const float *x, int64_t k, int8_t *qs, float *d) {
         const float dd = amax / 127.f;
         const float id = amax != 0 ? 127.f / amax : 0.f;
         for (int j = 0; j < 32; j++) qs[i * 32 + j] = (int8_t)kq_nearest_int(x[j] * id);
-        d[i] = kq_f32_to_f16_to_f32(dd);
+        d[i] = simd_f16_round(dd);
     }
 }
 
 /* ---------------------------------------------------------------------------------- */
 /* dot products                                                                        */
 /* ---------------------------------------------------------------------------------- */
-#if defined(KQ_AVX512)
-static inline int32_t kq_hsum512(__m512i v) { return _mm512_reduce_add_epi32(v); }
-#endif
-#if defined(KQ_AVX2) || defined(KQ_AVX512)
-static inline int32_t kq_hsum256(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-#endif
-
 /* integer parts of one super-block dot: isum = sum_g sc[g]*(q.a)_g, msum = sum_g mn[g]*bsum[g] */
 static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum, int32_t *msum) {
-#if defined(KQ_AVX2) || defined(KQ_AVX512)
+#if defined(KQ_AVX2) || SIMD_AVX512_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc = _mm256_setzero_si256();
     for (int i = 0; i < 8; i++) {
@@ -404,8 +336,8 @@ static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum,
                                       w->sc[2 * i + 1], w->sc[2 * i + 1], w->sc[2 * i + 1], w->sc[2 * i + 1]);
         acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, s));
     }
-    *isum = kq_hsum256(acc);
-    *msum = kq_hsum256(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
+    *isum = simd_hsum_i32x8(acc);
+    *msum = simd_hsum_i32x8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
                                          _mm256_loadu_si256((const __m256i *)a->bsums)));
 #else
     int32_t is = 0, ms = 0;
@@ -441,7 +373,7 @@ static inline void kq_unpack_mxfp4_row(const uint8_t *b, int64_t nblk, uint8_t *
 static inline float kq_dot_mxfp4(const uint8_t *q, const float *dw, const int8_t *a, const float *da, int64_t nblk) {
     int64_t i = 0;
     float tail = 0.f;
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     const __m512i twelve = _mm512_set1_epi8(12);
     __m512 acc = _mm512_setzero_ps();
     for (; i + 2 <= nblk; i += 2) {
@@ -461,10 +393,7 @@ static inline float kq_dot_mxfp4(const uint8_t *q, const float *dw, const int8_t
                                      _mm256_maddubs_epi16(twelve, av));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(dw[i] * da[i]), acc);
     }
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    float vsum = _mm_cvtss_f32(s4);
+    float vsum = simd_hsum_f32x8(acc);
 #else
     float vsum = 0.f;
 #endif
@@ -481,7 +410,7 @@ static inline float kq_dot_mxfp4(const uint8_t *q, const float *dw, const int8_t
 /* ---------------------------------------------------------------------------------- */
 #define KQ_TOK_TILE 64
 
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
 /* One K-quant super-block held in registers: q[k] = unsigned values 64k..64k+63,
  * sc[k] = int16 scale per int16 lane of maddubs(q[k], a) (group of the lane's values),
  * mn = the 16 per-16 mins as int16. dot = d*da*sum(madd(maddubs(q,a),sc)) - dmin*da*(mn.bsums) */
@@ -529,8 +458,8 @@ static inline void kq_prep_q4_k(const uint8_t *b, kq_reg *r, int five) {
     uint64_t scs = (uint64_t)u[0] | ((uint64_t)u[1] << 32), mns = (uint64_t)u[2] | ((uint64_t)u[3] << 32);
     kq_reg_scales(kq_dup8(scs), r);
     r->mn = kq_dup8(mns);
-    r->d = kq_f16(b);
-    r->dmin = kq_f16(b + 2);
+    r->d = simd_load_f16(b);
+    r->dmin = simd_load_f16(b + 2);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     if (!five) {
         for (int c = 0; c < 4; c++) {
@@ -568,7 +497,7 @@ static inline void kq_prep_q6_k(const uint8_t *b, kq_reg *r) {
     __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
     kq_reg_scales(sc, r);
     r->mn = _mm256_slli_epi16(sc, 5);
-    r->d = r->dmin = kq_f16(b + 208);
+    r->d = r->dmin = simd_load_f16(b + 208);
 }
 
 static inline __attribute__((always_inline)) void kq_prep(int t, const uint8_t *b, kq_reg *r) {
@@ -611,13 +540,8 @@ kq_rows_avx512(const int t, const uint8_t *W, int64_t row_stride, int64_t r0, in
                     accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(ab->d * w.dmin), accm[j]);
                 }
             }
-            for (int64_t j = 0; j < nt; j++) {
-                __m256 m = accm[j];
-                __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-                m4 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
-                m4 = _mm_add_ss(m4, _mm_movehdup_ps(m4));
-                Y[(t0 + j) * ldy + r] = _mm512_reduce_add_ps(accf[j]) - _mm_cvtss_f32(m4);
-            }
+            for (int64_t j = 0; j < nt; j++)
+                Y[(t0 + j) * ldy + r] = _mm512_reduce_add_ps(accf[j]) - simd_hsum_f32x8(accm[j]);
         }
     }
 }
@@ -626,7 +550,7 @@ kq_rows_avx512(const int t, const uint8_t *W, int64_t row_stride, int64_t r0, in
 /* W: row r at W + r*row_stride; A: n tokens x nb blocks of q8_K; Y row-major ldy */
 static void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
                            int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy) {
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     switch (t) {
     case KQ_Q4_K: kq_rows_avx512(KQ_Q4_K, W, row_stride, r0, r1, nb, A, n, Y, ldy); return;
     case KQ_Q6_K: kq_rows_avx512(KQ_Q6_K, W, row_stride, r0, r1, nb, A, n, Y, ldy); return;
@@ -658,7 +582,7 @@ static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r
                                  int64_t k, const int8_t *A, const float *DA, int64_t n,
                                  float *Y, int64_t ldy, uint8_t *qbuf, float *dwbuf) {
     const int64_t nblk = k / 32;
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     (void)qbuf;
     (void)dwbuf;
     /* kvalues + 12 in every 128-bit lane */
@@ -753,7 +677,7 @@ static inline int64_t kq_rp_tile_bytes(int t) {
 }
 
 static inline int kq_rp_supported(int t) {
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     return t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K || t == KQ_MXFP4;
 #else
     (void)t;
@@ -842,7 +766,7 @@ static void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows
     }
 }
 
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
 /* one 16-row group x NT tokens (NT compile-time after inlining), K-quants */
 static inline __attribute__((always_inline)) void
 kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q8k *const *A,
@@ -991,7 +915,7 @@ typedef struct {
  * ldy: Y row stride; rows: valid rows of the weight (for the last group's mask). */
 static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g,
                         const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy) {
-#if defined(KQ_AVX512)
+#if SIMD_AVX512_VNNI
     const uint8_t *G = P + g * kq_rp_group_bytes(t, k);
     const int64_t nvalid = rows - g * KQ_RP;
     const __mmask16 m = nvalid >= KQ_RP ? (__mmask16)0xFFFF : (__mmask16)((1u << nvalid) - 1);

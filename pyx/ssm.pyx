@@ -11,7 +11,6 @@ fused projection output work without a copy).
 """
 from cython.parallel cimport prange
 from libc.math cimport expf, log1pf
-cimport cython
 
 cdef extern from "simd_ssm.h" nogil:
     float ssm2_row(float *s, const float *b, const float *c, float dA, float xdt, int n)
@@ -32,8 +31,6 @@ cdef inline float _silu(float x) noexcept nogil:
     return x / (1.0 + expf(-x))
 
 
-@cython.boundscheck(False)
-@cython.wraparound(False)
 def conv1d(const float[:, :] x,        # IN  (n, C)
            float[:, :] state,          # IN/OUT (K-1, C): previous K-1 inputs, oldest first
            const float[:, :] w,        # IN  (C, K); w[:, K-1] multiplies the current token
@@ -77,8 +74,6 @@ def conv1d(const float[:, :] x,        # IN  (n, C)
                         state[km1 - n + k, c] = x[k, c]
 
 
-@cython.boundscheck(False)
-@cython.wraparound(False)
 def mamba_scan(float[:, ::1] state,    # IN/OUT (d_inner, d_state)
                const float[:, :] x,    # IN (n, d_inner)
                const float[:, :] dt,   # IN (n, d_inner) before softplus (bias not yet added)
@@ -113,8 +108,6 @@ def mamba_scan(float[:, ::1] state,    # IN/OUT (d_inner, d_state)
                 out[t, i] = acc
 
 
-@cython.boundscheck(False)
-@cython.wraparound(False)
 def mamba2_scan(float[:, ::1] state,   # IN/OUT (n_head * head_dim, d_state)
                 const float[:, :] x,   # IN (n, n_head * head_dim)
                 const float[:, :] dt,  # IN (n, n_head) before softplus

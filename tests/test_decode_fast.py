@@ -4,11 +4,15 @@ sequences == one forward per sequence)."""
 import numpy as np
 import pytest
 
-from llmcore import nn
+from llmcore import _kernels, nn
 
 from test_nn import F16_P_ATOL, build_case
 
+# the kernels' fast paths against the NumPy references; with the kernels off both are the reference
+needs_kernels = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: no fast path to compare")
 
+
+@needs_kernels
 @pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (4, 1, 256), (10, 2, 32), (8, 8, 64), (6, 2, 48)])
 def test_f16_decode_rows_match_reference(H, KVH, D):
     # G = 3, 4, 5 (4 + 1 rows), 1; D = 48: 16-multiple not a 64-multiple (masked tail chunk)
@@ -21,6 +25,7 @@ def test_f16_decode_rows_match_reference(H, KVH, D):
     assert (np.abs(got - want) < 1e-5).mean() > 0.99
 
 
+@needs_kernels
 def test_f16_decode_window_softcap_sinks():
     case = build_case("f16", seq_lens=[300, 70], n_q=[1, 1], H=8, KVH=2, D=64, bs=32, window=50,
                       free_outside=True, seed=9)
@@ -45,6 +50,7 @@ def test_q8_0_kv_needs_head_dim_multiple_of_32(tiny_models):
         load_model(tiny_models["llama-q4_0"], kv_type="q8_0", block_size=16)
 
 
+@needs_kernels
 @pytest.mark.parametrize("name,kv_type", [("llama-q4_0", "f16"), ("qwen3-q8_0", "f16"), ("qwen3-f32", "f16"),
                                           ("qwen3-q8_0", "q8_0"), ("qwen3-f32", "q8_0")])
 def test_fused_attention_matches_unfused_path(tiny_models, name, kv_type, monkeypatch):

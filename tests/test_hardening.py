@@ -429,7 +429,7 @@ def test_host_rules_and_the_exposed_bind_warning(caplog):
         warn_if_exposed(ServerConfig(host="0.0.0.0"))
         assert "without an API key" in caplog.text
         caplog.clear()
-        warn_if_exposed(ServerConfig(host="0.0.0.0", api_key="k"))
+        warn_if_exposed(ServerConfig(host="0.0.0.0", api_keys=("k",)))
         assert not caplog.records
 
 
@@ -520,30 +520,26 @@ def _conversations(n_conv, seed=0):
     return [system + [rng.randrange(3, 250) for _ in range(rng.randrange(200, 350))] for _ in range(n_conv)]
 
 
-def _load_engine(tiny_models, name, **cfg):
+def _load_engine(models, name, **cfg):
     cfg = EngineConfig(sampling=SamplingParams(temperature=0.0), **cfg)
+    tiny_models, built_model = models
     if name in tiny_models:  # fixtures.py models carry no tokenizer: token-id prompts only
         from llmcore.models import load_model
 
         return Engine(cfg, model=load_model(tiny_models[name]), tokenizer=FakeTokenizer())
-    from conftest import conformance_dir
-
-    d = conformance_dir()
-    path = d / "models" / f"{name}.gguf" if d else None
-    if path is None or not path.exists():
-        pytest.skip(f"{name} not in the conformance set")
-    return Engine.from_path(path, cfg)
+    return Engine.from_path(built_model(name), cfg)  # a catalogue model with its tokenizer
 
 
 @pytest.mark.parametrize("name,cache_ram,n_conv,turns", [
-    ("llama-f32", 16, 12, 5), ("llama-f32", 1, 12, 5), ("tiny-gemma3-swa", 4, 8, 3)])
-async def test_multi_turn_load_on_a_small_cache_logs_no_restore_failure(tiny_models, caplog, name, cache_ram,
-                                                                        n_conv, turns):
+    ("llama-f32", 16, 12, 5), ("llama-f32", 1, 12, 5), ("gemma3-swa", 2, 8, 3)])
+async def test_multi_turn_load_on_a_small_cache_logs_no_restore_failure(tiny_models, built_model, caplog, name,
+                                                                        cache_ram, n_conv, turns):
     # -np 4, a small --cache-ram, conversations that come back; for the tiny llama KV is 256 B
     # a token: 1 MiB holds 4096 tokens, less than the conversations (~5000 apart from their
-    # shared start). tiny-gemma3-swa (sliding window, 2 KiB a token) restores checkpoints too.
-    eng = _load_engine(tiny_models, name, n_parallel=4, n_ctx=4096, n_ubatch=64, cache_ram_mib=cache_ram)
-    ref = _load_engine(tiny_models, name, n_parallel=1, n_ctx=1024, cache_ram_mib=0)
+    # shared start). gemma3-swa (sliding window 32, built in fixtures) restores checkpoints too.
+    models = (tiny_models, built_model)
+    eng = _load_engine(models, name, n_parallel=4, n_ctx=4096, n_ubatch=64, cache_ram_mib=cache_ram)
+    ref = _load_engine(models, name, n_parallel=1, n_ctx=1024, cache_ram_mib=0)
     ref.start()
     assert ref.wait_ready(60), ref.load_error
     convs = _conversations(n_conv)  # 4 slots: the others wait, their states go to the cache

@@ -8,8 +8,10 @@ from gguf import GGMLQuantizationType as QT
 
 kq = pytest.importorskip("llmcore._kernels.kquants")
 
-from llmcore import quant  # noqa: E402
+from llmcore import _kernels, quant  # noqa: E402
 from llmcore.gguf_file import Tensor  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: quant.* runs gguf.quants")
 
 TYPES = [QT.Q4_K, QT.Q6_K, QT.MXFP4, QT.Q5_K, QT.Q3_K, QT.Q2_K]
 IDS = [t.name for t in TYPES]
@@ -78,6 +80,16 @@ def emulated(x, W, qt):
     return xq @ W.T.astype(np.float64)
 
 
+def dequant(raw, qt, n_threads=2):
+    """kq.dequantize of GGUF bytes (any shape whose last axis holds whole blocks), flat."""
+    raw = np.ascontiguousarray(raw).view(np.uint8)
+    raw = raw.reshape(-1, raw.shape[-1])
+    bs, ts = gguf.GGML_QUANT_SIZES[qt]
+    out = np.empty((raw.shape[0], raw.shape[1] // ts * bs), np.float32)
+    kq.dequantize(raw, int(qt), out, n_threads)
+    return out.reshape(-1)
+
+
 def _mm(packed, x, n_threads=1):
     y = np.empty((x.shape[0], packed.rows), np.float32)
     kq.matmul(packed, np.ascontiguousarray(x, np.float32), y, n_threads)
@@ -90,9 +102,10 @@ def test_dequantize_exact_random_blocks(qt):
     rng = np.random.default_rng(int(qt))
     raw = rand_blocks(rng, qt, 300, scale=3.0)
     ref = gguf.quants.dequantize(raw, qt).reshape(-1)
-    got = kq.dequantize(raw, int(qt))
+    got = dequant(raw, qt)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(dequant(raw, qt, n_threads=1), got)  # threads: same values
     # through the llmcore.quant contract (dispatches to this module)
     shape = (300 * gguf.GGML_QUANT_SIZES[qt][0] // 64, 64) if qt == QT.MXFP4 else (300, 256)
     np.testing.assert_array_equal(quant.dequantize(raw, qt, shape), ref.reshape(shape))
@@ -102,7 +115,7 @@ def test_dequantize_exact_gguf_quantized_mxfp4():
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((16, 128)) * 0.3).astype(np.float32)
     raw = gguf.quants.quantize(x, QT.MXFP4)
-    np.testing.assert_array_equal(kq.dequantize(raw, int(QT.MXFP4)).reshape(x.shape),
+    np.testing.assert_array_equal(dequant(raw, QT.MXFP4).reshape(x.shape),
                                   gguf.quants.dequantize(raw, QT.MXFP4).reshape(x.shape))
 
 
@@ -113,14 +126,14 @@ def test_dequantize_exact_special_scales():
     raw[:4, 0] = [0, 1, 254, 255]
     with np.errstate(all="ignore"):
         ref = gguf.quants.dequantize(raw, QT.MXFP4).reshape(-1)
-    np.testing.assert_array_equal(kq.dequantize(raw, int(QT.MXFP4)).view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(dequant(raw, QT.MXFP4).view(np.uint32), ref.view(np.uint32))
     raw = rand_blocks(rng, QT.Q4_K, 4)
     raw[0, 0:4] = 0
     raw[1, 0:2] = np.array([-0.5], np.float16).view(np.uint8)
     raw[2, 0:2] = np.array([1e-7], np.float16).view(np.uint8)
     raw[3, 2:4] = np.array([6e-8], np.float16).view(np.uint8)
     ref = gguf.quants.dequantize(raw, QT.Q4_K).reshape(-1)
-    np.testing.assert_array_equal(kq.dequantize(raw, int(QT.Q4_K)).view(np.uint32), ref.view(np.uint32))
+    np.testing.assert_array_equal(dequant(raw, QT.Q4_K).view(np.uint32), ref.view(np.uint32))
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K, QT.MXFP4], ids=["Q4_K", "Q6_K", "MXFP4"])
@@ -129,10 +142,14 @@ def test_get_rows(qt):
     raw = rand_weight(rng, qt, 21, 512)
     ids = np.array([20, 0, 5, 5, 13], np.int64)
     out = np.empty((len(ids), 512), np.float32)
-    kq.get_rows(raw, int(qt), ids, out)
+    kq.get_rows(raw, int(qt), ids, out, 2)
     np.testing.assert_array_equal(out, ref_dequant(raw, qt, (21, 512))[ids])
+    many = np.arange(21, dtype=np.int64)[::-1].copy()  # enough ids for the threaded loop
+    out = np.empty((len(many), 512), np.float32)
+    kq.get_rows(raw, int(qt), many, out, 2)
+    np.testing.assert_array_equal(out, ref_dequant(raw, qt, (21, 512))[many])
     with pytest.raises(IndexError):
-        kq.get_rows(raw, int(qt), np.array([21]), np.empty((1, 512), np.float32))
+        kq.get_rows(raw, int(qt), np.array([21], np.int64), np.empty((1, 512), np.float32), 1)
 
 
 def test_quantize_q8_k_matches_llama_cpp_reference():
@@ -217,8 +234,10 @@ def test_bad_inputs():
         kq.matmul_raw(w, int(QT.Q4_K), np.zeros((1, 512), np.float32))
     with pytest.raises(ValueError):
         kq.matmul_raw(w, int(QT.Q8_0), np.zeros((1, 256), np.float32))
-    with pytest.raises(ValueError):
-        kq.dequantize(w[:, :100], int(QT.Q4_K))
+    with pytest.raises(ValueError):  # rows that are not whole blocks
+        kq.dequantize(np.ascontiguousarray(w[:, :100]), int(QT.Q4_K), np.empty((4, 256), np.float32), 1)
+    with pytest.raises(ValueError):  # out of the wrong shape
+        kq.dequantize(w, int(QT.Q4_K), np.empty((4, 512), np.float32), 1)
 
 
 @pytest.mark.slow  # loading three GGUFs takes ~10 s
@@ -237,14 +256,14 @@ def test_conformance_model_tensors_dequantize_exactly(conformance):
         for t in (t for ts in picked.values() for t in ts):
             seen.add(int(t.ggml_type))
             ref = gguf.quants.dequantize(np.ascontiguousarray(t.raw()), QT(t.ggml_type)).reshape(-1)
-            np.testing.assert_array_equal(kq.dequantize(t.raw(), int(t.ggml_type)), ref, err_msg=t.name)
+            np.testing.assert_array_equal(dequant(t.raw(), QT(t.ggml_type)), ref, err_msg=t.name)
     assert {int(QT.Q4_K), int(QT.Q6_K), int(QT.MXFP4)} <= seen
 
 
 # --- repacked (16-row interleaved) layout and the grouped expert kernel ---------------
 REPACKED = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4]
 RP_IDS = [t.name for t in REPACKED]
-needs_repack = pytest.mark.skipif(kq.simd() != "avx512vnni", reason="repacked kernels need AVX-512 VNNI")
+needs_repack = pytest.mark.skipif(kq.SIMD_LEVEL != "avx512vnni", reason="repacked kernels need AVX-512 VNNI")
 
 
 @needs_repack
@@ -284,14 +303,17 @@ def test_repacked_threads_and_batch_invariant(qt):
 
 
 @needs_repack
-def test_repacked_strided_expert_slice_and_env(monkeypatch):
+def test_repacked_row_subset_and_env(monkeypatch):
     rng = np.random.default_rng(43)
     raw3 = rand_weight(rng, QT.Q6_K, 3 * 20, 512).reshape(3, 20, -1)
     x = rng.standard_normal((4, 512)).astype(np.float32)
-    np.testing.assert_array_equal(_mm(kq.pack(raw3[1, ::2], int(QT.Q6_K)), x),
+    with pytest.raises(ValueError):  # pack takes C-contiguous rows (the interface of llmcore.quant)
+        kq.pack(raw3[1, ::2], int(QT.Q6_K))
+    np.testing.assert_array_equal(_mm(kq.pack(np.ascontiguousarray(raw3[1, ::2]), int(QT.Q6_K)), x),
                                   _mm(kq.pack(raw3[1], int(QT.Q6_K)), x)[:, ::2])
     monkeypatch.setenv("LLMCORE_KQ_REPACK", "0")
     assert kq.pack(raw3[0], int(QT.Q6_K)).layout == "raw"
+    assert kq.pack(raw3[0], int(QT.Q6_K), repack=True).layout == "repacked16"
 
 
 @pytest.mark.parametrize("qt", REPACKED + [QT.Q3_K], ids=RP_IDS + ["Q3_K"])
@@ -320,4 +342,4 @@ def test_matmul_grouped_equals_per_expert(qt, repack):
         if b > a:
             np.testing.assert_array_equal(yg[a:b], el(x[a:b], e))
     with pytest.raises(ValueError):
-        kq.matmul_grouped(packs[:2], np.array([0, 1], np.int64), x[:1], np.empty((1, rows), np.float32))
+        kq.matmul_grouped(packs[:2], np.array([0, 1], np.int64), x[:1], np.empty((1, rows), np.float32), 1)

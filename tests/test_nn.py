@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from llmcore import nn, threads
+from llmcore import _kernels, nn, threads
 
-pytestmark = pytest.mark.skipif(nn._k is None, reason="llmcore._kernels.nn not built")
+pytestmark = pytest.mark.skipif(not _kernels.ENABLED,
+                                reason="LLMCORE_NO_KERNELS=1: nothing to compare the NumPy references with")
 
 QT = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
 
@@ -382,13 +383,13 @@ def test_quantized_kv_error_vs_f16():
 
 
 def test_numpy_fallback_matches_kernels(monkeypatch):
-    """Without the compiled module nn.py falls back to the _ref_* versions (same API)."""
+    """With the kernels off (LLMCORE_NO_KERNELS=1) nn.py runs the _ref_* versions (same API)."""
     case = build_case("q8_0", seq_lens=[40, 9], n_q=[40, 1], seed=20)
     want = nn.attention(case[0], case[1], case[2], "q8_0", *case[3:], 0.125, window=16)
     pool_k = nn.make_kv_pool("q4_0", 2, 8, 1, 32)
     vals = rng(21).standard_normal((5, 1, 32), dtype=np.float32)
     nn.kv_store(pool_k, "q4_0", np.array([1, 0], np.int32), np.arange(5, dtype=np.int32), vals)
-    monkeypatch.setattr(nn, "_k", None)
+    monkeypatch.setattr(_kernels, "ENABLED", False)
     got = nn.attention(case[0], case[1], case[2], "q8_0", *case[3:], 0.125, window=16)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
     pool_r = nn.make_kv_pool("q4_0", 2, 8, 1, 32)

@@ -5,10 +5,12 @@ import pytest
 import gguf
 from gguf import GGMLQuantizationType as QT
 
-from llmcore import quant
+from llmcore import _kernels, quant
 from llmcore.gguf_file import Tensor
 
 kq = pytest.importorskip("llmcore._kernels.quants")
+# quant.* with the kernels off is gguf.quants itself: nothing to compare with
+needs_kernels = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: quant.* runs gguf.quants")
 
 TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
 QUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
@@ -60,6 +62,7 @@ def nmse(a, b):
     return float(np.sum((a - b) ** 2) / max(np.sum(b**2), 1e-30))
 
 
+@needs_kernels
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("maker", [make_raw, random_blocks], ids=["quantized", "random"])
 def test_dequantize_exact(qt, maker):
@@ -71,15 +74,16 @@ def test_dequantize_exact(qt, maker):
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
+@needs_kernels
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_get_rows(qt):
     rows, cols = 40, 96
     raw = random_blocks(qt, rows, cols, seed=3)
     t = Tensor("emb", int(qt), (rows, cols), raw)
-    ids = [5, 0, 39, 5, 17]
-    got = quant.get_rows(t, ids)
-    ref = ref_dequant(raw, qt, rows, cols)[ids]
-    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    ref = ref_dequant(raw, qt, rows, cols)
+    for ids in ([5, 0, 39, 5, 17], list(range(39, -1, -3))):  # a few ids (one thread), many
+        got = quant.get_rows(t, ids)
+        np.testing.assert_array_equal(got.view(np.uint32), ref[ids].view(np.uint32))
     with pytest.raises(IndexError):
         quant.get_rows(t, [rows])
 
@@ -104,7 +108,7 @@ def test_matmul_vs_float(qt, rows, n):
     if qt in FLOAT_EXACT:
         assert nmse(y1, ref) < 1e-10
     ys = np.empty_like(y1)
-    kq.matmul(pk, x, ys, 2, True)  # portable C path, same packed layout
+    kq.matmul_portable(pk, x, ys, 2)  # portable C path, same packed layout
     assert nmse(ys, ref) < 5e-4
     assert nmse(ys, y1) < 1e-9
 
@@ -166,7 +170,7 @@ def test_numpy_fallback_matches(monkeypatch):
     t = Tensor("w", int(QT.Q5_0), (19, cols), make_raw(QT.Q5_0, 19, cols))
     x = np.random.default_rng(0).standard_normal((2, cols)).astype(np.float32)
     fast = quant.Linear(t)(x)
-    monkeypatch.setenv("LLMCORE_NO_KERNELS", "1")
+    monkeypatch.setattr(_kernels, "ENABLED", False)  # what LLMCORE_NO_KERNELS=1 sets at import
     slow = quant.Linear(t)
     assert slow._packed is None
     assert nmse(fast, slow(x)) < 5e-4
@@ -187,9 +191,16 @@ def test_real_model_embedding_and_linear(smollm2_path):
 
 
 C_HARNESS = r"""
-#include "simd_q.h"
+#include "simd_quants.h"
 #include <stdio.h>
 static uint32_t rs = 12345; static uint32_t rnd(void){ rs ^= rs<<13; rs ^= rs>>17; rs ^= rs<<5; return rs; }
+/* what quants.pyx does, on one thread */
+static void matmul(const lq_packed *P, const float *x, float *y, int64_t n, int portable){
+  int8_t *qa; float *da, *sa; const int64_t K = P->cols, nb = P->nb;
+  if (lq_act_buffers(n, K, &qa, &da, &sa)) exit(2);
+  for (int64_t i=0;i<n;i++) lq_quant_row_q8(x+i*K, K, qa+i*K, da+i*nb, sa+i*nb, P->moff);
+  for (int64_t g=0;g<P->ngroups;g++) lq_group_rows(P, g, qa, da, sa, n, lq_tile_tokens(P, portable), y, portable);
+}
 int main(void){
   int types[5] = {GT_Q4_0, GT_Q4_1, GT_Q5_0, GT_Q5_1, GT_Q8_0}; int bad = 0;
   printf("simd level %d\n", lq_simd_level());
@@ -197,11 +208,11 @@ int main(void){
     int type = types[ti]; int64_t R = 37, K = 128, n = 11; int bs = lq_block_bytes(type); int64_t bpr = K/32*bs;
     uint8_t *raw = malloc(R*bpr); for (int64_t i=0;i<R*bpr;i++) raw[i]=rnd();
     for (int64_t r=0;r<R;r++) for (int b=0;b<K/32;b++){ uint8_t*p=raw+r*bpr+b*bs; _Float16 d=(_Float16)(((int)(rnd()%2000)-1000)/20000.0f); memcpy(p,&d,2); if(type==GT_Q4_1||type==GT_Q5_1){ d=(_Float16)(((int)(rnd()%2000)-1000)/20000.0f); memcpy(p+2,&d,2);} }
-    lq_packed P; int64_t sz = lq_init_packed(&P, type, R, K, NULL); uint8_t *pk = aligned_alloc(64, (sz+63)/64*64); lq_pack(raw,bpr,type,R,K,pk,1); P.data=pk;
+    lq_packed P; int64_t sz = lq_init_packed(&P, type, R, K, NULL); uint8_t *pk = aligned_alloc(64, (sz+63)/64*64); lq_pack(raw,bpr,type,R,K,0,P.ngroups,pk); P.data=pk;
     float *x = malloc(n*K*4), *y0 = malloc(n*R*4), *y1 = malloc(n*R*4), *w = malloc(R*K*4);
     for (int64_t i=0;i<n*K;i++) x[i] = ((int)(rnd()%20000)-10000)/5000.0f;
-    lq_dequant_rows(raw,bpr,NULL,R,type,K,w,1);
-    lq_matmul(&P,x,y0,n,2,1); lq_matmul(&P,x,y1,n,2,0);
+    for (int64_t r=0;r<R;r++) lq_dequant_row(raw+r*bpr,type,K,w+r*K);
+    matmul(&P,x,y0,n,1); matmul(&P,x,y1,n,0);
     double num=0, den=0, d01=0;
     for (int t=0;t<n;t++) for (int r=0;r<R;r++){ double ref=0; for(int k=0;k<K;k++) ref+= (double)w[r*K+k]*x[t*K+k];
       num += (y1[t*R+r]-ref)*(y1[t*R+r]-ref); den += ref*ref; d01 += (y1[t*R+r]-y0[t*R+r])*(y1[t*R+r]-y0[t*R+r]); }
@@ -221,14 +232,56 @@ def test_c_fallback_paths(tmp_path, flags):
 
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void){return 0;}\n")
+    if subprocess.run(["gcc", *flags, str(probe), "-o", str(tmp_path / "probe")], capture_output=True).returncode:
+        pytest.skip(f"gcc does not take {flags}")
     src = tmp_path / "h.c"
     src.write_text(C_HARNESS)
     pyx = Path(__file__).resolve().parent.parent / "pyx"
     exe = tmp_path / "h"
-    r = subprocess.run(["gcc", "-O1", *flags, "-fopenmp", f"-I{pyx}", str(src), "-o", str(exe), "-lm"],
+    r = subprocess.run(["gcc", "-O1", *flags, f"-I{pyx}", str(src), "-o", str(exe), "-lm"],
                        capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot compile harness: {r.stderr[:200]}")
+    assert r.returncode == 0, r.stderr[:2000]
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
     assert f"simd level {1 if flags else 0}" in out.stdout
+
+
+@pytest.mark.parametrize("qt", [QT.F16, QT.Q4_1], ids=lambda t: t.name)
+def test_pack_layouts(qt):
+    raw = make_raw(qt, 20, 64)
+    pk = kq.pack(raw, int(qt))
+    assert pk.layout == ("raw" if qt == QT.F16 else "repacked16")
+    assert (pk.ggml_type, pk.rows, pk.cols) == (int(qt), 20, 64)
+    if qt == QT.F16:
+        assert kq.pack(raw, int(qt), repack=False).layout == "raw"
+    else:  # no kernel reads the quant types in the GGUF layout
+        with pytest.raises(ValueError):
+            kq.pack(raw, int(qt), repack=False)
+
+
+@needs_kernels
+def test_weight_kernel_modules_share_one_interface():
+    """quants, kquants and iquants implement the one interface of llmcore.quant (its KERNEL
+    MODULE INTERFACE): the same functions with the same parameters, disjoint SUPPORTED sets,
+    and quant.kernel_for sends each type to its module."""
+    import inspect
+
+    mods = [_kernels.load(name) for name in quant.WEIGHT_KERNELS]
+    for fn in ("pack", "matmul", "matmul_grouped", "dequantize", "get_rows"):
+        sigs = {str(inspect.signature(getattr(m, fn))) for m in mods}
+        assert len(sigs) == 1, (fn, sigs)
+    assert str(inspect.signature(kq.matmul)) == "(packed, x, y, n_threads)"
+    for m in mods:
+        assert isinstance(m.SUPPORTED, frozenset) and m.SIMD_LEVEL in ("avx512vnni", "avx2", "c")
+        assert all(hasattr(m.Packed, a) for a in ("ggml_type", "rows", "cols", "nbytes", "layout"))
+        assert all(quant.kernel_for(t) is m for t in m.SUPPORTED)
+    assert sum(len(m.SUPPORTED) for m in mods) == len(frozenset().union(*(m.SUPPORTED for m in mods)))
+    assert quant.kernel_for(QT.IQ2_XXS) is None  # no kernel: the NumPy fallback
+
+
+def test_missing_kernel_module_is_an_error_not_a_fallback():
+    with pytest.raises(_kernels.KernelsNotBuilt, match="LLMCORE_NO_KERNELS=1"):
+        _kernels.load("no_such_kernel")
+    assert issubclass(_kernels.KernelsNotBuilt, ImportError)

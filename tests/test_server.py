@@ -47,7 +47,7 @@ async def test_health_models_props(client):
     assert r.status == 200 and await r.json() == {"status": "ok"}
     r = await client.get("/v1/models")
     d = await r.json()
-    assert d["object"] == "list" and d["data"][0]["id"] == "/m/fake.gguf"
+    assert d["object"] == "list" and d["data"][0]["id"] == "fake.gguf"
     assert d["data"][0]["meta"]["n_vocab"] == FakeTokenizer.vocab_size
     r = await client.get("/models")
     assert r.status == 200

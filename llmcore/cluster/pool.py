@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import metrics
 from ..engine import EngineConfig, EngineStatus, ErrorEvent, FinalEvent, GenParams, Task
-from ..engine.config import check_prompt, check_stops
+from ..engine.config import check_params, check_prompt
 from ..errors import (EngineFailure, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
                       ReplicaLostError, ReplicaUnavailableError, RequestError)
 from .config import ClusterConfig
@@ -136,6 +136,13 @@ class ReplicaPool:
         return plan
 
     @property
+    def default_n_predict(self) -> int:
+        """As an engine's: -n, else a slot's share of one replica's context."""
+        if self.cfg.n_predict > 0:
+            return self.cfg.n_predict
+        return max(1, (self.facts.n_ctx if self.facts else 0) // self.n_slots_per_replica)
+
+    @property
     def n_slots_per_replica(self) -> int:
         return self.facts.n_slots if self.facts else max(1, self.replica_cfg.n_parallel)
 
@@ -179,7 +186,7 @@ class ReplicaPool:
         try:
             from ..loader import load_gguf_text
 
-            text = load_gguf_text(self.model_path)
+            text = load_gguf_text(self.model_path, **self.replica_cfg.template_options())
             self.tokenizer, self.chat_template = text.tokenizer, text.chat_template
             self.info.update({k: v for k, v in text.info.items() if v is not None})
             ray, serve = import_ray()
@@ -325,15 +332,14 @@ class ReplicaPool:
         if params.id_slot is not None and params.id_slot >= 0:
             raise RequestError("id_slot is not supported with replicas: each replica has its own "
                                "slots and the router picks the replica holding the prompt's prefix")
-        params.sampling.validate()
-        check_stops(params.stop)
+        check_params(params)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise LLMCoreError("ReplicaPool.submit must be called from a coroutine") from None
         pump: list[asyncio.Task] = []
         task = Task(prompt, params, loop, wake=lambda: loop.call_soon_threadsafe(_cancel, pump))
-        stream = self._stream.generate.remote(ReplicaRequest(prompt, params))
+        stream = self._stream.generate.remote(ReplicaRequest.of(prompt, params))
         p = loop.create_task(self._pump(task, stream))
         pump.append(p)
         self._pumps.add(p)

@@ -84,7 +84,7 @@ class EngineReplica:
 
     async def generate(self, request: ReplicaRequest):
         try:
-            task = self.engine.submit(request.prompt, request.params)
+            task = self.engine.submit(request.prompt, request.params_here(self.engine.tokenizer))
         except Exception as e:  # noqa: BLE001 - refused here (the front end checked most)
             yield EventBatch(self.rank, None, [ErrorEvent(portable(e))], self.engine.stats())
             return

@@ -2,6 +2,7 @@
 batches of events that answer it, and what a replica says about itself."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..engine.config import GenParams
@@ -11,10 +12,27 @@ from ..metrics import EngineStats
 @dataclass
 class ReplicaRequest:
     """One generation. The router reads `prompt` (tokenized in the front end) to find the
-    replica that holds its prefix."""
+    replica that holds its prefix. A grammar travels as its text (`params.constraint` is a
+    native matcher): the replica compiles it again for its own engine (`params_here`)."""
 
     prompt: list[int]
     params: GenParams
+    grammar: str | None = None
+
+    @classmethod
+    def of(cls, prompt: list[int], params: GenParams) -> "ReplicaRequest":
+        if params.constraint is None:
+            return cls(prompt, params)
+        return cls(prompt, dataclasses.replace(params, constraint=None), params.constraint.grammar)
+
+    def params_here(self, tokenizer) -> GenParams:
+        """The parameters with the grammar compiled against `tokenizer` (the replica's)."""
+        if self.grammar is None:
+            return self.params
+        from ..constrain.constraint import Constraint
+        from ..constrain.vocab import GrammarVocab
+
+        return dataclasses.replace(self.params, constraint=Constraint(GrammarVocab.of(tokenizer), self.grammar))
 
 
 @dataclass

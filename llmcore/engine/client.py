@@ -45,6 +45,11 @@ class EngineClient(Protocol):
         ...
 
     @property
+    def default_n_predict(self) -> int:
+        """What a request that sets no limit may generate (-n, else a slot's share)."""
+        ...
+
+    @property
     def memory_plan(self) -> dict:
         """The memory plan as plain numbers (/props "memory"), of one engine."""
         ...

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import ContextFullError, RequestError
 from ..sampling import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..constrain import Constraint
+    from .budget import ReasoningBudget
 
 log = logging.getLogger("llmcore.engine")
 
@@ -33,6 +38,10 @@ class EngineConfig:
     model_alias: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
     n_predict: int = -1  # default generation limit (-1: until EOS / context end)
+    # the chat template: the GGUF's unless a name (one of the GGUF's named templates, or
+    # "chatml") or a template's text (--chat-template-file) overrides it
+    chat_template_name: str | None = None
+    chat_template_text: str | None = None
 
     def model_options(self) -> dict:
         """What building the model needs from this config (llmcore.models.load_model)."""
@@ -40,6 +49,10 @@ class EngineConfig:
             log.warning("separate K/V cache types are not supported yet; using %s for both",
                         self.cache_type_k)
         return dict(kv_type=self.cache_type_k, swa_full=self.swa_full)
+
+    def template_options(self) -> dict:
+        """What choosing the chat template needs (llmcore.loader.load_gguf)."""
+        return dict(template_name=self.chat_template_name, template_text=self.chat_template_text)
 
     @property
     def checkpoints_on(self) -> bool:
@@ -79,6 +92,15 @@ def check_prompt(prompt: list[int], n_ctx_slot: int, n_vocab: int) -> None:
         raise RequestError(f"prompt contains an invalid token id (vocabulary size {n_vocab})")
 
 
+def check_params(params: "GenParams") -> None:
+    """RequestError unless a request's parameters are ones an engine runs (sampling values,
+    stop strings, min_tokens); the slot and the prompt are checked by who holds them."""
+    params.sampling.validate()
+    check_stops(params.stop)
+    if params.min_tokens < 0:
+        raise RequestError("'min_tokens' must be >= 0")
+
+
 @dataclass
 class GenParams:
     n_predict: int = -1  # -1: until EOS or the slot's context is full
@@ -88,6 +110,10 @@ class GenParams:
     id_slot: int = -1
     sampling: SamplingParams = field(default_factory=SamplingParams)
     checkpoint_at: int | None = None  # token position where the last user message starts
+    min_tokens: int = 0  # end-of-generation tokens are refused before this many tokens
+    constraint: "Constraint | None" = None  # the grammar the output must fit (llmcore.constrain)
+    reasoning_budget: "ReasoningBudget | None" = None  # thinking tokens allowed (engine/budget.py)
+    embedding: str | None = None  # pool the prompt's hidden states ("mean", "cls", "last"); no generation
 
 
-__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_prompt", "check_stops"]
+__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_params", "check_prompt", "check_stops"]

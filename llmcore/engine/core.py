@@ -27,21 +27,25 @@ import numpy as np
 from .. import metrics
 from ..cache.checkpoints import CheckpointBudget, plan_positions
 from ..cache.prompt_cache import PromptCache
-from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      RequestError, ShuttingDownError)
-from ..sampling import Sampler
+from ..errors import (ContextFullError, EngineFailure, LLMCoreError, ModelLoadFailedError,
+                      ModelLoadingError, RequestError, ShuttingDownError)
+from ..sampling import Sample, Sampler
 from . import memory
-from .config import EngineConfig, GenParams, check_prompt, check_stops
+from .config import EngineConfig, GenParams, check_params, check_prompt
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
 from .output import StreamOutput
 from .prefix import PrefixPolicy
 from .protocols import LanguageModel, TextTokenizer
 from .scheduler import Scheduler, StepPlan
-from .slot import Generation, Phase, Slot
+from .slot import Generation, Phase, Pooling, Slot
 from .stats import EngineCounters
 from .task import Task
 
 log = logging.getLogger("llmcore.engine")
+
+
+class GrammarStuckError(EngineFailure):
+    """A constrained generation cannot go on (no token fits its grammar)."""
 
 
 class EngineStatus(str, enum.Enum):
@@ -95,6 +99,7 @@ class Engine:
         self._threads_now = 0
         self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self._cache_numbers: dict = {}
+        self._masks = None  # constrain.MaskBatch, made when the first constrained request runs
         self._fault_hook: Callable[[str], None] | None = None
         self.t_start = time.time()
         if model is not None:
@@ -108,7 +113,7 @@ class Engine:
 
         cfg = cfg or EngineConfig()
         path = Path(path)
-        return cls(cfg, loader=lambda: load_gguf(path, **cfg.model_options()),
+        return cls(cfg, loader=lambda: load_gguf(path, **cfg.template_options(), **cfg.model_options()),
                    info={"path": str(path), "name": path.stem})
 
     def _setup(self) -> None:
@@ -161,7 +166,19 @@ class Engine:
     # ---- facts -----------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        return self.cfg.model_alias or self.info.get("path") or self.info.get("name") or "model"
+        """The model's id on every route: the alias (-a), else the file name (never a path)."""
+        if self.cfg.model_alias:
+            return self.cfg.model_alias
+        path = self.info.get("path")
+        return Path(path).name if path else (self.info.get("name") or "model")
+
+    @property
+    def default_n_predict(self) -> int:
+        """What a request that sets no limit may generate: -n, else a slot's share of the
+        context (n_ctx / slots), so one client that sends no max_tokens cannot take it all."""
+        if self.cfg.n_predict > 0:
+            return self.cfg.n_predict
+        return max(1, self.n_ctx // max(1, len(self.slots) or self.cfg.n_parallel))
 
     @property
     def memory_plan(self) -> dict:
@@ -200,6 +217,9 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._masks is not None:
+            self._masks.close()
+            self._masks = None
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
@@ -224,8 +244,7 @@ class Engine:
         self.check_prompt(prompt)
         if params.id_slot is not None and params.id_slot >= len(self.slots):
             raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
-        params.sampling.validate()
-        check_stops(params.stop)
+        check_params(params)
         if loop is None and not sync:
             try:
                 loop = asyncio.get_running_loop()
@@ -371,11 +390,16 @@ class Engine:
     def _new_generation(self, task: Task, state, n_keep: int) -> Generation:
         p = task.params
         dec = self.tokenizer.stream_decoder()
+        if p.constraint is not None:
+            p.constraint.reset()  # a request that waited for memory starts over
+        if p.reasoning_budget is not None:
+            p.reasoning_budget.reset()
         return Generation(
             task=task, pending=np.asarray(task.prompt[n_keep:], dtype=np.int32),
             n_prompt=len(task.prompt), n_cached=n_keep,
             sampler=Sampler(p.sampling, self.model.n_vocab), output=StreamOutput(dec, p.stop),
-            history=list(task.prompt))
+            history=list(task.prompt), constraint=p.constraint,
+            pooled=Pooling(p.embedding) if p.embedding else None)
 
     def _start(self, task: Task, slot: Slot) -> None:
         t0 = time.perf_counter()
@@ -398,15 +422,34 @@ class Engine:
     # ---- one step --------------------------------------------------------------------
     def _step(self, plan: StepPlan) -> None:
         n_threads = self._set_threads(prefill=not plan.decode_only, n_tokens=len(plan))
+        masks = self._start_masks(plan)  # computed on a helper thread while the model runs
+        try:
+            self._run_step(plan, n_threads, masks)
+        finally:
+            for pending, _ in (masks or {}).values():
+                pending.settle()  # no matcher is still in use when the next step starts
+
+    def _run_step(self, plan: StepPlan, n_threads: int, masks: dict | None) -> None:
+        # embedding requests want every token's hidden state, the others logits: the
+        # embeddings of the step go through a second forward, batched together
+        emb = StepPlan([it for it in plan.items if it.slot.gen.pooled is not None])
+        if emb.items:
+            plan = StepPlan([it for it in plan.items if it.slot.gen.pooled is None])
         t0 = time.perf_counter()
-        logits = self._forward(plan)
-        if logits is None:
+        logits = self._forward(plan) if plan.items else None
+        hidden = self._forward(emb, output="hidden") if emb.items else None
+        if logits is None and hidden is None:
             return
-        if plan.decode_only and self._adaptive is not None:
+        if plan.items and plan.decode_only and not emb.items and self._adaptive is not None:
             self._adaptive.record(len(plan), n_threads, time.perf_counter() - t0)
         self.c.n_decode_total += 1
-        self.c.n_busy_slots_total += len(plan)
+        self.c.n_busy_slots_total += len(plan) + len(emb)
         t1 = time.perf_counter()
+        if hidden is not None:
+            self._pool_embeddings(emb, hidden, t1)
+        if logits is None:
+            self._refresh_cache_numbers()
+            return
         for i, it in enumerate(plan.items):
             s, g = it.slot, it.slot.gen
             if g is None:
@@ -424,19 +467,58 @@ class Engine:
                     if g.task.params.n_predict == 0:
                         self._finish(s, StopReason.LIMIT)
                         continue
-                self._sample(s, logits[i])
+                self._sample(s, logits[i], masks.get(s.id) if masks else None)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, drop_state=False)
         self._refresh_cache_numbers()
 
-    def _forward(self, plan: StepPlan):
+    def _pool_embeddings(self, emb: StepPlan, hidden: np.ndarray, t1: float) -> None:
+        """Pool each embedding request's rows of the step; a request whose prompt is all
+        in ends with its vector."""
+        off = 0
+        for it in emb.items:
+            s, g = it.slot, it.slot.gen
+            rows, off = hidden[off:off + it.n], off + it.n
+            if g is None:
+                continue
+            try:
+                g.pooled.add(rows)
+                g.i_pending += it.n
+                if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
+                    self.prefix.take_checkpoint(s, g.ckpt_plan.popleft()[1], self.slots)
+                if g.prefill_left == 0:
+                    g.t_prompt_done = t1
+                    self._finish(s, StopReason.EOS, embedding=g.pooled.vector())
+            except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
+                log.exception("pooling failed on slot %d", s.id)
+                self._fail(s, e, drop_state=False)
+
+    def _start_masks(self, plan: StepPlan) -> dict | None:
+        """Start the token masks of the constrained slots that sample after this step
+        (slot id -> (PendingMasks, row)); None when there are none."""
+        sampling = [it.slot for it in plan.items
+                    if it.slot.gen is not None and it.slot.gen.constraint is not None
+                    and (it.decode or it.slot.gen.prefill_left == it.n)]
+        if not sampling:
+            return None
+        if self._masks is None:
+            from ..constrain import MaskBatch
+
+            self._masks = MaskBatch()
+        pending = self._masks.start([s.gen.constraint for s in sampling])
+        return {s.id: (pending, i) for i, s in enumerate(sampling)}
+
+    def _forward(self, plan: StepPlan, output: str = "logits"):
         """model.forward with KV-pressure handling: on a full pool free cached states, then
         let prefilling slots wait (dropped from this step), then fail the youngest request
-        with ContextFullError. Shrinks the plan in place; None: nothing ran."""
+        with ContextFullError. Shrinks the plan in place; None: nothing ran. `output`:
+        "logits", or "hidden" (every token's hidden state, for embeddings)."""
         while plan.items:
             try:
-                return self.model.forward(plan.batch)
+                if output == "logits":
+                    return self.model.forward(plan.batch)
+                return self.model.forward(plan.batch, output=output)
             except ContextFullError as e:
                 if memory.make_room(plan.batch, self._evict_cached, self._drop_idle_state):
                     continue
@@ -505,20 +587,40 @@ class Engine:
         return n
 
     # ---- after the forward: sampling and the end of a generation ---------------------
-    def _sample(self, s: Slot, row: np.ndarray) -> None:
+    def _sample(self, s: Slot, row: np.ndarray, mask=None) -> None:
         g = s.gen
         p = g.task.params
-        sample = g.sampler.sample(row, g.history)
+        c = g.constraint
+        if mask is not None:
+            pending, i = mask
+            row = pending.apply(i, row)
+            if not np.isfinite(row).any():
+                raise GrammarStuckError(f"the grammar allows no next token ({c.error or 'no way to go on'})")
+        if len(g.generated) < p.min_tokens and self.eog_ids:
+            row = self._without_eog(row)
+        budget = p.reasoning_budget
+        forced = budget.forced() if budget is not None else None
+        if forced is not None:  # the thinking budget is spent: its block is closed
+            sample = Sample(forced, float("nan"), None)
+        else:
+            sample = g.sampler.sample(row, g.history)
         tok = sample.token
+        if budget is not None:
+            budget.after(tok)
         g.generated.append(tok)
         g.history.append(tok)
         if tok in self.eog_ids and not p.ignore_eos:
             self._finish(s, StopReason.EOS)
             return
+        if c is not None and not c.consume(tok):
+            raise GrammarStuckError(f"the sampled token does not fit the grammar ({c.error})")
         text, stop = g.output.feed(tok)
         self._emit(g, [tok], text, [sample])
         if stop is not None:
             self._finish(s, StopReason.WORD, stop)
+            return
+        if c is not None and c.stopped:  # complete: only end-of-generation could follow
+            self._finish(s, StopReason.EOS)
             return
         n_gen = len(g.generated)
         if (p.n_predict > 0 and n_gen >= p.n_predict) or g.n_prompt + n_gen >= s.n_ctx:
@@ -526,11 +628,19 @@ class Engine:
             return
         g.last_token = tok
 
+    def _without_eog(self, row: np.ndarray) -> np.ndarray:
+        """min_tokens: end-of-generation refused, unless nothing else is left (a grammar
+        that is complete)."""
+        ids = [t for t in self.eog_ids if t < row.shape[0]]
+        out = row.copy()
+        out[ids] = -np.inf
+        return out if np.isfinite(out).any() else row
+
     def _emit(self, g: Generation, tokens, text: str, samples) -> None:
         want_probs = g.task.params.sampling.n_probs > 0
         g.task.put(TokenEvent(list(tokens), text, list(samples) if want_probs else []))
 
-    def _finish(self, s: Slot, why: StopReason, word: str = "") -> None:
+    def _finish(self, s: Slot, why: StopReason, word: str = "", embedding: list[float] | None = None) -> None:
         g = s.gen
         task = g.task
         now = time.perf_counter()
@@ -560,7 +670,8 @@ class Engine:
             c.requests_cancelled += 1
             task.done = True
         else:
-            final = FinalEvent(why, word, g.n_prompt, len(g.generated), tm, s.id, truncated=False)
+            final = FinalEvent(why, word, g.n_prompt, len(g.generated), tm, s.id, truncated=False,
+                               embedding=embedding)
         td = tm.to_dict()
         log.info("slot %d task %d %s: prompt %d tok (%d cached from %s) %.1f tok/s, generated %d "
                  "tok %.1f tok/s", s.id, task.id, why, g.n_prompt, g.n_cached, tm.cache_source,

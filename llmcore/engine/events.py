@@ -75,6 +75,7 @@ class FinalEvent:
     timings: Timings
     slot_id: int
     truncated: bool = False
+    embedding: list[float] | None = None  # an embedding request's pooled hidden states
 
     @property
     def finish_reason(self) -> str:

@@ -27,17 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import quant
+from .. import _kernels, quant
 from ..errors import ModelLoadError
 from ..gguf_file import Tensor
 from ..threads import get_num_threads
 from .batch import ForwardBatch
 from .layers import FusedLinear, matmul_into, scratch
 
-try:
-    from .._kernels import deltanet as _dn
-except ImportError:  # pragma: no cover - depends on the build
-    _dn = None
+# no NumPy runtime path for this layer (the NumPy version is the tests' reference): with
+# LLMCORE_NO_KERNELS=1 these models do not load
+_dn = _kernels.load("deltanet") if _kernels.ENABLED else None
 
 # below this many state values touched per call (tokens x n_v x D x D) the kernel runs on
 # one thread: a parallel region's wake-up costs more than the work
@@ -46,8 +45,8 @@ _MIN_PARALLEL_WORK = 1 << 17
 
 def require_kernel() -> None:
     if _dn is None:
-        raise ModelLoadError("gated DeltaNet layers need the compiled kernels (llmcore._kernels.deltanet): "
-                             "run `python setup.py build_ext --inplace`")
+        raise ModelLoadError("gated DeltaNet layers need the compiled kernels (LLMCORE_NO_KERNELS=1 "
+                             "turns them off)")
 
 
 @dataclass

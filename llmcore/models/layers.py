@@ -5,25 +5,22 @@ Every block takes float32 activations (n_tokens, dim) and a :class:`ForwardBatch
 """
 from __future__ import annotations
 
-import inspect
 import math
 import threading
 from typing import Sequence
 
 import numpy as np
 
-from .. import nn, quant
+from .. import _kernels, nn, quant
 from ..threads import get_num_threads
 from ..gguf_file import Tensor
 from .batch import ForwardBatch
 
-try:
-    _BATCHED_KV_STORE = "seg_start" in inspect.signature(nn.kv_store).parameters
-except (TypeError, ValueError):  # pragma: no cover
-    _BATCHED_KV_STORE = False
-
-_K = nn._k  # the nn kernel module, or None (NumPy fallback)
-_FUSED_QKV = _K is not None and hasattr(_K, "qkv_post")
+# The fast paths call the kernels directly (no wrapper checks); with LLMCORE_NO_KERNELS=1
+# the layers run the llmcore.nn ops (NumPy references) instead.
+if _kernels.ENABLED:
+    _norms, _activations, _attention = (_kernels.load(m) for m in ("norms", "activations", "attention"))
+_FUSED_QKV = _kernels.ENABLED
 
 # Decode and batched decode (a few rows per step) reuse per-thread scratch activations
 # instead of allocating them at every layer; larger batches (prefill) allocate as before,
@@ -62,11 +59,11 @@ def rms_norm_into(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.
                   add: np.ndarray | None = None) -> np.ndarray:
     """out = rms_norm(x (+= add)) * weight for float32 (n, d) arrays with contiguous rows
     (x updated in place when `add` is given): one kernel call, no wrapper checks."""
-    if _K is None:
+    if not _kernels.ENABLED:
         if add is not None:
             x += add
         return nn.rms_norm(x, weight, eps, out=out)
-    _K.rms_norm(x, weight, eps, out, add, get_num_threads())
+    _norms.rms_norm(x, weight, eps, out, add, get_num_threads())
     return out
 
 
@@ -217,17 +214,17 @@ class Attention:
         _, _, kb, vb, code, bs, krow, vrow = self._pool_views(pool)
         tables = fb.tables_for(self.group)
         nt = get_num_threads()
-        bad = _K.qkv_post(qkv, q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start,
-                          fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale,
-                          None if self.q_norm is None else self.q_norm.weight,
-                          None if self.k_norm is None else self.k_norm.weight,
-                          self.q_norm.eps if self.q_norm is not None else
-                          (self.k_norm.eps if self.k_norm is not None else 0.0), nt)
+        bad = _attention.qkv_post(qkv, q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start,
+                                   fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale,
+                                   None if self.q_norm is None else self.q_norm.weight,
+                                   None if self.k_norm is None else self.k_norm.weight,
+                                   self.q_norm.eps if self.q_norm is not None else
+                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt)
         if bad:
             raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
         o = scratch("attn.o", n, H * Dv)
-        _K.attention(q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start, fb.positions,
-                     self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt)
+        _attention.attention(q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start, fb.positions,
+                              self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt)
         return o
 
     def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -242,20 +239,9 @@ class Attention:
         g = self.group
         pos = fb.positions
         ss = fb.seg_start
-        if _BATCHED_KV_STORE or fb.n_seqs == 1:
-            tables = fb.tables_for(g)
-            if _BATCHED_KV_STORE:
-                nn.kv_store(kp, kv_type, tables, pos, k, seg_start=ss)
-                nn.kv_store(vp, kv_type, tables, pos, v, seg_start=ss)
-            else:
-                nn.kv_store(kp, kv_type, tables[0], pos, k)
-                nn.kv_store(vp, kv_type, tables[0], pos, v)
-        else:
-            for i, s in enumerate(fb.seqs):
-                r0, r1 = int(ss[i]), int(ss[i + 1])
-                table = s.caches[g].block_table
-                nn.kv_store(kp, kv_type, table, pos[r0:r1], k[r0:r1])
-                nn.kv_store(vp, kv_type, table, pos[r0:r1], v[r0:r1])
+        tables = fb.tables_for(g)
+        nn.kv_store(kp, kv_type, tables, pos, k, seg_start=ss)
+        nn.kv_store(vp, kv_type, tables, pos, v, seg_start=ss)
         o = nn.attention(q, kp, vp, kv_type, fb.tables_for(g), ss, pos, self.scale,
                          window=self.window, softcap=self.softcap, sinks=self.sinks)
         return self.wo(o.reshape(x.shape[0], self.n_head * self.head_dim_v), out=out)
@@ -270,7 +256,7 @@ class GatedFFN:
         self.act = nn.silu_mul if act == "silu" else nn.gelu_mul
         self.act_kind = 0 if act == "silu" else 1
         f = self.gate_up.fused
-        self._fast = (_K is not None and hasattr(_K, "act_rows") and f is not None
+        self._fast = (_kernels.ENABLED and f is not None
                       and len(self.gate_up.sizes) == 2 and self.gate_up.sizes[0] == self.gate_up.sizes[1])
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -279,7 +265,7 @@ class GatedFFN:
             n, F = x.shape[0], self.gate_up.sizes[0]
             gu = matmul_into(self.gate_up.fused, x, scratch("ffn.gu", n, 2 * F))
             a = scratch("ffn.act", n, F)
-            _K.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
+            _activations.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
             y = out if out is not None else np.empty((n, self.down.out_features), dtype=np.float32)
             return matmul_into(self.down, a, y)
         g, u = self.gate_up(x)

@@ -40,7 +40,7 @@ from .base import Model, ModelArgs, require_tensors
 from .blocks import PreNormBlock
 from .deltanet import DeltaNetWeights, GatedDeltaNet, require_kernel
 from .gated_attention import GatedAttention, split_query_gate
-from .layers import _K, Embedding, GatedFFN, tensor_rows
+from .layers import Embedding, GatedFFN, tensor_rows
 from .moe import MoE, MoEStats
 
 
@@ -74,9 +74,7 @@ def split_fused_experts(t: Tensor) -> tuple[Tensor, Tensor]:
 class Qwen35(Model):
     def __init__(self, g: GGUFFile, args: ModelArgs | None = None, **options):
         super().__init__(g, args, **options)
-        require_kernel()
-        if _K is None:
-            raise ModelLoadError(f"{g.arch} needs the compiled attention kernels (llmcore._kernels.nn)")
+        require_kernel()  # the DeltaNet kernel (and with it the attention kernels)
         a = self.args
         n_nextn = int(g.arch_key("nextn_predict_layers", 0) or 0)
         if not 0 <= n_nextn < a.n_layer:

@@ -17,7 +17,8 @@ from .access_log import access_log_middleware
 from .config import ServerConfig
 from .connections import ConnectionGuard, connection_middleware, start_server
 from .errors import error_middleware
-from .keys import CONFIG, CONNECTIONS, ENGINE, STREAMS, WORKERS
+from .keys import CONFIG, CONNECTIONS, ENGINE, RESPONSES, STREAMS, WORKERS
+from .response_store import ResponseStore
 from .routes import setup_routes
 
 log = logging.getLogger("llmcore.server")
@@ -56,6 +57,7 @@ def create_app(engine: EngineClient, cfg: ServerConfig | None = None) -> web.App
     app[STREAMS] = weakref.WeakSet()
     app[WORKERS] = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="llmcore-request")
     app[CONNECTIONS] = ConnectionGuard(cfg)
+    app[RESPONSES] = ResponseStore()
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(_workers_ctx)
     app.on_shutdown.append(_close_streams)

@@ -22,4 +22,8 @@ class ServerConfig:
     max_conns_per_client: int = 256  # concurrent connections per client address (0: no cap)
     template_timeout_s: float = 5.0  # one chat template render
     workers: int = 4  # threads for request work off the event loop (offload.py)
-    api_key: str | None = None  # no flag sets it yet; access.py checks it first once one does
+    # keys a request must bring (Authorization: Bearer KEY or x-api-key: KEY) on every route
+    # but /health; none: no key asked (access.py)
+    api_keys: tuple[str, ...] = ()
+    reasoning_format: str = "deepseek"  # "deepseek": a think block -> reasoning_content; "none": left in the text
+    reasoning_budget: int = -1  # thinking tokens a request may spend (-1: no limit, 0: thinking off)

@@ -17,6 +17,7 @@ STREAMS = web.AppKey("streams", weakref.WeakSet)  # open SSE responses, closed o
 FINAL_EVENT = web.RequestKey("final_event", FinalEvent) if hasattr(web, "RequestKey") else "final_event"
 WORKERS = web.AppKey("workers", ThreadPoolExecutor)  # request work off the event loop (offload.py)
 CONNECTIONS = web.AppKey("connections", object)  # connections.ConnectionGuard
+RESPONSES = web.AppKey("responses", object)  # response_store.ResponseStore (previous_response_id)
 
 
 def ready_engine(request: web.Request) -> EngineClient:

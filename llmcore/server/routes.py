@@ -18,6 +18,13 @@ def setup_routes(app: web.Application) -> None:
     r.add_post("/completion", native.completion)
     for path in ("/v1/models", "/models"):
         r.add_get(path, openai.models)
+        r.add_get(path + "/{model_id:.+}", openai.model)
+    r.add_post("/apply-template", native.apply_template)
+    r.add_post("/infill", native.infill)
+    for path in ("/embedding", "/embeddings"):
+        r.add_post(path, native.embedding)
+    for path in ("/v1/embeddings",):
+        r.add_post(path, openai.embeddings)
     for path in ("/v1/completions", "/completions"):
         r.add_post(path, openai.completions)
     for path in ("/v1/chat/completions", "/chat/completions"):

@@ -9,12 +9,15 @@ from ...errors import RequestError
 from ...metrics import slots_json, to_prometheus
 from ..encoders.native import NativeEncoder, generation_settings
 from ..errors import TooLargeError, error_response
-from ..keys import ENGINE, ready_engine
+from ..keys import CONFIG, ENGINE, ready_engine
 from ..offload import SMALL, json_answer, maybe_in_worker
-from ..prompt import fewest_tokens, text_prompt
+from ..embeddings import embed_all
+from ..prompt import chat_prompt, fewest_tokens, fim_tokens, infill_prompt, text_prompt
 from ..requests.body import accepts
+from ..requests.embeddings import EMBEDDING, inputs_of
 from ..requests.fields import gen_params, get_bool
-from ..requests.text import COMPLETION, DETOKENIZE, TOKENIZE
+from ..requests.chat import APPLY_TEMPLATE
+from ..requests.text import COMPLETION, DETOKENIZE, INFILL, TOKENIZE
 from ..stream import respond
 
 
@@ -31,7 +34,14 @@ async def props(request: web.Request) -> web.Response:
         "model_path": eng.info.get("path", ""),
         "model_alias": eng.model_name,
         "n_ctx": eng.n_ctx_slot,
+        "max_model_len": eng.n_ctx_slot,
+        "n_ctx_total": eng.n_ctx,
         "chat_template": eng.info.get("chat_template") or "",
+        "chat_template_origin": eng.info.get("chat_template_origin", "gguf"),
+        "warnings": [w for w in (eng.info.get("template_warning"),) if w],
+        "reasoning_format": request.app[CONFIG].reasoning_format,
+        "api_key_required": bool(request.app[CONFIG].api_keys),
+        "infill": fim_tokens(eng.tokenizer) is not None,
         "modalities": {"vision": False, "audio": False},
         "build_info": f"llmcore {__version__}",
         "is_sleeping": False,
@@ -119,9 +129,41 @@ async def detokenize(request: web.Request, body: dict) -> web.Response:
 async def completion(request: web.Request, body: dict) -> web.StreamResponse:
     """POST /completion (llama-server native shape)."""
     eng = ready_engine(request)
-    prompt = await text_prompt(request, eng, body["prompt"])
-    params = gen_params(body, eng)
+    prompt = await text_prompt(request, eng, body)
+    params = gen_params(body, eng, prompt=prompt)
     stream = get_bool(body, "stream", False)
     return_tokens = get_bool(body, "return_tokens", False)
     task = eng.submit(prompt.tokens, params)  # validates (400) before any byte is sent
     return await respond(request, task, NativeEncoder(eng, prompt, params, task, return_tokens), stream)
+
+
+@accepts(APPLY_TEMPLATE)
+async def apply_template(request: web.Request, body: dict) -> web.Response:
+    """POST /apply-template: the prompt a chat request would be given, without generating."""
+    eng = ready_engine(request)
+    prompt = await chat_prompt(request, eng, body, checkpoint=False)
+    return web.json_response({"prompt": prompt.text})
+
+
+@accepts(INFILL)
+async def infill(request: web.Request, body: dict) -> web.StreamResponse:
+    """POST /infill (llama-server's fill-in-the-middle): input_prefix, input_suffix,
+    input_extra files, prompt; answered like /completion."""
+    eng = ready_engine(request)
+    prompt = await infill_prompt(request, eng, body)
+    params = gen_params(body, eng, prompt=prompt)
+    stream = get_bool(body, "stream", False)
+    return_tokens = get_bool(body, "return_tokens", False)
+    task = eng.submit(prompt.tokens, params)
+    return await respond(request, task, NativeEncoder(eng, prompt, params, task, return_tokens), stream)
+
+
+@accepts(EMBEDDING)
+async def embedding(request: web.Request, body: dict) -> web.Response:
+    """POST /embedding (llama-server): [{"index": i, "embedding": [[...]]}] per input."""
+    eng = ready_engine(request)
+    value = body.get("content") if body.get("content") is not None else body.get("input")
+    if value is None:
+        raise RequestError("'content' is required")
+    vectors, _ = await embed_all(request, eng, inputs_of(value), normalize=body.get("embd_normalize", 2) != -1)
+    return web.json_response([{"index": i, "embedding": [v]} for i, v in enumerate(vectors)])

@@ -118,11 +118,11 @@ def sampling_params(body: dict, engine: Engine, oai: bool = False) -> SamplingPa
     return sp.validate()
 
 
-def gen_params(body: dict, engine: Engine, oai: bool = False,
-               checkpoint_at: int | None = None) -> GenParams:
+def gen_params(body: dict, engine: Engine, oai: bool = False, prompt=None) -> GenParams:
     """`oai`: OpenAI field names first (max_completion_tokens, max_tokens), `n` and
-    `logprobs` read; otherwise llama-server's (n_predict). `checkpoint_at` comes from the
-    prompt builder."""
+    `logprobs` read; otherwise llama-server's (n_predict). From the prompt builder's
+    `prompt` (server/prompt.py Prompt): the checkpoint position, the output constraint
+    and the thinking budget."""
     if oai:
         n = get_int(body, "n", 1)
         if n != 1:
@@ -138,6 +138,8 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
             n_predict = get_int(body, "max_tokens", engine.cfg.n_predict)
     if n_predict < -1:
         raise RequestError("'n_predict'/'max_tokens' must be >= -1")
+    if n_predict < 0:  # no limit asked: a slot's share of the context (Engine.default_n_predict)
+        n_predict = engine.default_n_predict
     return GenParams(
         n_predict=n_predict,
         stop=get_stop(body),
@@ -145,7 +147,10 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
         cache_prompt=get_bool(body, "cache_prompt", True),
         id_slot=get_int(body, "id_slot", -1),
         sampling=sampling_params(body, engine, oai),
-        checkpoint_at=checkpoint_at,
+        checkpoint_at=getattr(prompt, "checkpoint_at", None),
+        min_tokens=get_int(body, "min_tokens", 0),
+        constraint=getattr(prompt, "constraint", None),
+        reasoning_budget=getattr(prompt, "reasoning_budget", None),
     )
 
 
@@ -174,4 +179,5 @@ GENERATION_FIELDS: dict[str, Spec] = {
     "n": Int(), "logprobs": AnyOf((Bool(), Int(lo=0))), "top_logprobs": Int(lo=0),
     "stop": STOP, "ignore_eos": Bool(), "cache_prompt": Bool(), "id_slot": Int(lo=-1),
     "stream": Bool(), "stream_options": Obj({"include_usage": Bool()}), "model": Str(),
+    "min_tokens": Int(lo=0),
 }

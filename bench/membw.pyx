@@ -1,5 +1,8 @@
 # cython: language_level=3
-"""Memory read bandwidth probe (the bound for memory-bound decode)."""
+"""Memory read bandwidth probe (the bound for memory-bound decode), for bench/speed.py.
+
+Built on first use by pyximport (settings in membw.pyxbld); not part of the package.
+"""
 from cython.parallel cimport prange
 from libc.stdint cimport uint64_t
 cimport cython

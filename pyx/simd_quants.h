@@ -24,27 +24,16 @@
  * for the offset formats it is the exact integer moff * sum(q), added to the integer dot
  * before scaling, so a block contributes d_w * d_a * sumi exactly as ggml's vec_dot does.
  *
- * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else portable C (same layout).
+ * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else AVX2, else portable C (same
+ * layout). The work items (a row group, a token tile) are single-threaded; pyx/quants.pyx
+ * shares them out over OpenMP threads.
  */
-#ifndef LLMCORE_SIMD_Q_H
-#define LLMCORE_SIMD_Q_H
+#ifndef LLMCORE_SIMD_QUANTS_H
+#define LLMCORE_SIMD_QUANTS_H
 
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "simd.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define LQ_VNNI 1
-#else
-#define LQ_VNNI 0
-#endif
+#define LQ_VNNI SIMD_AVX512_VNNI
 
 #define LQ_G 16
 #define LQ_QK 32
@@ -64,48 +53,7 @@ typedef struct {
     const uint8_t *data;
 } lq_packed;
 
-static inline int lq_have_vnni(void) { return LQ_VNNI; }
 static inline int lq_simd_level(void);
-
-/* ---------------------------------------------------------------- scalar conversions */
-static inline float lq_h2f(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, r;
-    if (e == 0) {
-        if (m == 0) r = s;
-        else {
-            e = 113;
-            while (!(m & 0x400)) { m <<= 1; e--; }
-            r = s | (e << 23) | ((m & 0x3ff) << 13);
-        }
-    } else if (e == 31) r = s | 0x7f800000u | (m << 13);
-    else r = s | ((e + 112) << 23) | (m << 13);
-    float f; memcpy(&f, &r, 4); return f;
-#endif
-}
-static inline float lq_bf2f(uint16_t h) { uint32_t r = (uint32_t)h << 16; float f; memcpy(&f, &r, 4); return f; }
-/* f32 -> f16 -> f32, round to nearest even (ggml's GGML_FP32_TO_FP16 on F16C machines). */
-static inline float lq_f16r(float f) {
-#if defined(__F16C__)
-    return _cvtsh_ss(_cvtss_sh(f, 0));
-#else
-    const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
-    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
-    uint32_t w; memcpy(&w, &f, 4);
-    const uint32_t shl1_w = w + w, sign = w & 0x80000000u;
-    uint32_t bias = shl1_w & 0xff000000u;
-    if (bias < 0x71000000u) bias = 0x71000000u;
-    uint32_t bb = (bias >> 1) + 0x07800000u; float bf; memcpy(&bf, &bb, 4);
-    base = bf + base;
-    uint32_t bits; memcpy(&bits, &base, 4);
-    const uint32_t exp_bits = (bits >> 13) & 0x00007c00u, mantissa_bits = bits & 0x00000fffu;
-    return lq_h2f((uint16_t)((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : exp_bits + mantissa_bits)));
-#endif
-}
-static inline uint16_t lq_rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static inline uint32_t lq_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
 /* ---------------------------------------------------------------- type table */
 static inline int lq_block_bytes(int type) {
@@ -127,13 +75,14 @@ static inline int lq_fmt_for_type(int type) {
 /* Fill the descriptor; data may be NULL (to compute sizes). Returns the packed byte size. */
 static inline int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data) {
     p->type = type; p->fmt = lq_fmt_for_type(type); p->rows = rows; p->cols = cols; p->data = data;
+    p->qbytes = p->blk_bytes = 0;
     p->has_m = (type == GT_Q4_1 || type == GT_Q5_1);
     p->moff = type == GT_Q4_0 ? -8.f : type == GT_Q5_0 ? -16.f : type == GT_Q8_0 ? -128.f : 1.f;
     p->nb = cols / LQ_QK;
     p->ngroups = (rows + LQ_G - 1) / LQ_G;
     switch (p->fmt) {
-    case LQ_FMT_F32: p->qbytes = p->blk_bytes = 0; return rows * cols * 4;
-    case LQ_FMT_F16: case LQ_FMT_BF16: p->qbytes = p->blk_bytes = 0; return rows * cols * 2;
+    case LQ_FMT_F32: return rows * cols * 4;
+    case LQ_FMT_F16: case LQ_FMT_BF16: return rows * cols * 2;
     case LQ_FMT4: p->qbytes = 256; break;
     case LQ_FMT5: p->qbytes = 320; break;
     case LQ_FMT8: p->qbytes = 512; break;
@@ -144,14 +93,15 @@ static inline int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64
 }
 
 /* ---------------------------------------------------------------- repack */
-static void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int64_t cols, uint8_t *out, int nt) {
+/* Row groups [g0, g1) of the raw GGUF rows (row r at raw + r * bpr) into out (the whole
+ * packed buffer, lq_init_packed's size). */
+static void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int64_t cols,
+                    int64_t g0, int64_t g1, uint8_t *out) {
     lq_packed P;
     lq_init_packed(&P, type, rows, cols, out);
     const int bs = lq_block_bytes(type);
-    const int64_t nb = P.nb, ng = P.ngroups, bb = P.blk_bytes, qb = P.qbytes;
-    int64_t g;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (g = 0; g < ng; g++) {
+    const int64_t nb = P.nb, bb = P.blk_bytes, qb = P.qbytes;
+    for (int64_t g = g0; g < g1; g++) {
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *o = out + (g * nb + b) * bb;
             memset(o, 0, bb);
@@ -160,18 +110,18 @@ static void lq_pack(const uint8_t *raw, int64_t bpr, int type, int64_t rows, int
                 int64_t r = g * LQ_G + i;
                 if (r >= rows) break;
                 const uint8_t *nat = raw + r * bpr + b * bs;
-                od[i] = lq_rd16(nat);
+                od[i] = simd_rd16(nat);
                 const uint8_t *qs; uint32_t qh = 0;
                 switch (type) {
                 case GT_Q4_0: qs = nat + 2; break;
-                case GT_Q4_1: om[i] = lq_rd16(nat + 2); qs = nat + 4; break;
-                case GT_Q5_0: qh = lq_rd32(nat + 2); qs = nat + 6; break;
-                case GT_Q5_1: om[i] = lq_rd16(nat + 2); qh = lq_rd32(nat + 4); qs = nat + 8; break;
+                case GT_Q4_1: om[i] = simd_rd16(nat + 2); qs = nat + 4; break;
+                case GT_Q5_0: qh = simd_rd32(nat + 2); qs = nat + 6; break;
+                case GT_Q5_1: om[i] = simd_rd16(nat + 2); qh = simd_rd32(nat + 4); qs = nat + 8; break;
                 default: qs = nat + 2; break; /* Q8_0 */
                 }
                 if (P.fmt == LQ_FMT8) {
                     for (int c = 0; c < 8; c++) { /* q + 128 == q ^ 0x80 on each byte */
-                        uint32_t v = lq_rd32(qs + 4 * c) ^ 0x80808080u;
+                        uint32_t v = simd_rd32(qs + 4 * c) ^ 0x80808080u;
                         memcpy(o + 64 * c + 4 * i, &v, 4);
                     }
                 } else {
@@ -200,15 +150,15 @@ static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *ou
     int64_t j;
     switch (type) {
     case GT_F32: memcpy(out, row, cols * 4); return;
-    case GT_F16: for (j = 0; j < cols; j++) out[j] = lq_h2f(lq_rd16(row + 2 * j)); return;
-    case GT_BF16: for (j = 0; j < cols; j++) out[j] = lq_bf2f(lq_rd16(row + 2 * j)); return;
+    case GT_F16: for (j = 0; j < cols; j++) out[j] = simd_h2f(simd_rd16(row + 2 * j)); return;
+    case GT_BF16: for (j = 0; j < cols; j++) out[j] = simd_bf2f(simd_rd16(row + 2 * j)); return;
     default: break;
     }
     const int bs = lq_block_bytes(type);
     for (int64_t b = 0; b < cols / LQ_QK; b++) {
         const uint8_t *nat = row + b * bs;
         float *o = out + b * LQ_QK;
-        const float d = lq_h2f(lq_rd16(nat));
+        const float d = simd_h2f(simd_rd16(nat));
         switch (type) {
         case GT_Q4_0:
             for (int k = 0; k < 16; k++) {
@@ -217,14 +167,14 @@ static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *ou
             }
             break;
         case GT_Q4_1: {
-            const float m = lq_h2f(lq_rd16(nat + 2));
+            const float m = simd_h2f(simd_rd16(nat + 2));
             for (int k = 0; k < 16; k++) {
                 float a = d * (float)(nat[4 + k] & 15), c = d * (float)(nat[4 + k] >> 4);
                 o[k] = a + m; o[k + 16] = c + m;
             }
         } break;
         case GT_Q5_0: {
-            const uint32_t qh = lq_rd32(nat + 2);
+            const uint32_t qh = simd_rd32(nat + 2);
             for (int k = 0; k < 16; k++) {
                 int lo = (nat[6 + k] & 15) | (((qh >> k) & 1) << 4);
                 int hi = (nat[6 + k] >> 4) | (((qh >> (k + 16)) & 1) << 4);
@@ -232,8 +182,8 @@ static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *ou
             }
         } break;
         case GT_Q5_1: {
-            const float m = lq_h2f(lq_rd16(nat + 2));
-            const uint32_t qh = lq_rd32(nat + 4);
+            const float m = simd_h2f(simd_rd16(nat + 2));
+            const uint32_t qh = simd_rd32(nat + 4);
             for (int k = 0; k < 16; k++) {
                 int lo = (nat[8 + k] & 15) | (((qh >> k) & 1) << 4);
                 int hi = (nat[8 + k] >> 4) | (((qh >> (k + 16)) & 1) << 4);
@@ -248,19 +198,6 @@ static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *ou
     }
 }
 #pragma GCC pop_options
-
-/* ids == NULL: rows 0..nrows-1. Returns 0, or -1 for an unsupported type. */
-static int lq_dequant_rows(const uint8_t *raw, int64_t bpr, const int64_t *ids, int64_t nrows, int type,
-                           int64_t cols, float *out, int nt) {
-    if (lq_fmt_for_type(type) == LQ_FMT_NONE) return -1;
-    int64_t i;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nrows * cols > (1 << 16))
-    for (i = 0; i < nrows; i++) {
-        int64_t r = ids ? ids[i] : i;
-        lq_dequant_row(raw + r * bpr, type, cols, out + i * cols);
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- activation quantization */
 /* One row of K floats (K % 32 == 0) -> q int8[K], d[K/32], s[K/32] = moff * d * sum(q). */
@@ -288,8 +225,8 @@ static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *
             q[b * LQ_QK + k] = (int8_t)v; sum += v;
         }
 #endif
-        d[b] = lq_f16r(db);
-        s[b] = moff == 1.f ? lq_f16r(db * (float)sum) : moff * (float)sum;
+        d[b] = simd_f16_round(db);
+        s[b] = moff == 1.f ? simd_f16_round(db * (float)sum) : moff * (float)sum;
     }
 }
 
@@ -324,8 +261,8 @@ static inline void lq_kernel_scalar(const lq_packed *P, int64_t g, const int8_t 
                             isum += lo * a[4 * c + u] + hi * a[16 + 4 * c + u];
                         }
                 }
-                if (P->has_m) acc[i] += lq_h2f(dd[i]) * dat * (float)isum + lq_h2f(mm[i]) * sat;
-                else acc[i] += lq_h2f(dd[i]) * dat * ((float)isum + sat);
+                if (P->has_m) acc[i] += simd_h2f(dd[i]) * dat * (float)isum + simd_h2f(mm[i]) * sat;
+                else acc[i] += simd_h2f(dd[i]) * dat * ((float)isum + sat);
             }
         }
         for (int i = 0; i < nvalid; i++) y[t * ystride + i] = acc[i];
@@ -570,8 +507,8 @@ static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, con
                 for (int64_t k = 0; k < K; k++) {
                     float w;
                     if (P->fmt == LQ_FMT_F32) w = ((const float *)P->data)[r * K + k];
-                    else if (P->fmt == LQ_FMT_F16) w = lq_h2f(((const uint16_t *)P->data)[r * K + k]);
-                    else w = lq_bf2f(((const uint16_t *)P->data)[r * K + k]);
+                    else if (P->fmt == LQ_FMT_F16) w = simd_h2f(((const uint16_t *)P->data)[r * K + k]);
+                    else w = simd_bf2f(((const uint16_t *)P->data)[r * K + k]);
                     acc += w * xt[k];
                 }
                 y[(t0 + t) * R + r] = acc;
@@ -584,7 +521,7 @@ static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, con
 /* 2: AVX-512 VNNI, 1: AVX2, 0: portable C */
 static inline int lq_simd_level(void) { return LQ_VNNI ? 2 : LQ_AVX2 ? 1 : 0; }
 
-/* ---------------------------------------------------------------- matmul driver */
+/* ---------------------------------------------------------------- matmul work items */
 static __thread void *lq_scratch = NULL;
 static __thread size_t lq_scratch_cap = 0;
 
@@ -597,120 +534,47 @@ static void *lq_get_scratch(size_t bytes) {
     return lq_scratch;
 }
 
-/* y[n, rows] = x[n, cols] @ W.T. Returns 0, or -1 on allocation failure. */
-static int lq_matmul(const lq_packed *P, const float *x, float *y, int64_t n, int nt, int force_scalar) {
-    const int64_t K = P->cols, R = P->rows, nb = P->nb, ng = P->ngroups;
-    if (n <= 0 || R <= 0) return 0;
-    if (P->fmt <= LQ_FMT_BF16) {
-        int64_t chunk = 16, nch = (R + chunk - 1) / chunk, c;
-        if (nt > nch) nt = (int)nch;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (c = 0; c < nch; c++) {
-            int64_t r1 = (c + 1) * chunk < R ? (c + 1) * chunk : R;
-            lq_float_rows(P, c * chunk, r1, x, y, n);
-        }
-        return 0;
-    }
+/* Buffers of the calling thread for n rows of quantized activations: qa int8 (n, K), da and
+ * sa float (n, K / 32). Returns 0, or -1 on allocation failure. */
+static int lq_act_buffers(int64_t n, int64_t K, int8_t **qa, float **da, float **sa) {
+    const int64_t nb = K / LQ_QK;
     size_t qbytes = (size_t)(n * K), fbytes = (size_t)(n * nb) * sizeof(float);
     uint8_t *scr = (uint8_t *)lq_get_scratch(((qbytes + 63) & ~(size_t)63) + 2 * fbytes + 64);
     if (!scr) return -1;
-    int8_t *qa = (int8_t *)scr;
-    float *da = (float *)(scr + ((qbytes + 63) & ~(size_t)63));
-    float *sa = da + n * nb;
-    const int use_vnni = LQ_VNNI && !force_scalar;
-    (void)use_vnni;
-    if (nt > ng && n == 1) nt = (int)ng;
-    if (nt < 1) nt = 1;
-    /* Q8_0 keeps 8 weight vectors live: more than 4 token accumulators spill (2x slower per
-     * token at 5..8 tokens); its group of weights is re-read from L1 per 4-token tile instead */
-    const int64_t tt = LQ_VNNI && use_vnni && P->fmt == LQ_FMT8 ? 4 : LQ_TT;
-#pragma omp parallel num_threads(nt)
-    {
-        int64_t i, g;
-#pragma omp for schedule(static)
-        for (i = 0; i < n; i++) lq_quant_row_q8(x + i * K, K, qa + i * K, da + i * nb, sa + i * nb, P->moff);
-#pragma omp for schedule(static)
-        for (g = 0; g < ng; g++) {
-            const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
-            for (int64_t t0 = 0; t0 < n; t0 += tt) {
-                const int T = (int)(n - t0 < tt ? n - t0 : tt);
-                const int8_t *q = qa + t0 * K;
-                const float *dd = da + t0 * nb, *ss = sa + t0 * nb;
-                float *yo = y + t0 * R + g * LQ_G;
+    *qa = (int8_t *)scr;
+    *da = (float *)(scr + ((qbytes + 63) & ~(size_t)63));
+    *sa = *da + n * nb;
+    return 0;
+}
+
+/* Tokens per kernel call. Q8_0 keeps 8 weight vectors live: more than 4 token accumulators
+ * spill (2x slower per token at 5..8 tokens); its group of weights is re-read from L1 per
+ * 4-token tile instead. */
+static inline int64_t lq_tile_tokens(const lq_packed *P, int portable) {
+    return LQ_VNNI && !portable && P->fmt == LQ_FMT8 ? 4 : LQ_TT;
+}
+
+/* One work item of a matmul: output row group g for n tokens, tt tokens per kernel call.
+ * qa, da, sa and y point at the first token's row (y row stride: P->rows). portable: the C
+ * kernel even where SIMD ones are built (tests compare the two). */
+static void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                          int64_t n, int64_t tt, float *y, int portable) {
+    const int64_t K = P->cols, R = P->rows, nb = P->nb;
+    const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
+    (void)portable;
+    for (int64_t t0 = 0; t0 < n; t0 += tt) {
+        const int T = (int)(n - t0 < tt ? n - t0 : tt);
+        const int8_t *q = qa + t0 * K;
+        const float *dd = da + t0 * nb, *ss = sa + t0 * nb;
+        float *yo = y + t0 * R + g * LQ_G;
 #if LQ_VNNI
-                if (use_vnni) { lq_group_vnni(P, g, q, dd, ss, T, yo, R, nv); continue; }
+        if (!portable) { lq_group_vnni(P, g, q, dd, ss, T, yo, R, nv); continue; }
 #endif
 #if LQ_AVX2
-                if (!force_scalar) { lq_kernel_avx2(P, g, q, dd, ss, T, yo, R, nv); continue; }
+        if (!portable) { lq_kernel_avx2(P, g, q, dd, ss, T, yo, R, nv); continue; }
 #endif
-                lq_kernel_scalar(P, g, q, dd, ss, T, yo, R, nv);
-            }
-        }
+        lq_kernel_scalar(P, g, q, dd, ss, T, yo, R, nv);
     }
-    return 0;
 }
 
-/* Grouped expert matmul (MoE): rows offs[e]..offs[e+1] of x go through weights P[e], into the
- * same rows of y (all P[e] of one type and shape, offs[0] == 0). One parallel region: the
- * activations are quantized once, then (expert, row-group) work items are shared out, so a
- * step with many small experts costs one fork/join instead of one per expert. */
-static int lq_matmul_grouped(const lq_packed *const *P, int64_t ne, const int64_t *offs,
-                             const float *x, float *y, int nt) {
-    if (ne <= 0) return 0;
-    const lq_packed *P0 = P[0];
-    const int64_t K = P0->cols, R = P0->rows, nb = P0->nb, ng = P0->ngroups, n = offs[ne];
-    if (n <= 0 || R <= 0) return 0;
-    if (nt < 1) nt = 1;
-    if (P0->fmt <= LQ_FMT_BF16) {
-        const int64_t chunk = 16, nch = (R + chunk - 1) / chunk, nw = ne * nch;
-        int64_t w;
-        if (nt > nw) nt = (int)nw;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-        for (w = 0; w < nw; w++) {
-            const int64_t e = w / nch, c = w % nch, r0 = offs[e], m = offs[e + 1] - r0;
-            if (m <= 0) continue;
-            int64_t r1 = (c + 1) * chunk < R ? (c + 1) * chunk : R;
-            lq_float_rows(P[e], c * chunk, r1, x + r0 * K, y + r0 * R, m);
-        }
-        return 0;
-    }
-    size_t qbytes = (size_t)(n * K), fbytes = (size_t)(n * nb) * sizeof(float);
-    uint8_t *scr = (uint8_t *)lq_get_scratch(((qbytes + 63) & ~(size_t)63) + 2 * fbytes + 64);
-    if (!scr) return -1;
-    int8_t *qa = (int8_t *)scr;
-    float *da = (float *)(scr + ((qbytes + 63) & ~(size_t)63));
-    float *sa = da + n * nb;
-    const int64_t nw = ne * ng;
-    if (nt > nw) nt = (int)nw;
-    if (nt < 1) nt = 1;
-#pragma omp parallel num_threads(nt)
-    {
-        int64_t i, w;
-#pragma omp for schedule(static)
-        for (i = 0; i < n; i++) lq_quant_row_q8(x + i * K, K, qa + i * K, da + i * nb, sa + i * nb, P0->moff);
-#pragma omp for schedule(dynamic, 1)
-        for (w = 0; w < nw; w++) {
-            const int64_t e = w / ng, g = w % ng, r0 = offs[e], m = offs[e + 1] - r0;
-            if (m <= 0) continue;
-            const lq_packed *Pe = P[e];
-            const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
-            for (int64_t t0 = 0; t0 < m; t0 += LQ_TT) {
-                const int T = (int)(m - t0 < LQ_TT ? m - t0 : LQ_TT);
-                const int64_t row = r0 + t0;
-                const int8_t *q = qa + row * K;
-                const float *dd = da + row * nb, *ss = sa + row * nb;
-                float *yo = y + row * R + g * LQ_G;
-#if LQ_VNNI
-                lq_group_vnni(Pe, g, q, dd, ss, T, yo, R, nv);
-#elif LQ_AVX2
-                lq_kernel_avx2(Pe, g, q, dd, ss, T, yo, R, nv);
-#else
-                lq_kernel_scalar(Pe, g, q, dd, ss, T, yo, R, nv);
-#endif
-            }
-        }
-    }
-    return 0;
-}
-
-#endif /* LLMCORE_SIMD_Q_H */
+#endif /* LLMCORE_SIMD_QUANTS_H */

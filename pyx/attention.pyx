@@ -1,56 +1,43 @@
 # cython: freethreading_compatible=True
-"""Neural-network kernels: RMS norm, RoPE, activations, softmax, KV block storage and
-paged attention. Called through llmcore/nn.py, which owns the API contract, argument
-checking and the thread count; everything here assumes validated, typed inputs.
+"""Attention over the paged KV cache: the two kernels of an attention layer after its fused
+q/k/v projection. ``qkv_post`` normalises and rotates q and k and writes k and v into their
+cache slots; ``attention`` computes softmax(q k^T * scale) v over each sequence's blocks.
 
-KV pools are passed as bytes, shape (n_blocks, block_size * n_kv_heads * row_nbytes),
-so one kernel serves every storage type: row (token, kv head) of block b starts at
-byte ((t * n_kv_heads) + kvh) * row_nbytes of pool[b].
+Called through llmcore/nn.py (and the fused path of llmcore/models/layers.py), which own
+the API contract and the thread count. KV pools are bytes, shape (n_blocks, block_size *
+n_kv_heads * row_nbytes): row (token t of a block, kv head h) starts at byte
+(t * n_kv_heads + h) * row_nbytes of its block (formats in kv_rows.pxd). The micro-kernels
+are in simd_attention.h.
 """
 from cython.parallel cimport parallel, prange
-from libc.math cimport INFINITY, cosf, expf, powf, sinf, sqrtf, tanhf
+from libc.math cimport INFINITY, expf, powf, tanhf
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 import numpy as np
 
-cdef extern from "simd_nn.h" nogil:
-    void nn_f16_to_f32_row(const uint16_t *x, float *y, int n)
-    void nn_f32_to_f16_row(const float *x, uint16_t *y, int n)
-    void nn_quantize_q8_0(const float *x, uint8_t *y, int n)
-    void nn_quantize_q4_0(const float *x, uint8_t *y, int n)
-    void nn_dequant_q8_0(const uint8_t *x, float *y, int n)
-    void nn_dequant_q4_0(const uint8_t *x, float *y, int n)
-    double nn_exp_sub_sum(const float *x, float *y, float m, int n)
-    void nn_silu_row(const float *g, const float *u, float *y, int n)
-    void nn_gelu_row(const float *g, const float *u, float *y, int n)
-    double nn_sumsq(const float *x, int n)
-    float nn_max(const float *x, int n)
-    float nn_dot(const float *a, const float *b, int n)
-    void nn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
-                   float scale, float *s, int ldS)
-    void nn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes)
-    void nn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
-    void nn_f16_round_row(const float *x, float *y, int n)
-    float nn_max_sumexp(const float *s, int n, double *sum)
-    void nn_probs(const float *s, float *p, int n, float m, float inv, int r16)
-    int nn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                           float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes, int vd)
-    float *nn_lane_scratch(size_t nfloats)
-    int nn_have_pv_lanes(int Dv)
-    void nn_pv_lanes_f16(float *accl, int R, int NL, const float *p, int ldp, const uint16_t *v,
-                         long vstride, int n, int Dv, long pos0)
-    void nn_pv_lanes_reduce(const float *accl, int R, int NL, int Dv, float *acc, int ldacc)
-    int nn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
-                       long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes)
+from kv_rows cimport T_F16, load_row, store_row
+from norms cimport rms_row
+from rope cimport rope_apply, rope_cos_sin
+from simd cimport simd_dot, simd_f16_round_row
 
-# KV storage type codes (nn.py maps the contract's strings to these)
-cdef enum:
-    T_F32 = 0
-    T_F16 = 1
-    T_Q8_0 = 2
-    T_Q4_0 = 3
+cdef extern from "simd_attention.h" nogil:
+    void attn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
+                     float scale, float *s, int ldS)
+    void attn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes)
+    void attn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
+    float attn_max_sumexp(const float *s, int n, double *sum)
+    void attn_probs(const float *s, float *p, int n, float m, float inv, int r16)
+    int attn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
+                             float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes, int vd)
+    float *attn_lane_scratch(size_t nfloats)
+    int attn_have_pv_lanes(int Dv)
+    void attn_pv_lanes_f16(float *accl, int R, int NL, const float *p, int ldp, const uint16_t *v,
+                           long vstride, int n, int Dv, long pos0)
+    void attn_pv_lanes_reduce(const float *accl, int R, int NL, int Dv, float *acc, int ldacc)
+    int attn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
+                         long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes)
 
 # rows per attention work item (queries x heads of one kv head); K/V blocks are read once
 # per tile. Partial-sum splits along the keys keep decode of a few long sequences parallel.
@@ -58,279 +45,30 @@ cdef enum:
     TILE_ROWS = 48
     SPLIT_MIN_ITEMS = 32
     SPLIT_MIN_BLOCKS = 8
-    ACT_CHUNK = 4096
     SMALL_R = 8
     MIN_PARALLEL_KV_BYTES = 256 * 1024
     PF_BLOCKS = 2  # K/V blocks prefetched ahead of the one being read
 
-F32, F16, Q8_0, Q4_0 = T_F32, T_F16, T_Q8_0, T_Q4_0
 
-
-# ---- norms -------------------------------------------------------------------------------
-
-cdef inline void _rms_row(float *x, const float *add, const float *w, float eps,
-                          float *y, int d) noexcept nogil:
-    cdef int j
-    if add != NULL:
-        for j in range(d):
-            x[j] = x[j] + add[j]
-    cdef float mean = <float>(nn_sumsq(x, d) / d)
-    cdef float sc = 1.0 / sqrtf(mean + eps)
-    if w != NULL:
-        for j in range(d):
-            y[j] = x[j] * sc * w[j]
-    else:
-        for j in range(d):
-            y[j] = x[j] * sc
-
-
-def rms_norm(float[:, :] x,                 # IN (rows, d), last axis contiguous; with `add`, IN/OUT
-             const float[::1] weight,       # IN (d,) or None
-             float eps,
-             float[:, :] out,               # OUT (rows, d), last axis contiguous, may be x itself
-             const float[:, :] add=None,    # IN (rows, d) residual added to x first (x += add), or None
-             int n_threads=1):
-    """y = x / sqrt(mean(x^2) + eps) * weight, row by row (ggml_rms_norm + ggml_mul)."""
-    cdef Py_ssize_t n = x.shape[0], i
-    cdef int d = <int>x.shape[1]
-    if n == 0:
-        return
-    cdef const float *w = &weight[0] if weight is not None else NULL
-    cdef bint has_add = add is not None
-    cdef float *xp = &x[0, 0]
-    cdef float *op = &out[0, 0]
-    if x.strides[1] != 4 or out.strides[1] != 4 or (has_add and add.strides[1] != 4):
-        raise ValueError("rms_norm: the last axis must be contiguous")
-    cdef const float *ap = &add[0, 0] if has_add else NULL
-    cdef Py_ssize_t xs = x.strides[0] // 4, os = out.strides[0] // 4
-    cdef Py_ssize_t as_ = add.strides[0] // 4 if has_add else 0
-    if n_threads < 1 or n * d < 32768:
-        n_threads = 1
-    with nogil:
-        for i in prange(n, num_threads=n_threads, schedule='static'):
-            _rms_row(xp + i * xs, ap + i * as_ if has_add else NULL, w, eps, op + i * os, d)
-
-
-# ---- RoPE --------------------------------------------------------------------------------
-
-cdef inline void _rope_cs(float p, int n_rot, float theta_scale, float freq_scale,
-                          const float *ff, float *cs) noexcept nogil:
-    """cos/sin table of one position. Angles follow ggml_rope_cache_init: theta is
-    p * theta_scale^i built by repeated float multiplication, divided by freq_factors[i]."""
-    cdef int i
-    cdef float theta = p, t
-    for i in range(n_rot // 2):
-        t = theta / ff[i] if ff != NULL else theta
-        t = t * freq_scale
-        cs[2 * i] = cosf(t)
-        cs[2 * i + 1] = sinf(t)
-        theta = theta * theta_scale
-
-
-cdef inline void _rope_apply(float *xh, int n_rot, bint neox, const float *cs) noexcept nogil:
-    cdef int half = n_rot // 2, i
-    cdef float c, s, x0, x1
-    if neox:
-        for i in range(half):
-            c = cs[2 * i]
-            s = cs[2 * i + 1]
-            x0 = xh[i]
-            x1 = xh[i + half]
-            xh[i] = x0 * c - x1 * s
-            xh[i + half] = x0 * s + x1 * c
-    else:
-        for i in range(half):
-            c = cs[2 * i]
-            s = cs[2 * i + 1]
-            x0 = xh[2 * i]
-            x1 = xh[2 * i + 1]
-            xh[2 * i] = x0 * c - x1 * s
-            xh[2 * i + 1] = x0 * s + x1 * c
-
-
-cdef void _rope_row(float *x0p, Py_ssize_t hstride, int n_heads, float p, int n_rot, float theta_scale, float freq_scale,
-                    const float *ff, bint neox, float *cs) noexcept nogil:
-    """Rotate all heads of one token (cs: scratch for the cos/sin table)."""
-    cdef int h
-    _rope_cs(p, n_rot, theta_scale, freq_scale, ff, cs)
-    for h in range(n_heads):
-        _rope_apply(x0p + h * hstride, n_rot, neox, cs)
-
-
-def rope(float[:, :, :] x,                # IN/OUT (n, n_heads, head_dim), last axis contiguous
-         const int32_t[::1] positions,    # IN (n,)
-         int n_rot, float base, bint neox, float freq_scale,
-         const float[::1] freq_factors=None,  # IN (n_rot/2,) or None (llama3 rope_freqs)
-         int n_threads=1):
-    cdef Py_ssize_t n = x.shape[0], i
-    if n == 0 or n_rot <= 0:
-        return
-    cdef float theta_scale = powf(base, -2.0 / n_rot)
-    cdef const float *ff = &freq_factors[0] if freq_factors is not None else NULL
-    cdef float *cs = NULL
-    if x.strides[2] != 4:
-        raise ValueError("rope: the last axis must be contiguous")
-    cdef Py_ssize_t hs = x.strides[1] // 4
-    cdef int nh = <int>x.shape[1]
-    if n_threads < 1 or n * x.shape[1] * n_rot < 32768:
-        n_threads = 1
-    with nogil, parallel(num_threads=n_threads):
-        cs = <float *>malloc(n_rot * sizeof(float) + 16)
-        for i in prange(n, schedule='static'):
-            _rope_row(&x[i, 0, 0], hs, nh, <float>positions[i], n_rot, theta_scale, freq_scale, ff, neox, cs)
-        free(cs)
-
-
-# ---- activations and softmax -------------------------------------------------------------
-
-def act(int kind,                     # 0 silu, 1 gelu (tanh approximation)
-        const float[::1] g,           # IN (n,)
-        const float[::1] u,           # IN (n,) multiplier, or None
-        float[::1] out,               # OUT (n,)
-        int n_threads=1):
-    cdef Py_ssize_t n = g.shape[0], c, nc, c0, m
-    if n == 0:
-        return
-    cdef const float *gp = &g[0]
-    cdef const float *up = &u[0] if u is not None else NULL
-    cdef float *op = &out[0]
-    nc = (n + ACT_CHUNK - 1) // ACT_CHUNK
-    if n_threads < 1 or n < 65536:
-        n_threads = 1
-    with nogil:
-        for c in prange(nc, num_threads=n_threads, schedule='static'):
-            c0 = c * ACT_CHUNK
-            m = n - c0 if n - c0 < ACT_CHUNK else ACT_CHUNK
-            if kind == 0:
-                nn_silu_row(gp + c0, up + c0 if up != NULL else NULL, op + c0, <int>m)
-            else:
-                nn_gelu_row(gp + c0, up + c0 if up != NULL else NULL, op + c0, <int>m)
-
-
-def act_rows(int kind,                 # 0 silu, 1 gelu (tanh approximation)
-             const float[:, :] g,      # IN (n, d), last axis contiguous (e.g. a column slice)
-             const float[:, :] u,      # IN (n, d) multiplier, last axis contiguous, or None
-             float[:, ::1] out,        # OUT (n, d)
-             int n_threads=1):
-    """act(g) * u row by row, reading strided rows in place (no copy of fused-matmul slices)."""
-    cdef Py_ssize_t n = g.shape[0], i
-    cdef int d = <int>g.shape[1]
-    if n == 0 or d == 0:
-        return
-    if g.strides[1] != 4 or (u is not None and u.strides[1] != 4):
-        raise ValueError("act_rows: the last axis must be contiguous")
-    cdef const float *gp = &g[0, 0]
-    cdef const float *up = &u[0, 0] if u is not None else NULL
-    cdef Py_ssize_t gs = g.strides[0] // 4, us = u.strides[0] // 4 if u is not None else 0
-    cdef float *op = &out[0, 0]
-    if n_threads < 1 or n * d < 65536:
-        n_threads = 1
-    with nogil:
-        for i in prange(n, num_threads=n_threads, schedule='static'):
-            if kind == 0:
-                nn_silu_row(gp + i * gs, up + i * us if up != NULL else NULL, op + i * d, d)
-            else:
-                nn_gelu_row(gp + i * gs, up + i * us if up != NULL else NULL, op + i * d, d)
-
-
-def softmax_rows(const float[:, ::1] x,   # IN (n, d)
-                 float[:, ::1] out,       # OUT (n, d), may alias x
-                 int n_threads=1):
-    cdef Py_ssize_t n = x.shape[0], i, j
-    cdef int d = <int>x.shape[1]
-    cdef float m, s
-    if n == 0 or d == 0:
-        return
-    if n_threads < 1 or n * d < 65536:
-        n_threads = 1
-    with nogil:
-        for i in prange(n, num_threads=n_threads, schedule='static'):
-            m = nn_max(&x[i, 0], d)
-            s = <float>(1.0 / nn_exp_sub_sum(&x[i, 0], &out[i, 0], m, d))  # ggml: 1/sum in double
-            for j in range(d):
-                out[i, j] = out[i, j] * s
-
-
-# ---- KV rows -----------------------------------------------------------------------------
-
-cdef inline void _load_row(const uint8_t *src, int kv_type, float *y, int n) noexcept nogil:
-    if kv_type == T_F16:
-        nn_f16_to_f32_row(<const uint16_t *>src, y, n)
-    elif kv_type == T_Q8_0:
-        nn_dequant_q8_0(src, y, n)
-    elif kv_type == T_Q4_0:
-        nn_dequant_q4_0(src, y, n)
-    else:
-        memcpy(y, src, n * sizeof(float))
-
-
-cdef inline void _store_row(const float *x, int kv_type, uint8_t *dst, int n) noexcept nogil:
-    if kv_type == T_F16:
-        nn_f32_to_f16_row(x, <uint16_t *>dst, n)
-    elif kv_type == T_Q8_0:
-        nn_quantize_q8_0(x, dst, n)
-    elif kv_type == T_Q4_0:
-        nn_quantize_q4_0(x, dst, n)
-    else:
-        memcpy(dst, x, n * sizeof(float))
-
-
-def kv_store(uint8_t[:, ::1] pool,            # IN/OUT (n_blocks, bs * n_kv_heads * row_nbytes)
-             int kv_type, int block_size, int n_kv_heads, int row_nbytes,
-             const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
-             const int32_t[::1] seg_start,    # IN (S + 1,): rows of sequence s
-             const int32_t[::1] positions,    # IN (n,)
-             const float[:, :, ::1] values,   # IN (n, n_kv_heads, head_dim)
-             int n_threads=1):
-    """Write (quantizing) each token's rows into its block slot. Returns the number of
-    tokens whose block id was out of range or negative (nothing written for them)."""
-    cdef Py_ssize_t n = values.shape[0], i
-    cdef int D = <int>values.shape[2], h, p, blk, s, bad = 0
-    cdef int S = <int>seg_start.shape[0] - 1
-    cdef int nb_seq = <int>block_tables.shape[1], nb = <int>pool.shape[0]
-    if n == 0 or S <= 0:
-        return 0
-    if n_threads < 1 or n * n_kv_heads * D < 65536:
-        n_threads = 1
-    cdef int32_t *row_seq = <int32_t *>malloc(n * sizeof(int32_t))
-    if row_seq == NULL:
-        raise MemoryError()
-    cdef Py_ssize_t r
-    for s in range(S):
-        for r in range(max(seg_start[s], 0), min(seg_start[s + 1], n)):
-            row_seq[r] = s
-    with nogil:
-        for i in prange(n, num_threads=n_threads, schedule='static'):
-            p = positions[i]
-            s = row_seq[i]
-            blk = block_tables[s, p // block_size] if 0 <= p < nb_seq * block_size else -1
-            if blk < 0 or blk >= nb:
-                bad += 1
-                continue
-            for h in range(n_kv_heads):
-                _store_row(&values[i, h, 0], kv_type,
-                           &pool[blk, ((p % block_size) * n_kv_heads + h) * row_nbytes], D)
-    free(row_seq)
-    return bad
-
-
-def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv), last axis contiguous
-             float[:, :, ::1] q_out,             # OUT (N, H, D)
-             uint8_t[:, ::1] k_pool,             # IN/OUT (n_blocks, bs * KVH * k_row) bytes
-             uint8_t[:, ::1] v_pool,             # IN/OUT (n_blocks, bs * KVH * v_row) bytes
+def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_pool, uint8_t[:, ::1] v_pool,
              int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
-             const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
-             const int32_t[::1] seg_start,       # IN (S + 1,)
-             const int32_t[::1] positions,       # IN (N,)
+             const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] positions,
              int n_rot, float base, bint neox, float freq_scale,
-             const float[::1] q_norm,            # IN (D,) or None: per-head RMS norm of q
-             const float[::1] k_norm,            # IN (D,) or None
-             float eps,
-             int n_threads=1):
+             const float[::1] q_norm, const float[::1] k_norm, float eps, int n_threads=1):
     """After the fused q/k/v projection, in one pass per token: q (and k) per-head RMS norm,
     rope on q and k (one cos/sin table per position), q written contiguous to q_out, k and v
     stored (quantized) into their block slots. Same arithmetic as rms_norm + rope + kv_store.
-    Returns the number of tokens whose position maps to no block; then nothing is written."""
+    Returns the number of tokens whose position maps to no block; then nothing is written.
+
+    qkv : float32 (N, H*D + KVH*D + KVH*Dv), last axis contiguous: q, k, v of each token
+    q_out : float32 (N, H, D), written
+    k_pool, v_pool : uint8 (n_blocks, block_size * KVH * k_row / v_row), updated in place
+    kv_type : kv_rows.F32, F16, Q8_0 or Q4_0; k_row, v_row: bytes of one row; Dv: v head dim
+    block_tables : int32 (S, max_blocks); seg_start : int32 (S + 1,); positions : int32 (N,)
+    n_rot, base, neox, freq_scale : rope (as rope.rope, no freq factors)
+    q_norm, k_norm : float32 (D,) or None: per-head RMS norm weights (eps)
+    n_threads : OpenMP threads over tokens (small inputs run on one)
+    """
     cdef Py_ssize_t N = q_out.shape[0], i
     cdef int H = <int>q_out.shape[1], D = <int>q_out.shape[2], KVH = n_kv_heads
     cdef int S = <int>seg_start.shape[0] - 1, nb_seq = <int>block_tables.shape[1], nb = <int>k_pool.shape[0]
@@ -365,7 +103,7 @@ def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv),
     cdef const float *src
     cdef float *qo
     cdef float *tmp = NULL
-    cdef float *cs
+    cdef float *cs = NULL
     cdef Py_ssize_t qs = qkv.strides[0] // 4
     cdef const float *base_p = &qkv[0, 0]
     cdef float *qop = &q_out[0, 0, 0]
@@ -380,44 +118,26 @@ def qkv_post(const float[:, :] qkv,              # IN (N, H*D + KVH*D + KVH*Dv),
             src = base_p + i * qs
             p = positions[i]
             if n_rot > 0:
-                _rope_cs(<float>p, n_rot, theta_scale, freq_scale, NULL, cs)
+                rope_cos_sin(<float>p, n_rot, theta_scale, freq_scale, NULL, cs)
             qo = qop + i * H * D
             memcpy(qo, src, H * D * sizeof(float))
             for h in range(H):
                 if qn != NULL:
-                    _rms_row(qo + h * D, NULL, qn, eps, qo + h * D, D)
+                    rms_row(qo + h * D, NULL, qn, eps, qo + h * D, D)
                 if n_rot > 0:
-                    _rope_apply(qo + h * D, n_rot, neox, cs)
+                    rope_apply(qo + h * D, n_rot, neox, cs)
             for h in range(KVH):
                 memcpy(tmp, src + H * D + h * D, D * sizeof(float))
                 if kn != NULL:
-                    _rms_row(tmp, NULL, kn, eps, tmp, D)
+                    rms_row(tmp, NULL, kn, eps, tmp, D)
                 if n_rot > 0:
-                    _rope_apply(tmp, n_rot, neox, cs)
-                _store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
-                _store_row(src + H * D + KVH * D + h * Dv, kv_type,
-                           vp + blk[i] * vbs + ((p % block_size) * KVH + h) * v_row, Dv)
+                    rope_apply(tmp, n_rot, neox, cs)
+                store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
+                store_row(src + H * D + KVH * D + h * Dv, kv_type,
+                          vp + blk[i] * vbs + ((p % block_size) * KVH + h) * v_row, Dv)
         free(tmp)
     free(blk)
     return 0
-
-
-def kv_load(const uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_heads, int row_nbytes,
-            const int32_t[::1] block_table,  # IN (n_blocks_seq,)
-            float[:, :, ::1] out):           # OUT (n, n_kv_heads, head_dim): tokens 0..n-1
-    """Dequantize the first n tokens of a sequence (blocks with id < 0 read as zeros)."""
-    cdef Py_ssize_t n = out.shape[0], i
-    cdef int D = <int>out.shape[2], h, j, blk
-    with nogil:
-        for i in range(n):
-            blk = block_table[i // block_size]
-            for h in range(n_kv_heads):
-                if blk < 0:
-                    for j in range(D):
-                        out[i, h, j] = 0.0
-                else:
-                    _load_row(&pool[blk, ((i % block_size) * n_kv_heads + h) * row_nbytes],
-                              kv_type, &out[i, h, 0], D)
 
 
 # ---- attention ---------------------------------------------------------------------------
@@ -475,21 +195,21 @@ cdef inline void _fill_ninf(float *Sb, int R, int ldS, int j0, int j1) noexcept 
 
 cdef inline void _scores_block(const AttnArgs *a, const float *Qt, int R, int blk, int kvh, int lo, int hi,
                                float *tmp, float *Kt, float *Sb, int ldS) noexcept nogil:
-    """Scores of keys lo..hi of one block (R < SMALL_R: dots; else: Kt filled for nn_scores)."""
+    """Scores of keys lo..hi of one block (R < SMALL_R: dots; else: Kt filled for attn_scores)."""
     cdef int j, rr, c, D = a.D, bs = a.bs
     cdef const uint8_t *row
     for j in range(lo, hi + 1):
         row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
-        _load_row(row, a.kv_type, tmp, D)
+        load_row(row, a.kv_type, tmp, D)
         if R < SMALL_R:
             for rr in range(R):
-                Sb[rr * ldS + j] = nn_dot(Qt + rr * D, tmp, D) * a.scale
+                Sb[rr * ldS + j] = simd_dot(Qt + rr * D, tmp, D) * a.scale
         else:
             for c in range(D):
                 Kt[c * bs + j] = tmp[c]
 
 
-cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS) noexcept nogil:
+cdef void _item_scores(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS) noexcept nogil:
     """Scores of the item's rows for keys [kb0*bs, kb1*bs): S[rr*ldS + j - kb0*bs], -inf where
     masked. buf: per-thread scratch (Qt, Kt, tmp)."""
     cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5]
@@ -508,7 +228,7 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
         t = t0 + rr // G
         h = kvh * G + rr % G
         if a.kv_type == T_F16:
-            nn_f16_round_row(a.q + (<Py_ssize_t>t * a.H + h) * D, Qt + rr * D, D)
+            simd_f16_round_row(a.q + (<Py_ssize_t>t * a.H + h) * D, Qt + rr * D, D)
         else:
             memcpy(Qt + rr * D, a.q + (<Py_ssize_t>t * a.H + h) * D, D * sizeof(float))
     for b in range(kb0, kb1):
@@ -525,7 +245,7 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
             if nxt >= 0:
                 pf = a.k + nxt * a.k_bstride + kvh * a.k_row
                 if not fast or c < PF_BLOCKS:
-                    nn_prefetch_rows(pf, a.KVH * a.k_row, bs, a.k_row)
+                    attn_prefetch_rows(pf, a.KVH * a.k_row, bs, a.k_row)
                     pf = NULL
         lo_all = bs
         hi_all = -1
@@ -543,7 +263,7 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
         # dim reduced in _mm512_reduce_add_ps order, the order of llama.cpp's f16 K.Q matmul
         # (tinyBLAS), so scores (and the near-ties of the f16-rounded probabilities) are
         # bit-identical to llama.cpp's in prefill as in decode
-        if (a.kv_type == T_F16 and nn_scores_f16_rows(
+        if (a.kv_type == T_F16 and attn_scores_f16_rows(
                 Qt, R, <const uint16_t *>(a.k + blk * a.k_bstride + (<Py_ssize_t>lo_all * a.KVH + kvh) * a.k_row),
                 a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS,
                 pf, a.KVH * a.k_row, a.k_row, a.vd)):
@@ -551,7 +271,7 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
         else:
             _scores_block(a, Qt, R, blk, kvh, lo_all, hi_all, tmp, Kt, Sb, ldS)
             if R >= SMALL_R:
-                nn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
+                attn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
         for rr in range(R):
             _row_range(a, a.q_pos[t0 + rr // G], k0, &jlo, &jhi)
             if jhi < jlo:
@@ -564,7 +284,7 @@ cdef void _attn_scores(const AttnArgs *a, const int32_t *it, float *buf, float *
                     Sb[rr * ldS + j] = sc * tanhf(Sb[rr * ldS + j] / sc)
 
 
-cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS,
+cdef void _item_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS,
                    const float *M, const float *inv, float *acc) noexcept nogil:
     """acc[rr*Dv:...] = sum_j p[rr, j] v_j over the item's keys; p from S (overwritten)."""
     cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5]
@@ -577,11 +297,11 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
     cdef int r16 = a.kv_type == T_F16
     cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
     cdef Py_ssize_t n = (kb1 - kb0) * bs
-    # f16 V: per-lane partial sums in llama.cpp's order (see nn_pv_lanes_f16), combined at the end
+    # f16 V: per-lane partial sums in llama.cpp's order (see attn_pv_lanes_f16), combined at the end
     cdef int NL = 64 if a.vd else 16
     cdef float *accl = NULL
-    if r16 and nn_have_pv_lanes(Dv):
-        accl = nn_lane_scratch(<size_t>R * NL * Dv)
+    if r16 and attn_have_pv_lanes(Dv):
+        accl = attn_lane_scratch(<size_t>R * NL * Dv)
     for rr in range(R):
         for j in range(Dv):
             acc[rr * Dv + j] = 0.0
@@ -589,7 +309,7 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
             for j in range(n):
                 S[rr * ldS + j] = 0.0
         else:
-            nn_probs(S + rr * ldS, S + rr * ldS, <int>n, M[rr], inv[rr], r16)
+            attn_probs(S + rr * ldS, S + rr * ldS, <int>n, M[rr], inv[rr], r16)
     for b in range(kb0, kb1):
         blk = table[b]
         if blk < 0:
@@ -601,7 +321,7 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
             if nxt >= 0:
                 pf = a.v + nxt * a.v_bstride + kvh * a.v_row
                 if not fast or c < PF_BLOCKS:
-                    nn_prefetch_rows(pf, a.KVH * a.v_row, bs, a.v_row)
+                    attn_prefetch_rows(pf, a.KVH * a.v_row, bs, a.v_row)
                     pf = NULL
         Sb = S + (b - kb0) * bs
         # keys of this block with a non-zero probability in some row
@@ -621,22 +341,22 @@ cdef void _attn_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, i
         if hi < lo:
             continue
         if accl != NULL:
-            nn_pv_lanes_f16(accl, R, NL, Sb + lo, ldS,
+            attn_pv_lanes_f16(accl, R, NL, Sb + lo, ldS,
                             <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
                             a.KVH * (a.v_row // 2), hi - lo + 1, Dv, <long>b * bs + lo)
             continue
-        if (fast and nn_pv_f16_rows(
+        if (fast and attn_pv_f16_rows(
                 acc, Dv, R, Sb + lo, ldS,
                 <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
                 a.KVH * (a.v_row // 2), hi - lo + 1, Dv, pf, a.KVH * a.v_row, a.v_row)):
             continue  # decode: f16 values read in place
         for j in range(lo, hi + 1):
-            _load_row(a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row, a.kv_type,
+            load_row(a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row, a.kv_type,
                       Vb + j * Dv, Dv)
         for rr in range(R):
-            nn_pv(acc + rr * Dv, 1.0, Sb + rr * ldS + lo, Vb + lo * Dv, hi - lo + 1, Dv)
+            attn_pv(acc + rr * Dv, 1.0, Sb + rr * ldS + lo, Vb + lo * Dv, hi - lo + 1, Dv)
     if accl != NULL:
-        nn_pv_lanes_reduce(accl, R, NL, Dv, acc, Dv)
+        attn_pv_lanes_reduce(accl, R, NL, Dv, acc, Dv)
 
 
 cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, double l, float *M, float *inv) noexcept nogil:
@@ -652,7 +372,7 @@ cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, double l, flo
     inv[0] = <float>(1.0 / <double>l) if l > 0 else 0.0
 
 
-cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf, float *S) noexcept nogil:
+cdef void _run_item(const AttnArgs *a, const int32_t *it, float *buf, float *S) noexcept nogil:
     """An unsplit item, start to end: scores, softmax, P.V, written to out."""
     cdef int t0 = it[2], t1 = it[3], kvh = it[1], G = a.G, R = (t1 - t0) * G, rr, t, h
     cdef int ldS = (it[5] - it[4]) * a.bs
@@ -660,12 +380,12 @@ cdef void _attn_item(const AttnArgs *a, const int32_t *it, float *buf, float *S)
     cdef float *M = acc + a.R_max * a.Dv
     cdef float *inv = M + a.R_max
     cdef double l
-    _attn_scores(a, it, buf, S, ldS)
+    _item_scores(a, it, buf, S, ldS)
     for rr in range(R):
         h = kvh * G + rr % G
-        M[rr] = nn_max_sumexp(S + rr * ldS, ldS, &l)
+        M[rr] = attn_max_sumexp(S + rr * ldS, ldS, &l)
         _softmax_stats(a, h, M[rr], l, M + rr, inv + rr)
-    _attn_pv(a, it, buf, S, ldS, M, inv, acc)
+    _item_pv(a, it, buf, S, ldS, M, inv, acc)
     for rr in range(R):
         t = t0 + rr // G
         h = kvh * G + rr % G
@@ -678,9 +398,9 @@ cdef void _split_scores(const AttnArgs *a, const int32_t *it, float *buf) noexce
     cdef float *S = a.arena + a.slot_off[slot]
     cdef float *st = a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2) + a.R_max * a.Dv
     cdef double l
-    _attn_scores(a, it, buf, S, ldS)
+    _item_scores(a, it, buf, S, ldS)
     for rr in range(R):
-        st[rr] = nn_max_sumexp(S + rr * ldS, ldS, &l)
+        st[rr] = attn_max_sumexp(S + rr * ldS, ldS, &l)
         st[a.R_max + rr] = <float>l
 
 
@@ -710,7 +430,7 @@ cdef void _split_pv(const AttnArgs *a, const int32_t *it, float *buf) noexcept n
     cdef int slot = it[6]
     cdef int ldS = (it[5] - it[4]) * a.bs
     cdef const float *gs = a.gstat + <Py_ssize_t>a.slot_grp[slot] * 2 * a.R_max
-    _attn_pv(a, it, buf, a.arena + a.slot_off[slot], ldS, gs, gs + a.R_max,
+    _item_pv(a, it, buf, a.arena + a.slot_off[slot], ldS, gs, gs + a.R_max,
              a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2))
 
 
@@ -729,17 +449,24 @@ cdef void _split_sum(const AttnArgs *a, const int32_t *grp) noexcept nogil:
                 dst[c] = dst[c] + a.partial[(slot0 + k) * stride + rr * Dv + c]
 
 
-def attention(const float[:, :, ::1] q,          # IN (N, H, D)
-              const uint8_t[:, ::1] k_pool,      # IN (n_blocks, bs * KVH * k_row) bytes
-              const uint8_t[:, ::1] v_pool,      # IN (n_blocks, bs * KVH * v_row) bytes
+def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint8_t[:, ::1] v_pool,
               int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
-              const int32_t[:, ::1] block_tables,  # IN (S, max_blocks)
-              const int32_t[::1] seg_start,      # IN (S + 1,)
-              const int32_t[::1] q_pos,          # IN (N,)
-              float scale, int window, float softcap,
-              const float[::1] sinks,            # IN (H,) or None
-              float[:, :, ::1] out,              # OUT (N, H, Dv)
+              const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] q_pos,
+              float scale, int window, float softcap, const float[::1] sinks, float[:, :, ::1] out,
               int n_threads=1):
+    """out = softmax(q k^T * scale, masked) v for each query row, over its sequence's blocks.
+
+    q : float32 (N, H, D); rows seg_start[s]:seg_start[s+1] belong to sequence s
+    k_pool, v_pool : uint8 (n_blocks, block_size * KVH * k_row / v_row)
+    kv_type : kv_rows.F32, F16, Q8_0 or Q4_0; k_row, v_row: bytes of one row; Dv: v head dim
+    block_tables : int32 (S, max_blocks), -1 for freed blocks (never read)
+    seg_start : int32 (S + 1,), non-decreasing from 0 to N
+    q_pos : int32 (N,): query i sees keys j <= q_pos[i] (and q_pos[i] - j < window if window)
+    softcap : > 0: scores become softcap * tanh(score / softcap)
+    sinks : float32 (H,) or None: an extra logit per head in the softmax, with no value
+    out : float32 (N, H, Dv), written; a query that sees no key gets zeros
+    n_threads : OpenMP threads over work items; results do not depend on it
+    """
     cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
     cdef int S = <int>seg_start.shape[0] - 1, bs = block_size
     cdef int G = H // n_kv_heads
@@ -907,7 +634,7 @@ def attention(const float[:, :, ::1] q,          # IN (N, H, D)
         buf = <float *>malloc(buf_len * sizeof(float))
         for i in prange(n_items, schedule='dynamic'):
             if it_arr[i, 6] < 0:
-                _attn_item(&a, &it_arr[i, 0], buf, buf + fixed)
+                _run_item(&a, &it_arr[i, 0], buf, buf + fixed)
             else:
                 _split_scores(&a, &it_arr[i, 0], buf)
         free(buf)
