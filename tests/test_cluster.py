@@ -550,3 +550,20 @@ def test_replicas_flag_makes_a_pool():
     pool = opts.make_engine("/m.gguf", opts.engine_config())
     assert isinstance(pool, ReplicaPool) and pool.cluster.replicas == 2 and pool.cfg.n_parallel == 6
     assert pool.status is EngineStatus.LOADING  # not started: nothing runs yet
+
+
+def test_a_replica_that_cannot_start_says_why():
+    from types import SimpleNamespace
+
+    from llmcore.cluster.pool import DEPLOYMENT, _why_replicas_failed
+
+    msg = ("The deployment failed to start 3 times in a row.\nTraceback (most recent call last):\n"
+           '  File "replica.py", line 50, in __init__\n    raise ModelLoadError(...)\n'
+           "llmcore.errors.ModelLoadError: /m.gguf: no such file on node 10.1.2.3 (every node ...)\n")
+    dep = SimpleNamespace(message=msg)
+    serve = SimpleNamespace(status=lambda: SimpleNamespace(applications={
+        "llmcore": SimpleNamespace(deployments={DEPLOYMENT: dep})}))
+    assert _why_replicas_failed(serve, "llmcore").startswith("llmcore.errors.ModelLoadError: /m.gguf: no such file")
+    dep.message = "no CPUs free"
+    assert _why_replicas_failed(serve, "llmcore") == "no CPUs free"
+    assert _why_replicas_failed(serve, "other") == ""

@@ -25,6 +25,7 @@ import dataclasses
 import faulthandler
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -56,6 +57,21 @@ def import_ray():
     except ImportError as e:
         raise RayMissingError(f"--replicas needs Ray Serve ({e}): pip install 'llmcore[cluster]'") from None
     return ray, serve
+
+
+class ReplicasFailedError(LLMCoreError):
+    """The replicas could not start (their model did not load, no node had the CPUs)."""
+
+
+def _why_replicas_failed(serve, app: str) -> str:
+    """The last line of the replicas' own error, from Ray Serve's status ("" if none)."""
+    try:
+        msg = serve.status().applications[app].deployments[DEPLOYMENT].message or ""
+    except Exception:  # noqa: BLE001 - only for the message
+        return ""
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
+    return (errors or lines or [""])[-1]
 
 
 class ClusterUnreachableError(LLMCoreError):
@@ -265,8 +281,11 @@ class ReplicaPool:
             logging_config={"enable_access_log": False})  # a line per stats poll otherwise
         serve.start(proxy_location="Disabled")
         self._deployed = True
-        self._handle = serve.run(deployment.bind(str(self.model_path.resolve()), self.replica_cfg),
-                                 name=c.app_name, route_prefix=None)
+        try:
+            self._handle = serve.run(deployment.bind(str(self.model_path.resolve()), self.replica_cfg),
+                                     name=c.app_name, route_prefix=None)
+        except RuntimeError as e:  # the replicas failed to start: say why, in their words
+            raise ReplicasFailedError(f"{e} {_why_replicas_failed(serve, c.app_name)}".strip()) from None
         self._stream = self._handle.options(stream=True)
 
     def _teardown(self) -> None:
