@@ -217,6 +217,31 @@ class ServerOptions(RuntimeOptions):
         "--reasoning-format", help="deepseek: a think block becomes reasoning_content; none: left in the content")] = "deepseek"
     reasoning_budget: Annotated[int, typer.Option(
         "--reasoning-budget", help="thinking tokens per request (-1 no limit, 0 thinking off)")] = -1
+    spec_type: Annotated[str, typer.Option(
+        "--spec-type", help="speculative decoding for every request: none, or ngram (prompt lookup: "
+                            "drafts from n-grams of the prompt and output; llama-server's ngram-* names "
+                            "mean the same here)")] = "none"
+    draft_max: Annotated[int, typer.Option(
+        "--draft-max", "--draft", "--draft-n", help="most tokens drafted per step (speculative decoding)")] = 16
+    draft_min: Annotated[int, typer.Option(
+        "--draft-min", "--draft-n-min", help="fewer drafted tokens than this: no draft")] = 0
+    spec_ngram_size: Annotated[int, typer.Option(
+        "--spec-ngram-size-n", help="longest n-gram of the sequence's end looked up for a draft")] = 4
+
+    def speculative(self):
+        """The server-wide drafting settings, or None (off)."""
+        from .engine.speculative import SpecParams
+
+        kind = self.spec_type.lower()
+        if kind in ("none", "off", ""):
+            return None
+        if kind != "ngram" and not kind.startswith("ngram-"):
+            raise LLMCoreError(f"--spec-type {self.spec_type!r}: expected none or ngram (no draft models yet)")
+        try:
+            return SpecParams(n_max=self.draft_max, n_min=self.draft_min, ngram_max=self.spec_ngram_size,
+                              ngram_min=min(2, self.spec_ngram_size)).validate()
+        except LLMCoreError as e:
+            raise LLMCoreError(f"--draft-max/--draft-min/--spec-ngram-size-n: {e}") from None
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -228,7 +253,8 @@ class ServerOptions(RuntimeOptions):
             sampling=SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p,
                                     min_p=self.min_p),
             n_predict=self.n_predict, chat_template_name=self.chat_template,
-            chat_template_text=_read_text(self.chat_template_file, "--chat-template-file"))
+            chat_template_text=_read_text(self.chat_template_file, "--chat-template-file"),
+            speculative=self.speculative())
 
     def server_config(self) -> ServerConfig:
         from .server import ServerConfig

@@ -92,6 +92,9 @@ class EngineStats:
     checkpoints_live_bytes: int = 0  # counted against the checkpoint budget
     checkpoints_budget_bytes: int = 0  # -1 unbounded
     forced_reprefills: int = 0  # prompts re-processed from 0 for lack of a checkpoint
+    # speculative decoding
+    spec_draft_tokens: int = 0  # drafted tokens verified
+    spec_accepted_tokens: int = 0  # of which kept
     # memory
     kv_used_bytes: int = 0  # KV blocks in use (slots + cache)
     kv_limit_bytes: int = 0
@@ -219,6 +222,10 @@ METRICS: tuple[Metric, ...] = (
            "Bytes of context checkpoints held by slots.", "checkpoints_bytes"),
     Metric("llmcore:forced_reprefills_total", "counter",
            "Prompts re-processed from 0 for lack of a checkpoint.", "forced_reprefills"),
+    Metric("llmcore:spec_draft_tokens_total", "counter",
+           "Speculative decoding: drafted tokens verified.", "spec_draft_tokens"),
+    Metric("llmcore:spec_accepted_tokens_total", "counter",
+           "Speculative decoding: drafted tokens kept.", "spec_accepted_tokens"),
     Metric("llmcore:kv_used_bytes", "gauge", "KV blocks in use (slots and prompt cache).", "kv_used_bytes"),
     Metric("llmcore:kv_limit_bytes", "gauge", "Most KV memory the pools may take.", "kv_limit_bytes"),
     Metric("llmcore:idle_slot_evictions_total", "counter",

@@ -213,7 +213,7 @@ class FakeModel:
             h[2 + token % (self.N_EMBD - 2)] = 1.0
         return h
 
-    def forward(self, batch, all_logits: bool = False, output: str = "logits") -> np.ndarray:
+    def forward(self, batch, all_logits: bool = False, output: str = "logits", n_logits=None) -> np.ndarray:
         seen = set()
         for state, toks in batch:
             assert id(state) not in seen, "one segment per state per forward"
@@ -233,16 +233,17 @@ class FakeModel:
             self.forward_calls += 1
             self.batch_sizes.append(len(batch))
             return np.stack(rows)
-        out = np.empty((len(batch), VOCAB), dtype=np.float32)
+        rows = []
         for i, (state, toks) in enumerate(batch):
             toks = [int(t) for t in toks]
             state.tokens.extend(toks)
             self.tokens_evaluated += len(toks)
             self.max_segment = max(self.max_segment, len(toks))
-            out[i] = self.logits_for(toks[-1])
+            k = len(toks) if all_logits else (1 if n_logits is None else int(n_logits[i]))
+            rows += [self.logits_for(t) for t in toks[len(toks) - k:]]
         self.forward_calls += 1
         self.batch_sizes.append(len(batch))
-        return out
+        return np.stack(rows).astype(np.float32)
 
 
 def expected_text(prompt_last_char: str, n: int) -> str:

@@ -12,6 +12,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..constrain import Constraint
     from .budget import ReasoningBudget
 
+from .speculative import SpecParams  # noqa: E402  (config names it)
+
 log = logging.getLogger("llmcore.engine")
 
 
@@ -38,6 +40,9 @@ class EngineConfig:
     model_alias: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
     n_predict: int = -1  # default generation limit (-1: until EOS / context end)
+    # speculative decoding for every request that does not say otherwise: None (off) or the
+    # prompt-lookup drafter's settings (llmcore.engine.speculative; --spec-type ngram)
+    speculative: "SpecParams | None" = None
     # the chat template: the GGUF's unless a name (one of the GGUF's named templates, or
     # "chatml") or a template's text (--chat-template-file) overrides it
     chat_template_name: str | None = None
@@ -114,6 +119,8 @@ class GenParams:
     constraint: "Constraint | None" = None  # the grammar the output must fit (llmcore.constrain)
     reasoning_budget: "ReasoningBudget | None" = None  # thinking tokens allowed (engine/budget.py)
     embedding: str | None = None  # pool the prompt's hidden states ("mean", "cls", "last"); no generation
+    # prompt-lookup drafting (engine/speculative.py): None = the server's default, False = off
+    speculative: "SpecParams | bool | None" = None
 
 
 __all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_params", "check_prompt", "check_stops"]

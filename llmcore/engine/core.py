@@ -37,6 +37,7 @@ from .output import StreamOutput
 from .prefix import PrefixPolicy
 from .protocols import LanguageModel, TextTokenizer
 from .scheduler import Scheduler, StepPlan
+from .speculative import NgramDrafter
 from .slot import Generation, Phase, Pooling, Slot
 from .stats import EngineCounters
 from .task import Task
@@ -315,6 +316,7 @@ class Engine:
                     continue
             try:
                 self._admit()
+                self._draft()
                 plan = self.scheduler.plan(self.slots)
                 if plan.items:
                     self._step(plan)
@@ -414,10 +416,55 @@ class Engine:
             g.ckpt_plan = collections.deque(plan_positions(
                 n_keep, len(task.prompt), cfg.checkpoint_every_n_tokens, task.params.checkpoint_at,
                 cfg.n_ubatch))
+        g.drafter = self._drafter_for(task.params, g)
         slot.gen = g
         if cfg.cache_idle_slots:
             self.prefix.publish_idle(self.slots)
         self._refresh_cache_numbers()
+
+    # ---- speculative decoding (engine/speculative.py) -------------------------------------
+    def _drafter_for(self, p: GenParams, g: Generation) -> NgramDrafter | None:
+        """A prompt-lookup drafter when the request (or the server) asks for one and its
+        state can be cut back after a rejected draft: not for recurrent state (it cannot be
+        trimmed), constrained output (masks are per position) or embeddings."""
+        sp = self.cfg.speculative if p.speculative is None else p.speculative
+        if not sp or g.constraint is not None or g.pooled is not None or self._probe.fixed_state_nbytes:
+            return None
+        return NgramDrafter(sp)
+
+    def _draft(self) -> None:
+        """Drafts for this step's generating slots (never past the request's limits)."""
+        for s in self.slots:
+            g = s.gen
+            if g is None or g.drafter is None or g.phase is not Phase.DECODE:
+                continue
+            p = g.task.params
+            room = s.n_ctx - g.n_prompt - len(g.generated) - 1
+            if p.n_predict > 0:
+                room = min(room, p.n_predict - len(g.generated) - 1)
+            g.draft = g.drafter.draft(g.history, max(0, room)) if room > 0 else []
+
+    def _verify(self, s: Slot, rows: np.ndarray, n_draft: int, n_before: int, mask) -> None:
+        """Sample each verified position in turn, as plain decoding would; keep the drafts up
+        to the first that differs from the token sampled there, then cut the state back to
+        the kept ones (the last sampled token is evaluated next step, as always)."""
+        g = s.gen
+        draft, g.draft = g.draft, []
+        accepted = 0
+        g.n_drafted += n_draft  # counted first: the request may end inside the loop
+        self.c.spec_draft_tokens += n_draft
+        for i in range(n_draft + 1):
+            self._sample(s, rows[i], mask if i == 0 else None)
+            if s.gen is not g or i == n_draft or g.generated[-1] != draft[i]:
+                break
+            accepted += 1
+            g.n_draft_accepted += 1
+            self.c.spec_accepted_tokens += 1
+        g.drafter.record(accepted, n_draft)
+        keep = n_before + 1 + accepted  # the last sampled token, then the kept drafts
+        st = s.state
+        if st is not None and st.n_tokens > keep and st.trim(keep) != keep:
+            raise EngineFailure(f"slot {s.id}: cannot cut the state back after a rejected draft")
 
     # ---- one step --------------------------------------------------------------------
     def _step(self, plan: StepPlan) -> None:
@@ -450,12 +497,18 @@ class Engine:
         if logits is None:
             self._refresh_cache_numbers()
             return
+        row = 0
         for i, it in enumerate(plan.items):
             s, g = it.slot, it.slot.gen
+            r0, row = row, row + (it.n_logits if plan.n_logits is not None else 1)
             if g is None:
                 continue
             try:
                 self.c.n_tokens_max = max(self.c.n_tokens_max, s.n_tokens)
+                if it.n_draft:
+                    self._verify(s, logits[r0:row], it.n_draft, s.n_tokens - it.n,
+                                 masks.get(s.id) if masks else None)
+                    continue
                 if g.phase is Phase.PREFILL:
                     g.i_pending += it.n
                     if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
@@ -467,7 +520,7 @@ class Engine:
                     if g.task.params.n_predict == 0:
                         self._finish(s, StopReason.LIMIT)
                         continue
-                self._sample(s, logits[i], masks.get(s.id) if masks else None)
+                self._sample(s, logits[r0], masks.get(s.id) if masks else None)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, drop_state=False)
@@ -516,9 +569,12 @@ class Engine:
         "logits", or "hidden" (every token's hidden state, for embeddings)."""
         while plan.items:
             try:
-                if output == "logits":
+                if output != "logits":
+                    return self.model.forward(plan.batch, output=output)
+                n_logits = plan.n_logits
+                if n_logits is None:
                     return self.model.forward(plan.batch)
-                return self.model.forward(plan.batch, output=output)
+                return self.model.forward(plan.batch, n_logits=n_logits)
             except ContextFullError as e:
                 if memory.make_room(plan.batch, self._evict_cached, self._drop_idle_state):
                     continue
@@ -657,6 +713,7 @@ class Engine:
             predicted_ms=1e3 * (now - t_prompt_done) if g.t_prompt_done else 0.0,
             cache_source=g.cache_source if g.n_cached else CacheSource.NONE,
             checkpoint_restores=g.n_ckpt_restored,
+            draft_n=g.n_drafted, draft_n_accepted=g.n_draft_accepted,
         )
         c = self.c
         c.requests_total += 1

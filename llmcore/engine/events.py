@@ -48,6 +48,8 @@ class Timings:
     predicted_ms: float = 0.0
     cache_source: CacheSource = CacheSource.NONE
     checkpoint_restores: int = 0  # context checkpoints restored for this request
+    draft_n: int = 0  # speculative decoding: tokens drafted and verified
+    draft_n_accepted: int = 0  # of which kept
 
     def to_dict(self) -> dict:
         pn, pm, gn, gm = self.prompt_n, self.prompt_ms, self.predicted_n, self.predicted_ms
@@ -63,6 +65,8 @@ class Timings:
             "predicted_per_second": 1e3 * gn / gm if gm > 0 else 0.0,
             "cache_source": str(self.cache_source),
             "checkpoint_restores": self.checkpoint_restores,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
         }
 
 

@@ -73,6 +73,10 @@ class Generation:
     history: list[int]  # prompt + generated tokens (repeat penalties look at them)
     constraint: "Constraint | None" = None  # the grammar the output must fit: masks each sample
     pooled: "Pooling | None" = None  # an embedding request's pooling of its hidden states
+    drafter: "NgramDrafter | None" = None  # speculative decoding: proposes tokens to verify
+    draft: list[int] = field(default_factory=list)  # drafted for the step being run
+    n_drafted: int = 0
+    n_draft_accepted: int = 0
     cache_source: CacheSource = CacheSource.NONE
     n_ckpt_restored: int = 0
     ckpt_plan: collections.deque = field(default_factory=collections.deque)  # (position, kind)

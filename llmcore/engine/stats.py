@@ -33,6 +33,9 @@ class EngineCounters:
     checkpoint_failures: int = 0
     checkpoints_skipped: int = 0  # not taken: the server-wide checkpoint budget was full
     forced_reprefills: int = 0
+    # speculative decoding
+    spec_draft_tokens: int = 0  # drafted tokens verified
+    spec_accepted_tokens: int = 0  # of which kept
     # memory pressure
     idle_slot_evictions: int = 0
     kv_full_waits: int = 0

@@ -151,7 +151,29 @@ def gen_params(body: dict, engine: Engine, oai: bool = False, prompt=None) -> Ge
         min_tokens=get_int(body, "min_tokens", 0),
         constraint=getattr(prompt, "constraint", None),
         reasoning_budget=getattr(prompt, "reasoning_budget", None),
+        speculative=speculative_params(body, engine),
     )
+
+
+def speculative_params(body: dict, engine: Engine):
+    """Prompt-lookup drafting for this request: None (the server's default), False (off),
+    or SpecParams. `"speculative": true/false/{n_max, n_min, ngram_max, ngram_min}`, or
+    llama-server's flat `"speculative.n_max"` / `"speculative.n_min"`."""
+    from ...engine.speculative import SpecParams
+
+    v = body.get("speculative")
+    flat = {k.split(".", 1)[1]: body[k] for k in ("speculative.n_max", "speculative.n_min")
+            if body.get(k) is not None}
+    if v is None and not flat:
+        return None
+    if v is False:
+        return False
+    base = engine.cfg.speculative or SpecParams()
+    fields = dict(n_max=base.n_max, n_min=base.n_min, ngram_max=base.ngram_max, ngram_min=base.ngram_min)
+    if isinstance(v, dict):
+        fields.update({k: int(x) for k, x in v.items() if k in fields and x is not None})
+    fields.update({k: int(x) for k, x in flat.items()})
+    return SpecParams(**fields).validate()
 
 
 # ---- the schema of these fields (requests/schema.py) ----------------------------------
@@ -180,4 +202,8 @@ GENERATION_FIELDS: dict[str, Spec] = {
     "stop": STOP, "ignore_eos": Bool(), "cache_prompt": Bool(), "id_slot": Int(lo=-1),
     "stream": Bool(), "stream_options": Obj({"include_usage": Bool()}), "model": Str(),
     "min_tokens": Int(lo=0),
+    "speculative": AnyOf((Bool(), Obj({"n_max": Int(lo=0, hi=64), "n_min": Int(lo=0, hi=64),
+                                       "ngram_max": Int(lo=1, hi=32), "ngram_min": Int(lo=1, hi=32)})),
+                         name="a boolean or an object (n_max, n_min, ngram_max, ngram_min)"),
+    "speculative.n_max": Int(lo=0, hi=64), "speculative.n_min": Int(lo=0, hi=64),
 }
