@@ -418,9 +418,10 @@ async def test_id_slot_is_refused(fleet):
             assert r.status == 400 and "id_slot" in (await r.json())["error"]["message"]
 
 
-async def stream_completion(session, url, prompt, n_predict, started: asyncio.Event | None = None):
-    """A native streaming completion: its first chunk's slot, how it ended, its chunks."""
-    out = {"slot": None, "end": None, "n": 0, "error": ""}
+async def stream_completion(session, url, prompt, n_predict, out: dict):
+    """A native streaming completion, followed in `out`: its first chunk's slot (once it
+    started), how it ended and when."""
+    out.update(slot=None, end=None, n=0, error="")
     body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "stream": True, "temperature": 0}
     async with session.post(url + "/completion", json=body) as r:
         out["status"] = r.status
@@ -434,8 +435,6 @@ async def stream_completion(session, url, prompt, n_predict, started: asyncio.Ev
                 break
             if out["slot"] is None and frame.get("id_slot") is not None:
                 out["slot"] = frame["id_slot"]
-                if started is not None:
-                    started.set()
             if frame.get("stop"):
                 out["end"], out["n"] = "done", frame["tokens_predicted"]
                 break
@@ -443,7 +442,6 @@ async def stream_completion(session, url, prompt, n_predict, started: asyncio.Ev
     return out
 
 
-@needs_ray
 class LoopLag:
     """The longest the server's event loop was late for a 10 ms tick (nothing in it may
     wait on a replica)."""
@@ -474,12 +472,15 @@ async def test_killing_a_replica_mid_load(fleet):
     lag = LoopLag(fleet._loop)
     long_n = 3000
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-        starts = [asyncio.Event() for _ in range(4)]
         # no two prompts share a block: the router spreads them by queue length
         openings = ["Once upon a time", "Dear diary, today", "The recipe starts with", "In the year 3000"]
-        streams = [asyncio.ensure_future(stream_completion(s, fleet.url, f"{openings[i]} {i}", long_n, starts[i]))
-                   for i in range(4)]
-        await asyncio.wait_for(asyncio.gather(*[e.wait() for e in starts]), 60)
+        follow = [{} for _ in openings]
+        streams = [asyncio.ensure_future(stream_completion(s, fleet.url, f"{o} {i}", long_n, follow[i]))
+                   for i, o in enumerate(openings)]
+        for _ in range(600):  # until each replica runs one of them
+            if {f["slot"] // N_SLOTS for f in follow if f.get("slot") is not None and f["end"] is None} == {0, 1}:
+                break
+            await asyncio.sleep(0.05)
         os.kill(victim.pid, signal.SIGKILL)
         t_kill = time.monotonic()
 
@@ -494,14 +495,14 @@ async def test_killing_a_replica_mid_load(fleet):
         await get(fleet.url, "/slots")
         assert time.perf_counter() - t < 1.0
         ended = await asyncio.gather(*streams)
-    on = {0: [e for e in ended if e["slot"] // N_SLOTS == 0], 1: [e for e in ended if e["slot"] // N_SLOTS == 1]}
-    assert on[0] and on[1], ended  # the router spread them
-    for e in on[0]:  # untouched by the crash
-        assert e["end"] == "done" and e["n"] == long_n, e
-    running = [e for e in on[1] if e["t_end"] > t_kill]  # (one may have finished before it)
-    assert running, ended
-    for e in running:  # ended with a clear error, in-band (the stream had started)
-        assert e["end"] == "error" and "replica 1 stopped" in e["error"], e
+    for e in ended:  # what ran on replica 0, or waited there, finished; the rest failed clearly
+        if e["end"] == "done":
+            assert e["n"] == long_n and e["slot"] // N_SLOTS == 0 or e["t_end"] < t_kill, e
+        else:
+            assert e["end"] == "error" and "replica 1 stopped" in e["error"], e
+            assert e["slot"] is None or e["slot"] // N_SLOTS == 1, e
+    assert any(e["end"] == "done" and e["slot"] // N_SLOTS == 0 for e in ended), ended
+    assert any(e["end"] == "error" and e["slot"] is not None for e in ended), ended  # one was mid-stream
     for status, retry_after, body in shorts:
         if status == 503:  # sent to the dead replica before the router knew
             assert retry_after == "2" and "replica" in body["error"]["message"], body
