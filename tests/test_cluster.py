@@ -14,7 +14,6 @@ requests end with a clear error, the others finish, Ray brings the fleet back to
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
