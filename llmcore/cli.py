@@ -26,7 +26,8 @@ from . import __version__
 from .errors import LLMCoreError
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
+    from .cluster import ClusterConfig
+    from .engine import EngineClient, EngineConfig
     from .server import ServerConfig
 
 def _click():
@@ -263,6 +264,15 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
         "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
     max_body_mib: Annotated[float, typer.Option(
         "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
+    replicas: Annotated[int, typer.Option(
+        "--replicas", help="run N engine replicas on Ray Serve behind this server, each with -t threads, "
+                           "-np slots and its own caches (0 = one engine in this process)")] = 0
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="with --replicas: join this Ray cluster (e.g. auto, HOST:6379); "
+                              "default: start a local Ray instance with the server")] = None
+    routing: Annotated[str, typer.Option(
+        "--routing", help="with --replicas: prefix (the replica holding the prompt's prefix) or "
+                          "power_of_two (Ray Serve's default)")] = "prefix"
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", help="require this key (comma-separate several) as 'Authorization: Bearer KEY' "
                           "or 'x-api-key: KEY' on every route but /health")] = None
@@ -350,6 +360,33 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
                             shutdown_timeout=self.shutdown_timeout,
                             **({"workers": self.threads_http} if self.threads_http > 0 else {}))
 
+    def cluster_config(self, replica_logs: bool = True) -> ClusterConfig:
+        """The replicas' setup (--replicas N >= 1): -t threads each (0: the CPUs split
+        evenly between them); `replica_logs`: their log lines on this process's stderr."""
+        from .cluster import ClusterConfig, Routing
+        from .threads import available_cpus
+
+        if self.replicas < 0:
+            raise LLMCoreError("--replicas must be >= 0 (0 = one engine in this process)")
+        if self.routing not in [str(r) for r in Routing]:
+            raise LLMCoreError(f"--routing {self.routing!r}: expected prefix or power_of_two")
+        return ClusterConfig(replicas=self.replicas, ray_address=self.ray_address, routing=self.routing,
+                             threads_per_replica=self.threads or max(1, available_cpus() // self.replicas),
+                             log_to_driver=replica_logs)
+
+    def make_engine(self, path, cfg: EngineConfig, replica_logs: bool = True) -> EngineClient:
+        """One engine in this process, or the replicas (--replicas); not started yet."""
+        if self.replicas == 0:
+            from .engine import Engine
+
+            return Engine.from_path(path, cfg)  # loads in the background once started
+        from .cluster import ReplicaPool
+        from .cluster.pool import import_ray
+
+        cluster = self.cluster_config(replica_logs)
+        import_ray()  # not installed: one line now, before the server starts
+        return ReplicaPool(path, cfg, cluster)
+
     def api_keys(self) -> tuple[str, ...]:
         """The keys of --api-key (comma-separated) and --api-key-file (one a line)."""
         keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
@@ -407,7 +444,6 @@ def _setup_logging(level: str) -> None:
 def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     """Run the HTTP server (OpenAI and llama-server compatible API)."""
     from . import threads as thr
-    from .engine import Engine
     from .pull import resolve_model
     from .server import run_server
 
@@ -420,8 +456,9 @@ def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     _check_model(path)
     sock = _listen(opts)  # the port is ours before the model loads
     thr.set_num_threads(opts.threads or None)
-    engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
-    typer.echo(f"llmcore: loading {path.name}, {opts.parallel} slot(s)", err=True)
+    engine = opts.make_engine(path, cfg)  # loads in the background: /health says 503 meanwhile
+    where = f"{opts.replicas} replica(s) x " if opts.replicas else ""
+    typer.echo(f"llmcore: loading {path.name}, {where}{opts.parallel} slot(s)", err=True)
     try:
         run_server(engine, server_cfg, sock=sock)
     finally:
@@ -479,7 +516,6 @@ def tui(
         url = f"http://{opts.host}:{opts.port}"  # --once only reads: the local server
     if not url and not mock:  # the same engine and server as `llmcore serve`
         from . import threads as thr
-        from .engine import Engine
         from .pull import resolve_model
 
         # every start-up error is one line here, before any screen opens
@@ -490,7 +526,7 @@ def tui(
         _check_model(path)
         sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
-        engine = Engine.from_path(path, cfg)
+        engine = opts.make_engine(path, cfg, replica_logs=no_tui)  # not across the dashboard
     keys = server_cfg.api_keys if server_cfg is not None else opts.api_keys()
     try:
         rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,

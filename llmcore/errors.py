@@ -35,6 +35,24 @@ class ShuttingDownError(ModelNotReadyError):
         super().__init__(message)
 
 
+class ReplicaUnavailableError(ModelNotReadyError):
+    """No engine replica can take a request now (one stopped and is being replaced): HTTP
+    503 with a Retry-After of `retry_after_s` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 5.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ReplicaLostError(ReplicaUnavailableError):
+    """The replica running a request died: the request ended there. Before the answer
+    started it is a 503 with Retry-After; in a stream that already started, an error event."""
+
+    def __init__(self, message: str, replica: int | None = None, retry_after_s: float = 5.0):
+        super().__init__(message, retry_after_s)
+        self.replica = replica
+
+
 class RequestError(LLMCoreError):
     """A request is invalid (HTTP 400)."""
 

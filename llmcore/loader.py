@@ -18,6 +18,15 @@ class LoadedModel(NamedTuple):
     info: dict
 
 
+class TextSide(NamedTuple):
+    """What a front end needs of a model without its weights: tokenizing prompts, rendering
+    chats, the facts /props shows (llmcore.cluster's front end to remote replicas)."""
+
+    tokenizer: Any
+    chat_template: Any | None
+    info: dict
+
+
 NO_TEMPLATE_WARNING = ("this model has no chat template: chat requests are rendered as ChatML, "
                        "which may not be what it was trained on (give one with --chat-template-file "
                        "or --chat-template NAME)")
@@ -53,11 +62,26 @@ def load_gguf(path: str | Path, template_name: str | None = None, template_text:
     template_name / template_text: see choose_template)."""
     from .gguf_file import GGUFFile
     from .models import load_model
-    from .tokenizer import Tokenizer
 
     path = Path(path)
     gf = GGUFFile(path)
     model = load_model(gf, **model_options)
+    text = _text_side(gf, path, template_name, template_text)
+    return LoadedModel(model, text.tokenizer, text.chat_template, text.info)
+
+
+def load_gguf_text(path: str | Path, template_name: str | None = None,
+                   template_text: str | None = None) -> TextSide:
+    """The tokenizer, chat template and facts of the GGUF at `path`; no tensor is read."""
+    from .gguf_file import GGUFFile
+
+    path = Path(path)
+    return _text_side(GGUFFile(path), path, template_name, template_text)
+
+
+def _text_side(gf, path: Path, template_name: str | None, template_text: str | None) -> TextSide:
+    from .tokenizer import Tokenizer
+
     tok = Tokenizer.from_gguf(gf)
     tmpl, origin = choose_template(gf, tok, template_name, template_text)
     meta = gf.meta
@@ -73,11 +97,11 @@ def load_gguf(path: str | Path, template_name: str | None = None, template_text:
         "template_warning": NO_TEMPLATE_WARNING if origin == "none" else None,
         "pooling": POOLING.get(int(meta.get(f"{gf.arch}.pooling_type", 0) or 0), "mean"),
     }
-    return LoadedModel(model, tok, tmpl, info)
+    return TextSide(tok, tmpl, info)
 
 
 # GGUF {arch}.pooling_type -> how /v1/embeddings pools a text's hidden states ("none" and
 # "rank" models get the mean, as llama-server's embeddings of a generative model do)
 POOLING = {0: "mean", 1: "mean", 2: "cls", 3: "last"}
 
-__all__ = ["LoadedModel", "load_gguf", "choose_template", "NO_TEMPLATE_WARNING", "POOLING"]
+__all__ = ["LoadedModel", "TextSide", "load_gguf", "load_gguf_text", "choose_template", "NO_TEMPLATE_WARNING", "POOLING"]

@@ -9,6 +9,10 @@ and its log lines (`llmcore tui --no-tui`).
   (`llmcore:*`), so existing scrapers and dashboards keep working.
 - `to_prometheus` / `parse_prometheus`: the text exposition and its one parser;
   `slots_json`: the `/slots` body.
+
+A fleet of engines (llmcore.cluster) reports one `EngineStats` of the whole fleet whose
+`replicas` hold each replica's own; `/metrics` then shows every series once for the fleet
+and once per replica, labelled `{replica="i"}`.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class SlotStats:
     cache_source: str = "none"  # where the current/last task's cached prefix came from
     n_checkpoints: int = 0  # context checkpoints the slot holds
     checkpoint_bytes: int = 0
+    replica: int | None = None  # in a fleet: the replica that owns the slot
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ class EngineStats:
     slots: tuple[SlotStats, ...] = ()
     # model-level counters from the model's stats() (e.g. MoE experts computed / skipped)
     model_stats: dict[str, float] = field(default_factory=dict)
+    # a fleet's stats: each replica's own, in replica order (empty for one engine)
+    replicas: tuple["EngineStats", ...] = ()
 
     @property
     def prompt_tokens_seconds(self) -> float:
@@ -136,6 +143,13 @@ class EngineStats:
     @property
     def kv_tokens(self) -> int:
         return sum(s.n_tokens for s in self.slots)
+
+    @property
+    def engines_ready(self) -> int:
+        """Engines that serve now: of a fleet, its replicas that answer; else 1 or 0."""
+        if self.replicas:
+            return sum(r.engines_ready for r in self.replicas)
+        return int(self.status == "ok")
 
     def to_dict(self) -> dict:
         """Every field, plus the derived values the metrics table reads."""
@@ -265,6 +279,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("llmcore:kv_full_failures_total", "counter",
            "Requests failed for lack of KV room.", "kv_full_failures"),
     Metric("llmcore:uptime_seconds", "gauge", "Seconds since the engine started.", "uptime_s"),
+    Metric("llmcore:engines_ready", "gauge",
+           "Engines serving now (a fleet: its replicas that answer).", "engines_ready"),
 )
 
 # Prometheus name -> EngineStats attribute (several names may read one attribute).
@@ -295,20 +311,38 @@ def _num(v) -> str:
     return repr(float(v))
 
 
+def replica_label(i: int) -> str:
+    return f'{{replica="{i}"}}'
+
+
 def to_prometheus(stats: EngineStats) -> str:
-    """The `/metrics` body (Prometheus text exposition 0.0.4)."""
+    """The `/metrics` body (Prometheus text exposition 0.0.4). A fleet's series come once
+    unlabelled (the whole fleet, what single-engine scrapers read) and once per replica."""
     lines = []
+    labelled = [(replica_label(i), r) for i, r in enumerate(stats.replicas)]
     for m in METRICS:
         lines.append(f"# HELP {m.name} {m.help}")
         lines.append(f"# TYPE {m.name} {m.type}")
         lines.append(f"{m.name} {_num(m.value(stats))}")
+        lines.extend(f"{m.name}{label} {_num(m.value(r))}" for label, r in labelled)
     for key, val in sorted(stats.model_stats.items()):
         if isinstance(val, (int, float)):
             name = model_stat_name(key)
             lines.append(f"# HELP {name} Model counter {key}.")
             lines.append(f"# TYPE {name} gauge")
             lines.append(f"{name} {_num(val)}")
+            lines.extend(f"{name}{label} {_num(r.model_stats[key])}" for label, r in labelled
+                         if isinstance(r.model_stats.get(key), (int, float)))
     return "\n".join(lines) + "\n"
+
+
+_REPLICA_LABEL = re.compile(r'^(.*)\{replica="(\d+)"\}$')
+
+
+def split_replica_label(name: str) -> tuple[str, int | None]:
+    """`name{replica="3"}` -> ("name", 3); any other name -> (name, None)."""
+    m = _REPLICA_LABEL.match(name)
+    return (m.group(1), int(m.group(2))) if m else (name, None)
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(\S+)(?:\s+\d+)?$")
@@ -344,4 +378,5 @@ def slots_json(stats: EngineStats) -> list[dict]:
         "next_token": [{"has_next_token": s.state != "idle", "n_decoded": s.n_decoded}],
         "cache_source": s.cache_source, "n_checkpoints": s.n_checkpoints,
         "checkpoint_bytes": s.checkpoint_bytes,
+        **({"replica": s.replica} if s.replica is not None else {}),
     } for s in stats.slots]

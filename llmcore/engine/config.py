@@ -5,7 +5,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import RequestError
+from ..errors import ContextFullError, RequestError
 from ..sampling import SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,6 +90,30 @@ def check_stops(stops) -> None:
             raise RequestError(f"'stop': a stop string has at most {MAX_STOP_CHARS} characters ({len(s)} given)")
 
 
+def check_prompt(prompt: list[int], n_ctx_slot: int, n_vocab: int) -> None:
+    """RequestError / ContextFullError unless `prompt` is non-empty token ids of the
+    vocabulary that leave room in a slot of `n_ctx_slot` tokens."""
+    if len(prompt) == 0:
+        raise RequestError("the prompt is empty")
+    if len(prompt) >= n_ctx_slot:
+        raise ContextFullError(
+            f"the request exceeds the available context size, try increasing it "
+            f"({len(prompt)} prompt tokens, n_ctx {n_ctx_slot}). This model's maximum "
+            f"context length is {n_ctx_slot} tokens. However, your messages resulted "
+            f"in {len(prompt)} tokens.", n_prompt_tokens=len(prompt), n_ctx=n_ctx_slot)
+    if min(prompt) < 0 or max(prompt) >= n_vocab:
+        raise RequestError(f"prompt contains an invalid token id (vocabulary size {n_vocab})")
+
+
+def check_params(params: "GenParams") -> None:
+    """RequestError unless a request's parameters are ones an engine runs (sampling values,
+    stop strings, min_tokens); the slot and the prompt are checked by who holds them."""
+    params.sampling.validate()
+    check_stops(params.stop)
+    if params.min_tokens < 0:
+        raise RequestError("'min_tokens' must be >= 0")
+
+
 @dataclass
 class GenParams:
     n_predict: int = -1  # -1: until EOS or the slot's context is full
@@ -107,4 +131,4 @@ class GenParams:
     speculative: "SpecParams | bool | None" = None
 
 
-__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_stops"]
+__all__ = ["EngineConfig", "GenParams", "MAX_STOP_STRINGS", "MAX_STOP_CHARS", "check_params", "check_prompt", "check_stops"]

@@ -34,7 +34,7 @@ from ..errors import (ContextFullError, EngineFailure, LLMCoreError, ModelLoadFa
                       ModelLoadingError, RequestError, ShuttingDownError)
 from ..sampling import Sample, Sampler
 from . import memory
-from .config import EngineConfig, GenParams, check_stops
+from .config import EngineConfig, GenParams, check_params, check_prompt
 from .disk_tier import DiskTier
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
 from .output import StreamOutput
@@ -291,17 +291,7 @@ class Engine:
     # ---- submission (any thread) -----------------------------------------------------
     def check_prompt(self, prompt: list[int]) -> None:
         self.require_ready()
-        if len(prompt) == 0:
-            raise RequestError("the prompt is empty")
-        if len(prompt) >= self.n_ctx_slot:
-            raise ContextFullError(
-                f"the request exceeds the available context size, try increasing it "
-                f"({len(prompt)} prompt tokens, n_ctx {self.n_ctx_slot}). This model's maximum "
-                f"context length is {self.n_ctx_slot} tokens. However, your messages resulted "
-                f"in {len(prompt)} tokens.", n_prompt_tokens=len(prompt), n_ctx=self.n_ctx_slot)
-        nv = self.model.n_vocab
-        if min(prompt) < 0 or max(prompt) >= nv:
-            raise RequestError(f"prompt contains an invalid token id (vocabulary size {nv})")
+        check_prompt(prompt, self.n_ctx_slot, self.model.n_vocab)
 
     def submit(self, prompt, params: GenParams | None = None,
                loop: asyncio.AbstractEventLoop | None = None, sync: bool = False) -> Task:
@@ -315,10 +305,7 @@ class Engine:
         self.check_prompt(prompt)
         if params.id_slot is not None and params.id_slot >= len(self.slots):
             raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
-        params.sampling.validate()
-        check_stops(params.stop)
-        if params.min_tokens < 0:
-            raise RequestError("'min_tokens' must be >= 0")
+        check_params(params)
         if loop is None and not sync:
             try:
                 loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from ..engine import Engine, EngineStatus
+from ..engine import EngineClient, EngineStatus
 from .access import access_middleware, add_cors_headers
 from .access_log import access_log_middleware
 from .config import ServerConfig
@@ -68,7 +68,7 @@ async def _close_streams(app: web.Application) -> None:
             pass
 
 
-def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Application:
+def create_app(engine: EngineClient, cfg: ServerConfig | None = None) -> web.Application:
     cfg = cfg or ServerConfig()
     # outermost first: connection phases, the request's log line, errors as answers, then
     # the access checks
@@ -146,7 +146,7 @@ async def _serve(app: web.Application, cfg: ServerConfig, sock: socket.socket) -
         await runner.cleanup()
 
 
-def run_server(engine: Engine, cfg: ServerConfig | None = None, sock: socket.socket | None = None) -> None:
+def run_server(engine: EngineClient, cfg: ServerConfig | None = None, sock: socket.socket | None = None) -> None:
     """Serve until interrupted (SIGINT, SIGTERM), or until the model fails to load
     (EngineStatus.FAILED). The port is bound first (`sock`, or `listen_socket` here), then
     the model loads in the background; "listening" is logged once connections are accepted."""

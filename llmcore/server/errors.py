@@ -6,13 +6,14 @@ middleware answers every failed request with its route's envelope (`uses_envelop
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      NotSupportedError, RequestError, ShuttingDownError)
+                      NotSupportedError, ReplicaUnavailableError, RequestError, ShuttingDownError)
 from .sse import ClientGone
 
 log = logging.getLogger("llmcore.server")
@@ -89,6 +90,7 @@ _KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (UnsupportedMediaTypeError, MEDIA_TYPE),
     (RequestError, INVALID),
     (ModelLoadingError, LOADING),
+    (ReplicaUnavailableError, LOADING),  # a replica stopped: retry (Retry-After)
     (ModelLoadFailedError, UNAVAILABLE),
     (ShuttingDownError, UNAVAILABLE),  # not a bug: the client may retry elsewhere or later
     (NotSupportedError, NOT_SUPPORTED),
@@ -213,6 +215,8 @@ async def error_middleware(request: web.Request, handler):
         if kind_of(exc) is INTERNAL:
             log_bug(exc, request)
         resp = web.json_response(body, status=status)
+        if isinstance(exc, ReplicaUnavailableError):
+            resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         if isinstance(exc, SpoiledConnectionError):
             resp.force_close()
         if isinstance(exc, BodyTimeoutError):

@@ -30,7 +30,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def props(request: web.Request) -> web.Response:
     eng = request.app[ENGINE]
-    return web.json_response({
+    body = {
         "default_generation_settings": {**generation_settings(eng), "params": generation_settings(eng)},
         "total_slots": eng.cfg.n_parallel,
         "model_path": eng.info.get("path", ""),
@@ -58,7 +58,14 @@ async def props(request: web.Request) -> web.Response:
             "n_ctx_total": eng.n_ctx,
             "memory": dict(eng.memory_plan or {}),
         },
-    })
+    }
+    fleet = eng.stats().replicas  # llmcore serve --replicas: each replica's state
+    if fleet:
+        body["replicas"] = [{"replica": i, "status": r.status, "n_slots": r.n_slots,
+                             "requests_processing": r.requests_processing,
+                             "requests_deferred": r.requests_deferred, "requests_total": r.requests_total}
+                            for i, r in enumerate(fleet)]
+    return web.json_response(body)
 
 
 async def slots(request: web.Request) -> web.Response:

@@ -26,7 +26,7 @@ def model_card(eng) -> dict:
     request gets here (max_model_len: a slot's n_ctx), not only the training length."""
     info = eng.info
     meta = {k: info.get(k) for k in ("n_vocab", "n_ctx_train", "n_embd", "n_params", "size")}
-    meta.update(n_ctx=eng.n_ctx_slot, n_ctx_total=eng.n_ctx, n_slots=len(eng.slots))
+    meta.update(n_ctx=eng.n_ctx_slot, n_ctx_total=eng.n_ctx, n_slots=eng.stats().n_slots)
     return {"id": eng.model_name, "object": "model", "created": int(eng.t_start), "owned_by": "llmcore",
             "max_model_len": eng.n_ctx_slot, "context_length": eng.n_ctx_slot, "meta": meta}
 
