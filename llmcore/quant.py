@@ -22,7 +22,7 @@ KERNEL MODULE INTERFACE (how pyx/ kernels plug in)
 --------------------------------------------------
 Each module named in ``WEIGHT_KERNELS`` (``llmcore._kernels.<name>``, built from
 ``pyx/<name>.pyx``: ``quants`` for float and legacy quants, ``kquants`` for K-quants and
-MXFP4) provides exactly:
+MXFP4, ``iquants`` for IQ4_NL and IQ4_XS) provides exactly:
 
 - ``SUPPORTED``: frozenset of the ggml type ids it handles; ``SIMD_LEVEL``: the kernel path
   this build uses, "avx512vnni", "avx2" or "c".
@@ -127,7 +127,7 @@ class WeightArena:
 ARENA = WeightArena()
 
 # kernel modules in llmcore._kernels implementing the interface above
-WEIGHT_KERNELS = ("quants", "kquants")
+WEIGHT_KERNELS = ("quants", "kquants", "iquants")
 _module_of_type: dict[int, object] | None = None
 
 
