@@ -137,13 +137,15 @@ cdef class Packed:
         return f"iquants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
+def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
     """Prepare raw GGUF rows for matmul.
 
     raw : uint8 (rows, bytes_per_row), C-contiguous; the raw layout keeps a view of it
     repack : None: repacked where this build has the layout (AVX-512 VNNI), unless
         LLMCORE_IQ_REPACK=0; True: repacked where this build has the layout; False: the GGUF
         layout (llama.cpp's float order)
+    alloc : None, or alloc(nbytes) -> writable 64-byte aligned uint8 (nbytes,) for the
+        repacked layout (the weight arena); None: a fresh allocation
     Single-threaded, like quants.pack.
     """
     cdef Packed pk = Packed.__new__(Packed)
@@ -156,7 +158,7 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
     if repack and iq_rp_supported(ggml_type) and pk.rows > 0 and pk.cols > 0:
         pk.layout = "repacked16"
         pk.raw = None
-        pk.buf = _repack(raw, ggml_type, pk.cols, pk.ngroups)
+        pk.buf = _repack(raw, ggml_type, pk.cols, pk.ngroups, alloc)
         pk.nbytes = pk.buf.shape[0]
     else:
         pk.layout = "raw"
@@ -166,11 +168,16 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
     return pk
 
 
-cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups):
+cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups, alloc):
     cdef int64_t gb = iq_rp_group_bytes(t, k), size = gb * ngroups
-    arr = np.empty(size + 64, dtype=np.uint8)
-    off = (-arr.ctypes.data) % 64
-    arr = arr[off:off + size]
+    if alloc is not None:
+        arr = alloc(size)
+        if arr.dtype != np.uint8 or arr.shape != (size,) or arr.ctypes.data % 64:
+            raise ValueError("pack: alloc must return a 64-byte aligned uint8 array of the asked size")
+    else:
+        arr = np.empty(size + 64, dtype=np.uint8)
+        off = (-arr.ctypes.data) % 64
+        arr = arr[off:off + size]
     cdef uint8_t[::1] ov = arr
     cdef int64_t stride = rv.strides[0], rows = rv.shape[0]
     with nogil:
