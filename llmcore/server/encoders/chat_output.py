@@ -13,20 +13,10 @@ class _SpecialText:
 
     def __init__(self, tok):
         self.tok = tok
-        try:
-            self.dec = tok.stream_decoder(special=True)
-        except TypeError:
-            self.dec = tok.stream_decoder()
+        self.dec = tok.stream_decoder(special=True)
 
     def __call__(self, ev: TokenEvent) -> str:
-        is_eog = getattr(self.tok, "is_eog", None)
-        eog = getattr(self.tok, "eog_ids", ())
-        out = ""
-        for t in ev.tokens:
-            if (is_eog(t) if is_eog else t in eog):
-                continue
-            out += self.dec.feed(t)
-        return out
+        return "".join(self.dec.feed(t) for t in ev.tokens if not self.tok.is_eog(t))
 
 
 _OPENS = ("<|channel|>analysis",)
