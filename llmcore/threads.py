@@ -43,6 +43,25 @@ def get_num_threads() -> int:
     return _n_threads
 
 
+def other_runnable() -> int | None:
+    """Threads of other processes running or waiting for a CPU right now (Linux: the
+    runnable count in /proc/loadavg minus this process's runnable threads); None where that
+    cannot be read."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+        mine = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                    mine += f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+            except (OSError, IndexError):
+                continue
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, running - max(1, mine))
+
+
 class AdaptiveThreads:
     """Thread count for memory-bound decode steps, chosen by measured step time.
 
@@ -53,11 +72,18 @@ class AdaptiveThreads:
     other one is re-measured now and then (the fresh time replaces its old mean): after
     `explore_every` steps, and each time it loses again twice as many steps later (at most
     `max_backoff` times `explore_every`), because on a busy machine an exploring step can
-    cost several normal ones. A re-measured count that wins resets the interval.
+    cost several normal ones. A re-measured count that wins resets the interval. More
+    threads are not tried at all while other processes' runnable threads leave fewer free
+    CPUs than that (`busy()`, default :func:`other_runnable`): such a step waits for a
+    descheduled thread, so on a crowded machine one thread is the choice without paying for
+    the measurement (the check runs only when a measurement of `n_max` is due).
     """
 
-    def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5, max_backoff: int = 8):
+    def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5, max_backoff: int = 8,
+                 busy=other_runnable, n_cpus: int | None = None):
         self.n_max = max(1, n_max)
+        self.busy = busy
+        self.n_cpus = available_cpus() if n_cpus is None else n_cpus
         self.explore_every = explore_every
         self.max_every = explore_every * max(1, max_backoff)
         self.alpha = alpha
@@ -71,6 +97,10 @@ class AdaptiveThreads:
     def bucket(n_tokens: int) -> int:
         return 1 if n_tokens <= 1 else 4 if n_tokens <= 4 else 16 if n_tokens <= 16 else 64
 
+    def _crowded(self) -> bool:
+        others = self.busy() if self.busy is not None else None
+        return others is not None and others + self.n_max > self.n_cpus
+
     def _best(self, b: int) -> int:
         return min((1, self.n_max), key=lambda n: self._ema[(b, n)])
 
@@ -83,12 +113,15 @@ class AdaptiveThreads:
         cands = (1, self.n_max)
         unmeasured = [n for n in cands if (b, n) not in self._ema]
         if unmeasured:
-            return unmeasured[0]
+            n = unmeasured[0]
+            return 1 if n == self.n_max and self._crowded() else n
         best = self._best(b)
         if step >= self._next.setdefault(b, step + self.explore_every):
             every = self._every.get(b, self.explore_every)
             self._next[b] = step + every
             other = cands[1] if best == cands[0] else cands[0]
+            if other == self.n_max and self._crowded():
+                return best  # not now: look again after the interval
             self._exploring[b] = (other, step)
             return other
         return best

@@ -1,4 +1,4 @@
-from llmcore.threads import AdaptiveThreads, resolve
+from llmcore.threads import AdaptiveThreads, other_runnable, resolve
 
 
 def test_resolve():
@@ -14,8 +14,12 @@ def _drive(at, cost, steps, n_tokens=1):
     return used
 
 
+def quiet():
+    return 0
+
+
 def test_adaptive_prefers_the_faster_count_and_keeps_exploring():
-    at = AdaptiveThreads(2, explore_every=8)
+    at = AdaptiveThreads(2, explore_every=8, busy=quiet, n_cpus=2)
     used = _drive(at, {1: 1.0, 2: 3.0}, 64)  # one thread is faster (a busy machine)
     assert used.count(1) > 50 and 2 in used[8:]  # mostly 1, but 2 is re-measured now and then
     # the machine goes quiet: two threads become faster, and the choice follows (at the
@@ -25,7 +29,7 @@ def test_adaptive_prefers_the_faster_count_and_keeps_exploring():
 
 
 def test_adaptive_explores_less_often_while_the_other_count_keeps_losing():
-    at = AdaptiveThreads(2, explore_every=8, max_backoff=8)
+    at = AdaptiveThreads(2, explore_every=8, max_backoff=8, busy=quiet, n_cpus=2)
     used = _drive(at, {1: 1.0, 2: 5.0}, 512)  # a busy machine: an exploring step costs 5
     explored = [i for i, n in enumerate(used) if n == 2]  # [0]: the first measurement
     gaps = [b - a for a, b in zip(explored, explored[1:])]
@@ -36,7 +40,7 @@ def test_adaptive_explores_less_often_while_the_other_count_keeps_losing():
 
 
 def test_adaptive_buckets_and_single_thread():
-    at = AdaptiveThreads(2, explore_every=4)
+    at = AdaptiveThreads(2, explore_every=4, busy=quiet, n_cpus=2)
     _drive(at, {1: 1.0, 2: 2.0}, 16, n_tokens=1)
     _drive(at, {1: 2.0, 2: 1.0}, 16, n_tokens=8)
     # each bucket keeps its own measurements: 1 thread for single tokens, 2 for 8-token
@@ -45,3 +49,21 @@ def test_adaptive_buckets_and_single_thread():
     picks8 = [at.choose(8) for _ in range(8)]
     assert picks1.count(1) >= 6 and picks8.count(2) >= 6
     assert AdaptiveThreads(1).choose(5) == 1
+
+
+def test_adaptive_does_not_try_more_threads_while_another_process_holds_a_cpu():
+    others = [1]
+    at = AdaptiveThreads(2, explore_every=8, busy=lambda: others[0], n_cpus=2)
+    used = _drive(at, {1: 1.0, 2: 0.4}, 40)  # 2 would be faster, but a CPU is taken
+    assert used == [1] * 40
+    others[0] = 0  # the other process is gone: 2 threads are measured, and win
+    used = _drive(at, {1: 1.0, 2: 0.4}, 40)
+    assert used[-30:].count(2) >= 27  # (1 thread is re-measured now and then)
+    others[0] = 1  # crowded again: 2 threads get slow, 1 is re-measured, and wins
+    used = _drive(at, {1: 1.0, 2: 5.0}, 80)
+    assert used[-30:] == [1] * 30
+
+
+def test_other_runnable_reads_the_machine():
+    n = other_runnable()
+    assert n is None or n >= 0
