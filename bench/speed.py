@@ -81,6 +81,7 @@ class LLMCore:
         self.model = load_model(path, **cfg)
         self.path = path
         self.ub = ub
+        self.steps_at: dict[int, int] = {}  # decode steps run at each thread count
 
     def prefill(self, toks) -> float:
         from llmcore import threads
@@ -106,6 +107,7 @@ class LLMCore:
         t0 = time.perf_counter()
         for _ in range(n):
             nt = self.adaptive.choose(1) if n_threads is None else n_threads
+            self.steps_at[nt] = self.steps_at.get(nt, 0) + 1
             threads.set_num_threads(nt)
             ts = time.perf_counter()
             logits = self.model.forward([(st, np.array([t], dtype=np.int32))])
@@ -195,7 +197,7 @@ def busy_main(a) -> int:
     try:
         time.sleep(0.5)
         for r in range(a.reps):
-            for nt in nts:
+            for nt in (nts if r % 2 == 0 else nts[::-1]):  # alternate the order: same load for both
                 res[("llmcore", nt)].append(a.tg / mine.generate(short, a.tg, None if nt == a.threads else nt))
                 if why is None:
                     res[("llama.cpp", nt)] += measure_in_subprocess(path, nt, 16, a.tg)["tg"]
@@ -206,7 +208,8 @@ def busy_main(a) -> int:
         hog.wait()
     print()
     print(f"model {os.path.basename(path)}, tg{a.tg}, one competing busy process, median of {a.reps}; "
-          f"llmcore at {a.threads} threads chooses 1 or {a.threads} per step by measured speed")
+          f"llmcore at {a.threads} threads chooses 1 or {a.threads} per step by measured speed "
+          f"(decode steps per thread count, all runs: {dict(sorted(mine.steps_at.items()))})")
     print("| engine | " + " | ".join(f"tg{a.tg} {nt} thread{'s' if nt > 1 else ''} t/s" for nt in nts)
           + f" | {a.threads} threads / 1 thread |")
     print("|---" * (len(nts) + 2) + "|")
