@@ -916,9 +916,9 @@ typedef struct {
 
 /* ---------------------------------------------------------------- AMX (int8 tiles) */
 /* Builds for a CPU with AMX-INT8 (-march=native there) run token tiles of Q4_K / Q5_K / Q6_K
- * on AMX tiles. A group's super-blocks are first unpacked to VNNI chunks (chunk J: values
- * 4J..4J+3 of each of the 16 rows, the VNNI kernel's wl/wh), once per work item; then per
- * sub-block (32 values for Q4_K/Q5_K, 16 for Q6_K, one scale each) one TDPBSUD gives the
+ * on AMX tiles. A group's super-blocks are unpacked to VNNI chunks (chunk J: values
+ * 4J..4J+3 of each of the 16 rows, the VNNI kernel's wl/wh) once per work item, by its
+ * first tile block by block; per sub-block (32 values for Q4_K/Q5_K, 16 for Q6_K, one scale each) one TDPBSUD gives the
  * 16 tokens x 16 rows integer dots (A: 16 activation rows of the sub-block, stride one q8_K
  * row; B: its chunks). The integer sums (dot x scale, the mins, Q6_K's offset) are exact, so
  * they equal the VNNI kernel's, and the float updates are the VNNI kernel's operation for
@@ -938,13 +938,17 @@ typedef struct {
 static int kq_amx_on = 0;
 /* Fewest tokens of a tile worth the AMX kernel (below: the VNNI kernel, 4 tokens a call),
  * and of a work item: a group's weights are unpacked for the tile unit once per work item,
- * which pays off over one tile for Q5_K (whose VNNI kernel merges the high bits per 4-token
- * call) but only over a few for Q4_K and Q6_K (an MoE expert's ~16 tokens run as fast on
- * VNNI). Measured on a Xeon with AMX (-t 1). kq_amx_min_tokens > 0 overrides both (tests). */
+ * (the first tile unpacks as it goes, the tile unit working meanwhile), which pays off over
+ * one tile for Q5_K (whose VNNI kernel merges the high bits per 4-token call), over a
+ * nearly full one for Q4_K (an MoE expert's ~16 tokens: 1.2x) and a few for Q6_K (16
+ * sub-blocks a super-block). Measured on a Xeon with AMX (-t 1). kq_amx_min_tokens > 0
+ * overrides both (tests). */
 static int kq_amx_min_tokens = 0;
 static int kq_amx_min_call = 0;
 static inline int kq_amx_tile_min(int t) { return kq_amx_min_tokens ? kq_amx_min_tokens : t == KQ_Q5_K ? 10 : 12; }
-static inline int kq_amx_call_min(int t) { return kq_amx_min_call ? kq_amx_min_call : t == KQ_Q5_K ? 10 : 32; }
+static inline int kq_amx_call_min(int t) {
+    return kq_amx_min_call ? kq_amx_min_call : t == KQ_Q5_K ? 10 : t == KQ_Q4_K ? 14 : 32;
+}
 
 static int kq_amx_init(int enable) {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -1028,17 +1032,21 @@ kq_amx_dots(const int nsb, const int sbv, const uint8_t *ub, const int8_t *qa, i
  * pipelined: the tile unit computes super-block b+1's dots while the vector units turn
  * super-block b's into the float sums. */
 static inline __attribute__((always_inline)) void
-kq_amx_kernel(const int t, const uint8_t *G, const uint8_t *U, int64_t nb, const kq_q8k *A, int ntok,
-              float *Y, int64_t ldy, __mmask16 store_mask) {
+kq_amx_kernel(const int t, const uint8_t *G, uint8_t *U, int64_t nb, const kq_q8k *A, int ntok,
+              float *Y, int64_t ldy, __mmask16 store_mask, const int unpack) {
     const int six = t == KQ_Q6_K;
     const int nsb = six ? 16 : 8, sbv = six ? 16 : 32;
     const int64_t tb = kq_rp_tile_bytes(t), as = nb * (int64_t)sizeof(kq_q8k);
     __attribute__((aligned(64))) int32_t cbuf[2][16][256];
     __m512 f[16];
     for (int u = 0; u < 16; u++) f[u] = _mm512_setzero_ps();
+    if (unpack) kq_amx_unpack(t, G, U);
     kq_amx_dots(nsb, sbv, U, A[0].qs, as, cbuf[0]);
     for (int64_t b = 0; b < nb; b++) {
-        if (b + 1 < nb) kq_amx_dots(nsb, sbv, U + (b + 1) * 4096, A[b + 1].qs, as, cbuf[(b + 1) & 1]);
+        if (b + 1 < nb) {
+            if (unpack) kq_amx_unpack(t, G + (b + 1) * tb, U + (b + 1) * 4096);
+            kq_amx_dots(nsb, sbv, U + (b + 1) * 4096, A[b + 1].qs, as, cbuf[(b + 1) & 1]);
+        }
         int32_t (*cb)[256] = cbuf[b & 1];
         const uint8_t *tile = G + b * tb;
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
@@ -1111,20 +1119,15 @@ static int64_t kq_amx_group(const int t, const uint8_t *G, int64_t nb, const kq_
         kq_amx_ucap = kq_amx_ubuf ? need : 0;
         if (!kq_amx_ubuf) return 0;
     }
-    const int64_t tb = kq_rp_tile_bytes(t);
-    for (int64_t b = 0; b < nb; b++) {
-        if (t == KQ_Q4_K) kq_amx_unpack(KQ_Q4_K, G + b * tb, kq_amx_ubuf + b * 4096);
-        else if (t == KQ_Q5_K) kq_amx_unpack(KQ_Q5_K, G + b * tb, kq_amx_ubuf + b * 4096);
-        else kq_amx_unpack(KQ_Q6_K, G + b * tb, kq_amx_ubuf + b * 4096);
-    }
     kq_amx_config(t == KQ_Q6_K ? 16 : 32);
     int64_t j = 0;
     while (j < n && n - j >= min_tile) {
         const int nt = n - j >= 16 ? 16 : (int)(n - j);
         const kq_q8k *a = (const kq_q8k *)((const uint8_t *)A + j * nb * (int64_t)sizeof(kq_q8k));
-        if (t == KQ_Q4_K) kq_amx_kernel(KQ_Q4_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask);
-        else if (t == KQ_Q5_K) kq_amx_kernel(KQ_Q5_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask);
-        else kq_amx_kernel(KQ_Q6_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask);
+        const int first = j == 0; /* the first tile unpacks the group as it goes */
+        if (t == KQ_Q4_K) kq_amx_kernel(KQ_Q4_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        else if (t == KQ_Q5_K) kq_amx_kernel(KQ_Q5_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        else kq_amx_kernel(KQ_Q6_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
         j += nt;
     }
     _tile_release();
