@@ -3,7 +3,8 @@ this file first.
 
 Modules: ``norms``, ``rope``, ``activations``, ``kv_rows``, ``attention`` (the ops of
 llmcore.nn), ``quants``, ``kquants`` and ``iquants`` (the weight formats of llmcore.quant, one
-interface), ``ssm`` (llmcore.ssm).
+interface), ``ssm`` (llmcore.ssm), ``deltanet`` (llmcore.models.deltanet), ``moe`` (the
+expert-output sum of llmcore.models.moe).
 
 ``ENABLED`` is the one switch between these kernels and the NumPy reference versions of the
 same ops: ``LLMCORE_NO_KERNELS=1`` in the environment (read once, at import) turns the kernels
