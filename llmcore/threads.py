@@ -73,10 +73,11 @@ class AdaptiveThreads:
     `explore_every` steps, and each time it loses again twice as many steps later (at most
     `max_backoff` times `explore_every`), because on a busy machine an exploring step can
     cost several normal ones. A re-measured count that wins resets the interval. More
-    threads are not tried at all while other processes' runnable threads leave fewer free
-    CPUs than that (`busy()`, default :func:`other_runnable`): such a step waits for a
-    descheduled thread, so on a crowded machine one thread is the choice without paying for
-    the measurement (the check runs only when a measurement of `n_max` is due).
+    threads are not tried at all while other processes' runnable threads fill every CPU
+    (`busy()`, default :func:`other_runnable`): such a step waits for descheduled threads, so
+    there one thread is the choice without paying for the measurement (the check runs only
+    when a measurement of `n_max` is due). With fewer competitors (one busy process on two
+    cores) two threads can win, since they get a larger share of the CPUs: measured.
     """
 
     def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5, max_backoff: int = 8,
@@ -99,7 +100,7 @@ class AdaptiveThreads:
 
     def _crowded(self) -> bool:
         others = self.busy() if self.busy is not None else None
-        return others is not None and others + self.n_max > self.n_cpus
+        return others is not None and others >= self.n_cpus
 
     def _best(self, b: int) -> int:
         return min((1, self.n_max), key=lambda n: self._ema[(b, n)])

@@ -51,15 +51,15 @@ def test_adaptive_buckets_and_single_thread():
     assert AdaptiveThreads(1).choose(5) == 1
 
 
-def test_adaptive_does_not_try_more_threads_while_another_process_holds_a_cpu():
-    others = [1]
+def test_adaptive_does_not_try_more_threads_while_other_processes_fill_the_cpus():
+    others = [2]
     at = AdaptiveThreads(2, explore_every=8, busy=lambda: others[0], n_cpus=2)
-    used = _drive(at, {1: 1.0, 2: 0.4}, 40)  # 2 would be faster, but a CPU is taken
+    used = _drive(at, {1: 1.0, 2: 0.4}, 40)  # 2 would be faster, but every CPU is taken
     assert used == [1] * 40
-    others[0] = 0  # the other process is gone: 2 threads are measured, and win
+    others[0] = 1  # one CPU free again: 2 threads are measured, and win
     used = _drive(at, {1: 1.0, 2: 0.4}, 40)
     assert used[-30:].count(2) >= 27  # (1 thread is re-measured now and then)
-    others[0] = 1  # crowded again: 2 threads get slow, 1 is re-measured, and wins
+    others[0] = 3  # crowded again: 2 threads get slow, 1 is re-measured, and wins
     used = _drive(at, {1: 1.0, 2: 5.0}, 80)
     assert used[-30:] == [1] * 30
 
