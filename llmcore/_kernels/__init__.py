@@ -31,8 +31,10 @@ SPIN_COUNT = int(os.environ.get("LLMCORE_OMP_SPIN", "0") or 0)
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ["LLMCORE_SET_OMP_WAIT_POLICY"] = "1"  # so child processes can tell it was us
-    if "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = str(max(0, SPIN_COUNT))
+    # (only when asked: PASSIVE alone means no spin, and child processes such as the
+    # benchmarks' llama.cpp peers then inherit nothing they must undo)
+    if SPIN_COUNT > 0 and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
         os.environ["LLMCORE_SET_GOMP_SPINCOUNT"] = "1"
 
 # A spinning waiter makes splitting a small matmul over threads cheap (quant.MIN_BYTES_PER_THREAD)
