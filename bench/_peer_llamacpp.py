@@ -175,6 +175,8 @@ def measure_in_subprocess(model: str, threads: int, pp: int, tg: int, reps: int 
     env = dict(os.environ)
     if env.get("LLMCORE_SET_OMP_WAIT_POLICY") == "1":  # set by llmcore, not by the user
         env.pop("OMP_WAIT_POLICY", None)
+    if env.get("LLMCORE_SET_GOMP_SPINCOUNT") == "1":
+        env.pop("GOMP_SPINCOUNT", None)
     cmd = [sys.executable, os.path.abspath(__file__), model, "-t", str(threads), "--pp", str(pp),
            "--tg", str(tg), "--reps", str(reps), "--seed", str(seed)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
