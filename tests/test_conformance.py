@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from llmcore.models import load_model
-from oracle import N_GREEDY, PROMPTS, check, load_oracle, oracle_prompt, run_greedy
+from oracle import PROMPTS, check, check_within_own_variation, load_oracle, oracle_prompt
 
 
 @pytest.fixture(scope="module")
@@ -37,27 +37,14 @@ def test_tiny_qwen3_q4_k_m(qwen3_q4km, name):
     check(model, p, ref, max_rel_std=0.06, noise=0.3)
 
 
-def _llamacpp_exact_kernels():
-    """AVX-512 VNNI builds reproduce llama.cpp's CPU (AVX-512) float summation orders for
-    Q4_1 matmuls, softmax/SiLU exp and f16-KV attention bit for bit."""
-    try:
-        from llmcore._kernels import quants
-    except ImportError:
-        return False
-    return getattr(quants, "SIMD_LEVEL", "") == "avx512vnni"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PROMPTS)
 def test_smollm2(smollm2, name):
+    # attention sums in its own order (blocked, online softmax), which Q4_1's quantized
+    # activations amplify to a few % of the logits' spread: as much as llama.cpp's own
+    # flash-attention run moves (check_within_own_variation), greedy tokens the same but at
+    # the oracle's near-ties
     model, oracle = smollm2
     p, ref = oracle_prompt(oracle, name)
-    if not _llamacpp_exact_kernels():
-        check(model, p, ref, max_rel_std=0.06, noise=1.0)
-        return
-    # same roundings in the same order as llama.cpp: logits equal up to the Q8_0 output
-    # head's last bits, the first 16 greedy tokens identical on every prompt
-    last, gen = run_greedy(model, p, N_GREEDY)
-    rel_std = float(np.std(last - ref) / np.std(ref))
-    assert rel_std < 1e-5, f"{name}: rel std {rel_std:.2e}"
-    assert gen == [int(x) for x in p["generated"][:N_GREEDY]], f"{name}: greedy differs from llama.cpp"
+    last = check(model, p, ref, max_rel_std=0.06, noise=1.0)
+    check_within_own_variation(last, p, ref)
