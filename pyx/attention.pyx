@@ -56,7 +56,8 @@ if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8
 
 cdef enum:
     # a sequence with at most this many query rows per kv head (query tokens x GQA group)
-    # takes the rows kernel (decode); more take the tile kernel (prefill)
+    # takes the rows kernel (decode); more take the tile kernel (prefill). Decodes that
+    # share blocks take the tile kernel there when together they have this many rows.
     ROWS_MAX_QG = 16
     # rows items cover chunks of this many keys at fixed positions (0, CHUNK_KEYS, ...), so
     # a sequence's result does not depend on the batch it is decoded in
@@ -160,12 +161,14 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
 # ---- attention ---------------------------------------------------------------------------
 #
 # Work items (simd_attention.h): a set of query rows of one kv head (tokens x heads of its
-# group) and a range of K/V blocks. Prefill tokens of a sequence form tiles of up to 48 rows
+# group) and a range of K/V blocks. Prefill tokens of a sequence form tiles of up to 96 rows
 # over the keys the tile sees (split along the keys, at block boundaries, when the call has
 # few items). Decode tokens (few rows) form items per fixed key chunk; decode sequences whose
 # blocks in a chunk are the same (a shared prefix) are one item, so each shared block is read
-# once per step for all of them. A row covered by several items ends as partials (o, m, l),
-# merged in chunk order. Items depend on the shapes and tables only, never on the thread count.
+# once per step for all of them (with the rows kernel while they are few: each sequence gets
+# the bits it gets alone; with the tile kernel when they have 16 or more rows per kv head).
+# A row covered by several items ends as partials (o, m, l), merged in chunk order. Items
+# depend on the shapes and tables only, never on the thread count.
 
 cdef int _cmp_cost(const void *a, const void *b) noexcept nogil:
     """qsort: costlier items first (rows x blocks), ties in plan order."""
@@ -436,9 +439,21 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
                     toks[n_toks] = t
                     n_toks += 1
                 m = mem_next[m]
-            # all heads in one item when the rows fit (each block read front to back once),
-            # else items per kv head (or head chunk) of up to T_rows tokens
-            if (n_toks - tk0) * H <= ATTN_MAX_ROWS:
+            # many rows per kv head (decodes sharing these blocks): tile items (rows in
+            # lanes); else all heads in one rows item when they fit (each block read front
+            # to back once), else rows items per kv head (or head chunk)
+            if (n_toks - tk0) * Gi >= ROWS_MAX_QG:
+                tk = tk0
+                while tk < n_toks:
+                    for kvh in range(KVH):
+                        for gc in range(n_gc):
+                            _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
+                                       kvh * G + min(G, (gc + 1) * Gi), tk, min(tk + T_tile, n_toks),
+                                       grp_b0[gi], grp_b1[gi], ch)
+                            items[n_items].kind = 0
+                            n_items += 1
+                    tk += T_tile
+            elif (n_toks - tk0) * H <= ATTN_MAX_ROWS:
                 _rows_item(&items[n_items], grp_rep[gi], 0, H, tk0, n_toks, grp_b0[gi], grp_b1[gi], ch)
                 n_items += 1
             else:

@@ -13,13 +13,14 @@
  * the item's other key ranges. Two kernels:
  *
  * - tile (prefill, many query rows): rows in vector lanes. Q^T (D x rows) is transposed once
- *   per item; S^T = K Q^T is an 8 keys x 48 rows register tile, the softmax statistics are
- *   per lane, P.V an (up to) 6 rows x 64 values register tile.
+ *   per item; S^T = K Q^T is an 8 keys x 48 rows register tile (two passes for 96 rows), the
+ *   softmax statistics are per lane, P.V an (up to) 6 rows x 64 values register tile.
  * - rows (decode, few rows per sequence): keys in vector lanes. Each score is one fma chain
  *   over the head dim reduced by simd_hsum16x16, P.V accumulates rows x 64 values. Every
  *   row's arithmetic is independent of the other rows of the item and of the keys the item
  *   reads beyond the row's own range, so a sequence decoded in a batch (sharing blocks with
- *   others) gets the bits it gets alone.
+ *   a few others) gets the bits it gets alone; many decode rows sharing blocks take the
+ *   tile kernel.
  *
  * Scores are (q * scale) . k, q rounded to f16 first for an f16 cache (llama.cpp's K.Q takes
  * q as f16). Every function has a plain C fallback (LLMCORE_PORTABLE=1 builds it). */
@@ -202,27 +203,28 @@ static void attn_merge(const attn_ctx *c, int t, int h) {
 
 /* st[j*ldq + r] = sum_d k[j*ldk + d] * qt[d*ldq + r], j < nk, r < 16*nv */
 #if ATTN_AVX512
+/* NK keys x NV lane vectors of accumulators (NK * NV <= 24 registers) */
 static inline __attribute__((always_inline)) void attn_tile_scores_nv(
-        const int NV, const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st) {
+        const int NV, const int NK, const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st) {
     int j0 = 0;
-    for (; j0 + 8 <= nk; j0 += 8) {
-        __m512 a[8][3];
-        for (int jj = 0; jj < 8; jj++)
+    for (; j0 + NK <= nk; j0 += NK) {
+        __m512 a[16][4];
+        for (int jj = 0; jj < NK; jj++)
             for (int v = 0; v < NV; v++) a[jj][v] = _mm512_setzero_ps();
         const float *kr = k + (long)j0 * ldk;
         for (int d = 0; d < D; d++) {
-            __m512 qv[3];
+            __m512 qv[4];
             for (int v = 0; v < NV; v++) qv[v] = _mm512_loadu_ps(qt + (long)d * ldq + 16 * v);
-            for (int jj = 0; jj < 8; jj++) {
+            for (int jj = 0; jj < NK; jj++) {
                 const __m512 kb = _mm512_set1_ps(kr[jj * ldk + d]);
                 for (int v = 0; v < NV; v++) a[jj][v] = _mm512_fmadd_ps(kb, qv[v], a[jj][v]);
             }
         }
-        for (int jj = 0; jj < 8; jj++)
+        for (int jj = 0; jj < NK; jj++)
             for (int v = 0; v < NV; v++) _mm512_storeu_ps(st + (long)(j0 + jj) * ldq + 16 * v, a[jj][v]);
     }
     for (; j0 < nk; j0++) {
-        __m512 a[3];
+        __m512 a[4];
         for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
         const float *kr = k + (long)j0 * ldk;
         for (int d = 0; d < D; d++) {
@@ -236,12 +238,19 @@ static inline __attribute__((always_inline)) void attn_tile_scores_nv(
 
 static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st) {
 #if ATTN_AVX512
-    for (int v0 = 0; v0 < nv; v0 += 3)  /* 48 lanes a pass (K from L1 again) */
-        switch (nv - v0) {
-            case 1: attn_tile_scores_nv(1, qt + 16 * v0, ldq, k, ldk, nk, D, st + 16 * v0); break;
-            case 2: attn_tile_scores_nv(2, qt + 16 * v0, ldq, k, ldk, nk, D, st + 16 * v0); break;
-            default: attn_tile_scores_nv(3, qt + 16 * v0, ldq, k, ldk, nk, D, st + 16 * v0); break;
+    /* passes of up to 4 lane vectors (K read again from L1 per pass): 4, 3 | 2, 3 | 3 */
+    for (int v0 = 0; v0 < nv;) {
+        const int left = nv - v0, w = left == 4 ? 4 : left >= 3 ? 3 : left;
+        const float *q = qt + 16 * v0;
+        float *o = st + 16 * v0;
+        switch (w) {
+            case 1: attn_tile_scores_nv(1, 16, q, ldq, k, ldk, nk, D, o); break;
+            case 2: attn_tile_scores_nv(2, 12, q, ldq, k, ldk, nk, D, o); break;
+            case 3: attn_tile_scores_nv(3, 8, q, ldq, k, ldk, nk, D, o); break;
+            default: attn_tile_scores_nv(4, 6, q, ldq, k, ldk, nk, D, o); break;
         }
+        v0 += w;
+    }
 #else
     const int R = 16 * nv;
     for (int j = 0; j < nk; j++) {
@@ -501,26 +510,49 @@ static inline __m512 attn_kvec(const void *k, const int F16, long off, __mmask16
 
 /* s[r*ldS + j] = q_r . k_j for r < RB and keys j of [j0, j1) (16-key groups from j0 & ~15;
  * keys of a group outside [j0, j1) get 0). Each score: one fma chain over d, reduced by
- * simd_hsum16x16, so it depends on its row and key only. */
-static inline __attribute__((always_inline)) void attn_rows_scores_rb(
-        const int RB, const int F16, const float *q, int D, const void *k, long ldk, int j0, int j1,
+ * simd_hsum16x16, so it depends on its row and key only. ND > 0: D == 16 * ND, the rows'
+ * q held in registers; ND == 0: any D (masked tail). */
+static inline __attribute__((always_inline)) void attn_rows_scores_nd(
+        const int RB, const int F16, const int ND, const float *q, int D, const void *k, long ldk, int j0, int j1,
         float *s, int ldS) {
+    __m512 qv[4][4];
+    if (ND > 0)
+        for (int r = 0; r < RB; r++)
+            for (int i = 0; i < ND; i++) qv[r][i] = _mm512_loadu_ps(q + (long)r * D + 16 * i);
     for (int jb = j0 & ~15; jb < j1; jb += 16) {
         __m512 tmp[4][16];
         for (int jj = 0; jj < 16; jj++) {
             const int j = jb + jj, slot = 4 * (jj & 3) + (jj >> 2);  /* simd_hsum16x16's order */
             __m512 a[4];
             for (int r = 0; r < RB; r++) a[r] = _mm512_setzero_ps();
-            if (j >= j0 && j < j1)
-                for (int d = 0; d < D; d += 16) {
-                    const __mmask16 msk = simd_mask16(D - d);
-                    const __m512 kv = attn_kvec(k, F16, (long)j * ldk + d, msk);
-                    for (int r = 0; r < RB; r++)
-                        a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, q + (long)r * D + d), kv, a[r]);
+            if (j >= j0 && j < j1) {
+                if (ND > 0) {
+                    for (int i = 0; i < ND; i++) {
+                        const __m512 kv = attn_kvec(k, F16, (long)j * ldk + 16 * i, (__mmask16)0xFFFF);
+                        for (int r = 0; r < RB; r++) a[r] = _mm512_fmadd_ps(qv[r][i], kv, a[r]);
+                    }
+                } else {
+                    for (int d = 0; d < D; d += 16) {
+                        const __mmask16 msk = simd_mask16(D - d);
+                        const __m512 kv = attn_kvec(k, F16, (long)j * ldk + d, msk);
+                        for (int r = 0; r < RB; r++)
+                            a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, q + (long)r * D + d), kv, a[r]);
+                    }
                 }
+            }
             for (int r = 0; r < RB; r++) tmp[r][slot] = a[r];
         }
         for (int r = 0; r < RB; r++) _mm512_storeu_ps(s + (long)r * ldS + jb, simd_hsum16x16(tmp[r]));
+    }
+}
+
+static inline __attribute__((always_inline)) void attn_rows_scores_rb(
+        const int RB, const int F16, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        float *s, int ldS) {
+    switch (D) {  /* the common head dims with q in registers (same sums as the loop) */
+        case 64: attn_rows_scores_nd(RB, F16, 4, q, D, k, ldk, j0, j1, s, ldS); break;
+        case 32: attn_rows_scores_nd(RB, F16, 2, q, D, k, ldk, j0, j1, s, ldS); break;
+        default: attn_rows_scores_nd(RB, F16, 0, q, D, k, ldk, j0, j1, s, ldS); break;
     }
 }
 

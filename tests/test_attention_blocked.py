@@ -116,10 +116,12 @@ def shared_prefix_case(kv_type, *, n_seq, prefix, tails, H=9, KVH=3, D=64, bs=32
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
-@pytest.mark.parametrize("n_seq,H,KVH", [(4, 9, 3), (12, 9, 3), (6, 4, 1), (3, 64, 8)])
-def test_shared_prefix_batched_decode_equals_each_alone(kv_type, n_seq, H, KVH):
-    # the shared chunks are one item for all the sequences (rows of several sequences, per
-    # kv head when they do not fit one item); the bits are those of each sequence alone
+@pytest.mark.parametrize("n_seq,H,KVH,exact", [(4, 9, 3, True), (3, 4, 1, True), (5, 16, 8, True),
+                                               (12, 9, 3, False), (6, 4, 1, False), (3, 64, 8, False)])
+def test_shared_prefix_batched_decode_equals_each_alone(kv_type, n_seq, H, KVH, exact):
+    # the shared chunks are one item for all the sequences: while they have fewer than 16
+    # rows per kv head (rows kernel) the bits are those of each sequence alone; with more
+    # (tile kernel) the same within float rounding
     tails = [3 + 37 * i % 300 for i in range(n_seq)]
     case = shared_prefix_case(kv_type, n_seq=n_seq, prefix=2 * CHUNK_KEYS + 64, tails=tails, H=H, KVH=KVH)
     q, k_pool, v_pool, tables, seg, q_pos = case
@@ -129,7 +131,10 @@ def test_shared_prefix_batched_decode_equals_each_alone(kv_type, n_seq, H, KVH):
         for s in range(n_seq):
             alone = nn.attention(q[s:s + 1], k_pool, v_pool, kv_type, tables[s:s + 1], np.array([0, 1], np.int32),
                                  q_pos[s:s + 1], 0.125, **kw)
-            np.testing.assert_array_equal(batched[s], alone[0])
+            if exact:
+                np.testing.assert_array_equal(batched[s], alone[0])
+            else:
+                np.testing.assert_allclose(batched[s], alone[0], rtol=1e-5, atol=1e-6)
         want = nn._ref_attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw)
         assert_close(batched, want)
 
