@@ -3,7 +3,8 @@
 llama.cpp in the same run, with the experts computed vs skipped.
 
     PYTHONPATH=. python bench/qwen35moe.py [--layers 4] [--vocab 32768] [--pp 512] [--tg 32]
-        [--streams 8] [--ctx 64] [--steps 16] [--reps 3] [-t 2] [--keep PATH] [--no-peer]
+        [--streams 8] [--ctx 64] [--steps 16] [--reps 3] [-t 2] [--mix iq4_xs] [--keep PATH]
+        [--no-peer]
 
 The model is written at run time (random weights, a few GB, not committed) with the real
 model's layer shapes but only --layers layers (every 4th full attention, the rest gated
@@ -22,6 +23,8 @@ DeltaNet), in a Q4_K / Q5_K / Q6_K / Q8_0 mix like the Unsloth UD-Q4_K_XL file's
 | ssm_out, attn_output, output | Q6_K |
 | token_embd | Q4_K |
 | norms, ssm_conv1d, ssm_a, ssm_dt, ssm_alpha, ssm_beta, routers | F32 |
+
+``--mix iq4_xs``: every quantized tensor IQ4_XS instead (an IQ4_XS file's mix).
 
 The vocabulary is cut to --vocab (the real one is 248320) so that the output head weighs
 on a few layers what it weighs on the real 40 (a 248320-row head would be most of the
@@ -64,11 +67,15 @@ SHAPES = dict(n_embd=2048, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_she
 
 # ---- the model file -------------------------------------------------------------------------
 
-def _types():
+MIXES = ("ud-q4_k_xl", "iq4_xs")
+
+
+def _types(mix: str = "ud-q4_k_xl"):
     from gguf import GGMLQuantizationType as QT
 
-    return dict(exp_gate_up=QT.Q4_K, exp_down=QT.Q5_K, shexp=QT.Q8_0, dn_in=QT.Q5_K, attn_q=QT.Q5_K,
-                attn_kv=QT.Q8_0, out_proj=QT.Q6_K, output=QT.Q6_K, embd=QT.Q4_K)
+    t = dict(exp_gate_up=QT.Q4_K, exp_down=QT.Q5_K, shexp=QT.Q8_0, dn_in=QT.Q5_K, attn_q=QT.Q5_K,
+             attn_kv=QT.Q8_0, out_proj=QT.Q6_K, output=QT.Q6_K, embd=QT.Q4_K)
+    return {k: QT.IQ4_XS for k in t} if mix == "iq4_xs" else t
 
 
 def random_blocks(rng, qt, shape, std: float) -> np.ndarray:
@@ -94,6 +101,8 @@ def random_blocks(rng, qt, shape, std: float) -> np.ndarray:
         put(2, 15.5 * std / 524)
     elif qt == QT.Q6_K:  # ql, qh, 16 x int8 scales, d: w = d*scale*(q-32)
         put(ts - 2, std / 1369)
+    elif qt == QT.IQ4_XS:  # d, 6-bit sub-block scales, 4-bit table indices: w = d*(ls-32)*kvalue
+        put(0, std / 1100)
     else:
         raise ValueError(f"no random blocks for {qt.name}")
     return raw.reshape(*lead, cols // bs * ts)
@@ -114,11 +123,10 @@ def add_spm_vocab(w, n_vocab: int) -> None:
     w.add_unk_token_id(0)
 
 
-def build_model(path: str, n_layer: int, n_vocab: int, seed: int = 0) -> str:
+def build_model(path: str, n_layer: int, n_vocab: int, seed: int = 0, mix: str = "ud-q4_k_xl") -> str:
     import gguf
-    from gguf import GGMLQuantizationType as QT
 
-    c, T = SHAPES, _types()
+    c, T = SHAPES, _types(mix)
     rng = np.random.default_rng(seed)
     d, E, ff, fs = c["n_embd"], c["n_expert"], c["n_ff_exp"], c["n_ff_shexp"]
     D, n_qk, n_v, K = c["d_state"], c["n_qk"], c["n_v"], c["d_conv"]
@@ -336,6 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=16, help="decode steps of the streams")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mix", choices=MIXES, default=MIXES[0], help="the weight types (see above)")
     ap.add_argument("--keep", help="write the model here and keep it (reused when it exists)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall clock, or each process's CPU time (use with -t 1 on a busy machine)")
@@ -356,7 +365,7 @@ def main(argv=None) -> int:
             tmp = tempfile.TemporaryDirectory(prefix="llmcore-bench-")
             path = os.path.join(tmp.name, "qwen35moe-shapes.gguf")
         t0 = time.perf_counter()
-        build_model(path, a.layers, a.vocab, a.seed)
+        build_model(path, a.layers, a.vocab, a.seed, a.mix)
         print(f"wrote {path} ({os.path.getsize(path) / 2**30:.2f} GiB) in {time.perf_counter() - t0:.0f} s",
               flush=True)
     try:
@@ -395,7 +404,7 @@ def run(a, path: str) -> int:
     med = {e: {k: statistics.median(v[k]) for k in keys if v[k]} for e, v in res.items() if v["pp"]}
     c = SHAPES
     print()
-    print(f"qwen35moe, Qwen3.6-35B-A3B layer shapes, {a.layers} layers ({a.layers - a.layers // 4} DeltaNet, "
+    print(f"qwen35moe ({a.mix}), Qwen3.6-35B-A3B layer shapes, {a.layers} layers ({a.layers - a.layers // 4} DeltaNet, "
           f"{a.layers // 4} attention), vocab {a.vocab}, {os.path.getsize(path) / 2**30:.2f} GiB; "
           f"{a.threads} thread(s), {a.clock} clock; median of {a.reps}; load average {os.getloadavg()[0]:.1f}")
     print(f"| engine | pp{a.pp} t/s | tg{a.tg} t/s (1 stream) | {a.streams} streams t/s (aggregate) | "

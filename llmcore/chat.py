@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from .errors import RequestError
+from .errors import ImagesNotSupportedError, RequestError
 
 log = logging.getLogger("llmcore")
 
@@ -49,6 +49,7 @@ CHATML_TEMPLATE = (
 )
 
 _TEXT_PART_TYPES = {"text", "input_text", "output_text"}
+IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image"})  # OpenAI, Anthropic, Responses
 
 
 # what a template gets from the server, never from a request's chat_template_kwargs
@@ -331,6 +332,8 @@ def flatten_content(content: Any, where: str = "message") -> Any:
         if not isinstance(part, Mapping):
             raise RequestError(f"{where}: each content part must be an object")
         ptype = part.get("type", "text")
+        if ptype in IMAGE_PART_TYPES:
+            raise ImagesNotSupportedError(where)
         if ptype not in _TEXT_PART_TYPES:
             raise RequestError(f"{where}: content part type {ptype!r} is not supported (text only)")
         text = part.get("text")
@@ -391,6 +394,18 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
+def _special_strings(tokenizer) -> dict:
+    def text(tid):
+        if tokenizer is None or tid is None:
+            return None
+        return tokenizer.token_text(tid)
+
+    return dict(bos_token=text(getattr(tokenizer, "bos_id", None)) or "",
+                eos_token=text(getattr(tokenizer, "eos_id", None)) or "",
+                pad_token=text(getattr(tokenizer, "pad_id", None)),
+                unk_token=text(getattr(tokenizer, "unk_id", None)))
+
+
 class ChatTemplate:
     """A compiled chat template with the vocabulary's special-token strings."""
 
@@ -420,11 +435,31 @@ class ChatTemplate:
         # what a request's chat_template_kwargs may set (add_generation_prompt is read apart)
         self.request_variables = self._free_variables(source) - SPECIAL_VARIABLES - {"messages", "tools"}
 
+    @property
+    def reads_tools(self) -> bool:
+        """Whether the template renders `tools` (else the server writes them into the
+        system prompt in the generic format)."""
+        return "tools" in self._free_variables(self.source)
+
     def _free_variables(self, source: str) -> frozenset[str]:
         """The variables the template reads without setting them (enable_thinking, ...)."""
         from jinja2 import meta
 
         return frozenset(meta.find_undeclared_variables(self.env.parse(source)))
+
+    @classmethod
+    def from_source(cls, source: str, tokenizer=None) -> "ChatTemplate":
+        """A template's text (an override) with the vocabulary's special-token strings;
+        one that does not compile is a ModelLoadError (an override must not fall back)."""
+        from jinja2.exceptions import TemplateError
+
+        from .errors import ModelLoadError
+
+        try:
+            _make_env().from_string(source)
+        except TemplateError as e:
+            raise ModelLoadError(f"the chat template does not compile: {e}") from None
+        return cls(source, **_special_strings(tokenizer))
 
     @classmethod
     def from_gguf(cls, gf, tokenizer=None, name: str | None = None) -> "ChatTemplate":
@@ -437,19 +472,7 @@ class ChatTemplate:
                 log.warning("chat template %r not in the model, using the default one", name)
         if source is None:
             source = meta.get("tokenizer.chat_template")
-
-        def text(tid):
-            if tokenizer is None or tid is None:
-                return None
-            return tokenizer.token_text(tid)
-
-        return cls(
-            source,
-            bos_token=(text(getattr(tokenizer, "bos_id", None)) or ""),
-            eos_token=(text(getattr(tokenizer, "eos_id", None)) or ""),
-            pad_token=text(getattr(tokenizer, "pad_id", None)),
-            unk_token=text(getattr(tokenizer, "unk_id", None)),
-        )
+        return cls(source, **_special_strings(tokenizer))
 
     def render(
         self,

@@ -1,4 +1,4 @@
-"""`llmcore` command line: serve, tui, generate, pull, info; `llmcore --version`.
+"""`llmcore` command line: serve, tui, generate, pull, info, bench load; `llmcore --version`.
 
 `-m` takes a path or a known model name (pulled when missing); the default is smollm2.
 Errors meant for the user print one line, no traceback: LLMCoreError (bad model, port in
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import functools
 import inspect
 import logging
@@ -25,7 +26,8 @@ from . import __version__
 from .errors import LLMCoreError
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
+    from .cluster import ClusterConfig
+    from .engine import EngineClient, EngineConfig
     from .server import ServerConfig
 
 def _click():
@@ -150,8 +152,56 @@ class RuntimeOptions:
 
 
 @dataclass(frozen=True)
-class ServerOptions(RuntimeOptions):
-    """`serve` and `tui`: the runtime options plus address, slots, caches, request defaults."""
+class LlamaServerFlags:
+    """llama-server flags that llmcore accepts so a llama-server command line runs as it is,
+    but that mean nothing on this CPU engine (GPU offload, memory locking) or name what
+    llmcore always does (metrics, continuous batching, jinja templates): each one given
+    prints one line saying so (`notes`)."""
+
+    gpu_layers: Annotated[Optional[str], typer.Option(
+        "-ngl", "--gpu-layers", "--n-gpu-layers", help="llama-server's GPU offload: no effect (CPU engine)")] = None
+    flash_attn: Annotated[Optional[str], typer.Option(
+        "-fa", "--flash-attn", help="on|off|auto: no effect (attention is always one fused kernel here)")] = None
+    split_mode: Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="GPU split: no effect")] = None
+    tensor_split: Annotated[Optional[str], typer.Option("-ts", "--tensor-split", help="GPU split: no effect")] = None
+    main_gpu: Annotated[Optional[int], typer.Option("-mg", "--main-gpu", help="GPU choice: no effect")] = None
+    device: Annotated[Optional[str], typer.Option("-dev", "--device", help="GPU devices: no effect")] = None
+    no_kv_offload: Annotated[bool, typer.Option("-nkvo", "--no-kv-offload", help="no effect (no GPU)")] = False
+    mlock: Annotated[bool, typer.Option("--mlock", help="no effect (the model file is memory-mapped)")] = False
+    no_mmap: Annotated[bool, typer.Option("--no-mmap", help="no effect (the model file is always memory-mapped)")] = False
+    metrics: Annotated[bool, typer.Option("--metrics", help="no effect (/metrics is always on)")] = False
+    cont_batching: Annotated[bool, typer.Option(
+        "-cb", "--cont-batching", help="no effect (batching is always continuous)")] = False
+    jinja: Annotated[bool, typer.Option("--jinja", help="no effect (chat templates always run as jinja)")] = False
+    no_webui: Annotated[bool, typer.Option("--no-webui", help="no effect (there is no web UI)")] = False
+    no_warmup: Annotated[bool, typer.Option("--no-warmup", help="no effect (nothing is warmed up)")] = False
+
+    def notes(self) -> list[str]:
+        """One line per flag given: what it does here."""
+        out = []
+        gpu = [f"{flag} {v}" for flag, v in (("-ngl", self.gpu_layers), ("-sm", self.split_mode),
+                                            ("-ts", self.tensor_split), ("-mg", self.main_gpu),
+                                            ("-dev", self.device)) if v is not None]
+        gpu += ["-nkvo"] if self.no_kv_offload else []
+        out += [f"{g}: llmcore is a CPU engine, nothing is offloaded to a GPU" for g in gpu]
+        if self.flash_attn is not None:
+            out.append(f"-fa {self.flash_attn}: attention is always one fused kernel in llmcore")
+        for given, flag, why in ((self.mlock, "--mlock", "the model file is memory-mapped, not locked"),
+                                 (self.no_mmap, "--no-mmap", "the model file is always memory-mapped"),
+                                 (self.metrics, "--metrics", "/metrics is always on"),
+                                 (self.cont_batching, "-cb", "batching is always continuous"),
+                                 (self.jinja, "--jinja", "chat templates always run as jinja"),
+                                 (self.no_webui, "--no-webui", "llmcore has no web UI"),
+                                 (self.no_warmup, "--no-warmup", "llmcore does no warm-up")):
+            if given:
+                out.append(f"{flag}: {why}")
+        return out
+
+
+@dataclass(frozen=True)
+class ServerOptions(RuntimeOptions, LlamaServerFlags):
+    """`serve` and `tui`: the runtime options plus address, slots, caches, request defaults,
+    and the llama-server flags accepted for compatibility."""
 
     host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1"
     port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8080
@@ -173,6 +223,16 @@ class ServerOptions(RuntimeOptions):
         help="reuse a slot only when it holds more than this share of the prompt")] = 0.1
     swa_full: Annotated[bool, typer.Option(
         "--swa-full", help="full KV on sliding-window layers (trimmable; more memory)")] = False
+    kv_unified: Annotated[bool, typer.Option(
+        "-kvu/-no-kvu", "--kv-unified/--no-kv-unified",
+        help="every slot may use the whole -c (else -c / -np each)")] = True
+    cache_dir: Annotated[Optional[str], typer.Option(
+        "--cache-dir", help="keep the prompt cache on disk in DIR too: evicted entries and all at a "
+                            "clean stop, found again after a restart (default: off)")] = None
+    cache_disk: Annotated[int, typer.Option(
+        "--cache-disk", help="disk budget of --cache-dir, MiB (-1 no limit)")] = 32768
+    slot_save_path: Annotated[Optional[str], typer.Option(
+        "--slot-save-path", help="directory for POST /slots/{id}?action=save|restore files (default: off)")] = None
     alias: Annotated[Optional[str], typer.Option("-a", "--alias", help="model name shown by the API")] = None
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")] = -1
@@ -180,6 +240,16 @@ class ServerOptions(RuntimeOptions):
     top_k: Annotated[int, typer.Option("--top-k", help="default top-k (0 = off)")] = 40
     top_p: Annotated[float, typer.Option("--top-p", help="default top-p (1 = off)")] = 0.95
     min_p: Annotated[float, typer.Option("--min-p", help="default min-p (0 = off)")] = 0.05
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="default repeat penalty (1 = off)")] = 1.0
+    repeat_last_n: Annotated[int, typer.Option(
+        "--repeat-last-n", help="tokens the repeat penalty looks at (0 off, -1 whole context)")] = 64
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="default presence penalty")] = 0.0
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="default frequency penalty")] = 0.0
+    seed: Annotated[int, typer.Option("-s", "--seed", help="default sampling seed (-1 = random)")] = -1
+    threads_http: Annotated[int, typer.Option(
+        "--threads-http", help="threads for request work off the event loop (0 = default)")] = 0
+    shutdown_timeout: Annotated[float, typer.Option(
+        "--shutdown-timeout", help="at SIGTERM/Ctrl-C, seconds running requests may still take")] = 30.0
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info"
     cors: Annotated[Optional[list[str]], typer.Option(
         "--cors", help="let web pages from ORIGIN call the API (repeat, or comma-separate; * = any); "
@@ -194,6 +264,53 @@ class ServerOptions(RuntimeOptions):
         "--max-connections-per-client", help="concurrent connections per client address (0 = no cap)")] = 256
     max_body_mib: Annotated[float, typer.Option(
         "--max-body-mib", help="largest request body in MiB, decoded (gzip counts expanded)")] = 16.0
+    replicas: Annotated[int, typer.Option(
+        "--replicas", help="run N engine replicas on Ray Serve behind this server, each with -t threads, "
+                           "-np slots and its own caches (0 = one engine in this process)")] = 0
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="with --replicas: join this Ray cluster (e.g. auto, HOST:6379); "
+                              "default: start a local Ray instance with the server")] = None
+    routing: Annotated[str, typer.Option(
+        "--routing", help="with --replicas: prefix (the replica holding the prompt's prefix) or "
+                          "power_of_two (Ray Serve's default)")] = "prefix"
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", help="require this key (comma-separate several) as 'Authorization: Bearer KEY' "
+                          "or 'x-api-key: KEY' on every route but /health")] = None
+    api_key_file: Annotated[Optional[str], typer.Option(
+        "--api-key-file", help="require one of the keys in this file (one a line)")] = None
+    chat_template: Annotated[Optional[str], typer.Option(
+        "--chat-template", help="serve the model's chat template of this name (or chatml) instead of its default")] = None
+    chat_template_file: Annotated[Optional[str], typer.Option(
+        "--chat-template-file", help="serve the Jinja chat template in this file")] = None
+    reasoning_format: Annotated[str, typer.Option(
+        "--reasoning-format", help="deepseek: a think block becomes reasoning_content; none: left in the content")] = "deepseek"
+    reasoning_budget: Annotated[int, typer.Option(
+        "--reasoning-budget", help="thinking tokens per request (-1 no limit, 0 thinking off)")] = -1
+    spec_type: Annotated[str, typer.Option(
+        "--spec-type", help="speculative decoding for every request: none, or ngram (prompt lookup: "
+                            "drafts from n-grams of the prompt and output; llama-server's ngram-* names "
+                            "mean the same here)")] = "none"
+    draft_max: Annotated[int, typer.Option(
+        "--draft-max", "--draft", "--draft-n", help="most tokens drafted per step (speculative decoding)")] = 16
+    draft_min: Annotated[int, typer.Option(
+        "--draft-min", "--draft-n-min", help="fewer drafted tokens than this: no draft")] = 0
+    spec_ngram_size: Annotated[int, typer.Option(
+        "--spec-ngram-size-n", help="longest n-gram of the sequence's end looked up for a draft")] = 4
+
+    def speculative(self):
+        """The server-wide drafting settings, or None (off)."""
+        from .engine.speculative import SpecParams
+
+        kind = self.spec_type.lower()
+        if kind in ("none", "off", ""):
+            return None
+        if kind != "ngram" and not kind.startswith("ngram-"):
+            raise LLMCoreError(f"--spec-type {self.spec_type!r}: expected none or ngram (no draft models yet)")
+        try:
+            return SpecParams(n_max=self.draft_max, n_min=self.draft_min, ngram_max=self.spec_ngram_size,
+                              ngram_min=min(2, self.spec_ngram_size)).validate()
+        except LLMCoreError as e:
+            raise LLMCoreError(f"--draft-max/--draft-min/--spec-ngram-size-n: {e}") from None
 
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
@@ -203,8 +320,13 @@ class ServerOptions(RuntimeOptions):
             checkpoint_every_n_tokens=self.checkpoint_every, cache_idle_slots=self.cache_idle_slots,
             slot_prompt_similarity=self.sps, swa_full=self.swa_full, model_alias=self.alias,
             sampling=SamplingParams(temperature=self.temp, top_k=self.top_k, top_p=self.top_p,
-                                    min_p=self.min_p),
-            n_predict=self.n_predict)
+                                    min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                                    repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
+                                    frequency_penalty=self.frequency_penalty, seed=self.seed),
+            n_predict=self.n_predict, chat_template_name=self.chat_template,
+            chat_template_text=_read_text(self.chat_template_file, "--chat-template-file"),
+            speculative=self.speculative(), kv_unified=self.kv_unified, cache_dir=self.cache_dir,
+            cache_disk_mib=self.cache_disk, slot_save_path=self.slot_save_path)
 
     def server_config(self) -> ServerConfig:
         from .server import ServerConfig
@@ -218,11 +340,73 @@ class ServerOptions(RuntimeOptions):
                                    if name != "max-body-mib" else f"--{name} {v:g}: expected > 0")
         if self.max_conns_per_client < 0:
             raise LLMCoreError("--max-connections-per-client must be >= 0 (0 = no cap)")
+        if self.shutdown_timeout < 0:
+            raise LLMCoreError(f"--shutdown-timeout {self.shutdown_timeout:g}: expected seconds >= 0")
+        if self.repeat_penalty <= 0:
+            raise LLMCoreError(f"--repeat-penalty {self.repeat_penalty:g}: expected > 0")
+        for flag, d in (("--cache-dir", self.cache_dir), ("--slot-save-path", self.slot_save_path)):
+            if d is not None and os.path.exists(d) and not os.path.isdir(d):
+                raise LLMCoreError(f"{flag} {d}: not a directory")
         origins = tuple(o.strip().rstrip("/") for arg in (self.cors or ()) for o in arg.split(",") if o.strip())
-        return ServerConfig(host=self.host, port=self.port, cors_origins=origins,
+        if self.reasoning_format not in ("deepseek", "none"):
+            raise LLMCoreError(f"--reasoning-format {self.reasoning_format!r}: expected deepseek or none")
+        if self.reasoning_budget < -1:
+            raise LLMCoreError("--reasoning-budget must be >= -1 (-1 = no limit, 0 = thinking off)")
+        return ServerConfig(host=self.host, port=self.port, cors_origins=origins, api_keys=self.api_keys(),
+                            reasoning_format=self.reasoning_format, reasoning_budget=self.reasoning_budget,
                             body_timeout_s=self.timeout, header_timeout_s=self.header_timeout,
                             idle_timeout_s=self.idle_timeout, max_conns_per_client=self.max_conns_per_client,
-                            max_body_bytes=int(self.max_body_mib * 1024 * 1024))
+                            max_body_bytes=int(self.max_body_mib * 1024 * 1024),
+                            shutdown_timeout=self.shutdown_timeout,
+                            **({"workers": self.threads_http} if self.threads_http > 0 else {}))
+
+    def cluster_config(self, replica_logs: bool = True) -> ClusterConfig:
+        """The replicas' setup (--replicas N >= 1): -t threads each (0: the CPUs split
+        evenly between them); `replica_logs`: their log lines on this process's stderr."""
+        from .cluster import ClusterConfig, Routing
+        from .threads import available_cpus
+
+        if self.replicas < 0:
+            raise LLMCoreError("--replicas must be >= 0 (0 = one engine in this process)")
+        if self.routing not in [str(r) for r in Routing]:
+            raise LLMCoreError(f"--routing {self.routing!r}: expected prefix or power_of_two")
+        return ClusterConfig(replicas=self.replicas, ray_address=self.ray_address, routing=self.routing,
+                             threads_per_replica=self.threads or max(1, available_cpus() // self.replicas),
+                             log_to_driver=replica_logs)
+
+    def make_engine(self, path, cfg: EngineConfig, replica_logs: bool = True) -> EngineClient:
+        """One engine in this process, or the replicas (--replicas); not started yet."""
+        if self.replicas == 0:
+            from .engine import Engine
+
+            return Engine.from_path(path, cfg)  # loads in the background once started
+        from .cluster import ReplicaPool
+        from .cluster.pool import import_ray
+
+        cluster = self.cluster_config(replica_logs)
+        import_ray()  # not installed: one line now, before the server starts
+        return ReplicaPool(path, cfg, cluster)
+
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys of --api-key (comma-separated) and --api-key-file (one a line)."""
+        keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
+        if self.api_key_file:
+            text = _read_text(self.api_key_file, "--api-key-file")
+            found = [k.strip() for k in text.splitlines() if k.strip() and not k.lstrip().startswith("#")]
+            if not found:
+                raise LLMCoreError(f"--api-key-file {self.api_key_file}: no key in it")
+            keys += found
+        return tuple(dict.fromkeys(keys))
+
+
+def _read_text(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LLMCoreError(f"{flag} {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def with_options(options: type[RuntimeOptions]):
@@ -260,19 +444,21 @@ def _setup_logging(level: str) -> None:
 def serve(opts: ServerOptions, model: Optional[str] = ModelOpt):
     """Run the HTTP server (OpenAI and llama-server compatible API)."""
     from . import threads as thr
-    from .engine import Engine
     from .pull import resolve_model
     from .server import run_server
 
     _setup_logging(opts.log_level)
     server_cfg = opts.server_config()
     cfg = opts.engine_config()
+    for note in opts.notes():
+        typer.echo(f"llmcore: {note}", err=True)
     path = resolve_model(model)
     _check_model(path)
     sock = _listen(opts)  # the port is ours before the model loads
     thr.set_num_threads(opts.threads or None)
-    engine = Engine.from_path(path, cfg)  # loads in the background: /health says 503 meanwhile
-    typer.echo(f"llmcore: loading {path.name}, {opts.parallel} slot(s)", err=True)
+    engine = opts.make_engine(path, cfg)  # loads in the background: /health says 503 meanwhile
+    where = f"{opts.replicas} replica(s) x " if opts.replicas else ""
+    typer.echo(f"llmcore: loading {path.name}, {where}{opts.parallel} slot(s)", err=True)
     try:
         run_server(engine, server_cfg, sock=sock)
     finally:
@@ -330,20 +516,22 @@ def tui(
         url = f"http://{opts.host}:{opts.port}"  # --once only reads: the local server
     if not url and not mock:  # the same engine and server as `llmcore serve`
         from . import threads as thr
-        from .engine import Engine
         from .pull import resolve_model
 
         # every start-up error is one line here, before any screen opens
         cfg, server_cfg = opts.engine_config(), opts.server_config()
+        for note in opts.notes():
+            typer.echo(f"llmcore: {note}", err=True)
         path = resolve_model(model)
         _check_model(path)
         sock = _listen(opts)
         thr.set_num_threads(opts.threads or None)
-        engine = Engine.from_path(path, cfg)
+        engine = opts.make_engine(path, cfg, replica_logs=no_tui)  # not across the dashboard
+    keys = server_cfg.api_keys if server_cfg is not None else opts.api_keys()
     try:
         rc = tui_main(url=url, engine=engine, server_cfg=server_cfg, sock=sock, interval=interval,
                       no_tui=no_tui, once_=once, fmt="json" if json_out else "text", mock=mock,
-                      log_level=opts.log_level)
+                      log_level=opts.log_level, api_key=keys[0] if keys else None)
     finally:
         if engine is not None:
             engine.stop()
@@ -476,6 +664,28 @@ def info(
             elif isinstance(v, str) and len(v) > 120:
                 v = v[:117] + "..."
             typer.echo(f"  {k} = {v}")
+
+
+bench_app = typer.Typer(help="Benchmarks against a server.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("load", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                             "help_option_names": []})
+def bench_load(ctx: typer.Context):
+    """Load benchmark or soak of any OpenAI-compatible server (evalscope perf's flags;
+    bench/load.py, -h for its options)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "load.py"
+    if not path.exists():
+        raise LLMCoreError("llmcore bench load runs bench/load.py of a source checkout")
+    spec = importlib.util.spec_from_file_location("llmcore_bench_load", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    raise typer.Exit(mod.main(list(ctx.args)))
 
 
 def main() -> None:  # pragma: no cover - console entry alternative

@@ -9,6 +9,10 @@ and its log lines (`llmcore tui --no-tui`).
   (`llmcore:*`), so existing scrapers and dashboards keep working.
 - `to_prometheus` / `parse_prometheus`: the text exposition and its one parser;
   `slots_json`: the `/slots` body.
+
+A fleet of engines (llmcore.cluster) reports one `EngineStats` of the whole fleet whose
+`replicas` hold each replica's own; `/metrics` then shows every series once for the fleet
+and once per replica, labelled `{replica="i"}`.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class SlotStats:
     cache_source: str = "none"  # where the current/last task's cached prefix came from
     n_checkpoints: int = 0  # context checkpoints the slot holds
     checkpoint_bytes: int = 0
+    replica: int | None = None  # in a fleet: the replica that owns the slot
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,22 @@ class EngineStats:
     cache_ram_inserts: int = 0
     cache_save_failures: int = 0
     cache_restore_failures: int = 0
+    # the RAM cache's disk tier (--cache-dir)
+    disk_hits: int = 0  # requests served (partly) from a state read back from disk
+    disk_misses: int = 0  # requests for which the disk tier had nothing
+    disk_wait_timeouts: int = 0  # requests that started before their state was read
+    disk_adopt_failures: int = 0  # states read but not brought into RAM
+    cache_disk_bytes: int = 0  # bytes of the indexed files
+    cache_disk_limit_bytes: int = 0  # budget; -1 none, 0 tier off
+    cache_disk_entries: int = 0
+    cache_disk_tokens: int = 0
+    cache_disk_evictions: int = 0
+    cache_disk_pending_bytes: int = 0  # of writes queued on the I/O thread
+    disk_writes: int = 0
+    disk_write_failures: int = 0  # full disk, read-only directory, I/O errors
+    disk_writes_skipped: int = 0  # not written: too many bytes already queued
+    disk_loads: int = 0
+    disk_load_failures: int = 0  # torn, corrupt, foreign or unreadable files (misses)
     # cache layer 3: context checkpoints
     checkpoints_created: int = 0
     checkpoints_restored: int = 0
@@ -87,8 +108,12 @@ class EngineStats:
     checkpoints_live_bytes: int = 0  # counted against the checkpoint budget
     checkpoints_budget_bytes: int = 0  # -1 unbounded
     forced_reprefills: int = 0  # prompts re-processed from 0 for lack of a checkpoint
+    # speculative decoding
+    spec_draft_tokens: int = 0  # drafted tokens verified
+    spec_accepted_tokens: int = 0  # of which kept
     # memory
     kv_used_bytes: int = 0  # KV blocks in use (slots + cache)
+    kv_allocated_bytes: int = 0  # the pools' storage (grown on demand, never shrunk)
     kv_limit_bytes: int = 0
     idle_slot_evictions: int = 0  # idle slots' states dropped for KV room
     kv_full_waits: int = 0  # steps where prefilling requests waited for KV room
@@ -97,6 +122,8 @@ class EngineStats:
     slots: tuple[SlotStats, ...] = ()
     # model-level counters from the model's stats() (e.g. MoE experts computed / skipped)
     model_stats: dict[str, float] = field(default_factory=dict)
+    # a fleet's stats: each replica's own, in replica order (empty for one engine)
+    replicas: tuple["EngineStats", ...] = ()
 
     @property
     def prompt_tokens_seconds(self) -> float:
@@ -116,6 +143,13 @@ class EngineStats:
     @property
     def kv_tokens(self) -> int:
         return sum(s.n_tokens for s in self.slots)
+
+    @property
+    def engines_ready(self) -> int:
+        """Engines that serve now: of a fleet, its replicas that answer; else 1 or 0."""
+        if self.replicas:
+            return sum(r.engines_ready for r in self.replicas)
+        return int(self.status == "ok")
 
     def to_dict(self) -> dict:
         """Every field, plus the derived values the metrics table reads."""
@@ -187,6 +221,31 @@ METRICS: tuple[Metric, ...] = (
            "Failed saves (served as misses).", "cache_save_failures"),
     Metric("llmcore:prompt_cache_restore_failures_total", "counter",
            "Failed restores (served as misses).", "cache_restore_failures"),
+    Metric("llmcore:disk_cache_hits_total", "counter",
+           "Requests served from a state read back from the disk tier.", "disk_hits"),
+    Metric("llmcore:disk_cache_misses_total", "counter",
+           "Requests for which the disk tier had nothing.", "disk_misses"),
+    Metric("llmcore:disk_cache_wait_timeouts_total", "counter",
+           "Requests that started before their state was read from disk.", "disk_wait_timeouts"),
+    Metric("llmcore:disk_cache_adopt_failures_total", "counter",
+           "States read from disk that could not be brought into RAM.", "disk_adopt_failures"),
+    Metric("llmcore:disk_cache_bytes", "gauge", "Bytes of the disk tier's files.", "cache_disk_bytes"),
+    Metric("llmcore:disk_cache_budget_bytes", "gauge",
+           "Disk tier budget (-1 unbounded, 0 off).", "cache_disk_limit_bytes"),
+    Metric("llmcore:disk_cache_entries", "gauge", "Entries in the disk tier.", "cache_disk_entries"),
+    Metric("llmcore:disk_cache_tokens", "gauge", "Tokens in the disk tier.", "cache_disk_tokens"),
+    Metric("llmcore:disk_cache_evictions_total", "counter",
+           "Disk tier files deleted for the budget.", "cache_disk_evictions"),
+    Metric("llmcore:disk_cache_pending_bytes", "gauge",
+           "Bytes of states queued for writing.", "cache_disk_pending_bytes"),
+    Metric("llmcore:disk_cache_writes_total", "counter", "States written to the disk tier.", "disk_writes"),
+    Metric("llmcore:disk_cache_write_failures_total", "counter",
+           "Failed disk tier writes (full disk, read-only directory).", "disk_write_failures"),
+    Metric("llmcore:disk_cache_writes_skipped_total", "counter",
+           "Evicted states not written (too many bytes queued).", "disk_writes_skipped"),
+    Metric("llmcore:disk_cache_loads_total", "counter", "States read from the disk tier.", "disk_loads"),
+    Metric("llmcore:disk_cache_load_failures_total", "counter",
+           "Torn, corrupt, foreign or unreadable disk tier files (served as misses).", "disk_load_failures"),
     Metric("llmcore:checkpoints_created_total", "counter",
            "Context checkpoints created.", "checkpoints_created"),
     Metric("llmcore:checkpoints_restored_total", "counter",
@@ -205,7 +264,13 @@ METRICS: tuple[Metric, ...] = (
            "Bytes of context checkpoints held by slots.", "checkpoints_bytes"),
     Metric("llmcore:forced_reprefills_total", "counter",
            "Prompts re-processed from 0 for lack of a checkpoint.", "forced_reprefills"),
+    Metric("llmcore:spec_draft_tokens_total", "counter",
+           "Speculative decoding: drafted tokens verified.", "spec_draft_tokens"),
+    Metric("llmcore:spec_accepted_tokens_total", "counter",
+           "Speculative decoding: drafted tokens kept.", "spec_accepted_tokens"),
     Metric("llmcore:kv_used_bytes", "gauge", "KV blocks in use (slots and prompt cache).", "kv_used_bytes"),
+    Metric("llmcore:kv_allocated_bytes", "gauge",
+           "KV pool storage allocated (used and free blocks).", "kv_allocated_bytes"),
     Metric("llmcore:kv_limit_bytes", "gauge", "Most KV memory the pools may take.", "kv_limit_bytes"),
     Metric("llmcore:idle_slot_evictions_total", "counter",
            "Idle slots' states dropped for KV room.", "idle_slot_evictions"),
@@ -214,6 +279,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("llmcore:kv_full_failures_total", "counter",
            "Requests failed for lack of KV room.", "kv_full_failures"),
     Metric("llmcore:uptime_seconds", "gauge", "Seconds since the engine started.", "uptime_s"),
+    Metric("llmcore:engines_ready", "gauge",
+           "Engines serving now (a fleet: its replicas that answer).", "engines_ready"),
 )
 
 # Prometheus name -> EngineStats attribute (several names may read one attribute).
@@ -244,20 +311,38 @@ def _num(v) -> str:
     return repr(float(v))
 
 
+def replica_label(i: int) -> str:
+    return f'{{replica="{i}"}}'
+
+
 def to_prometheus(stats: EngineStats) -> str:
-    """The `/metrics` body (Prometheus text exposition 0.0.4)."""
+    """The `/metrics` body (Prometheus text exposition 0.0.4). A fleet's series come once
+    unlabelled (the whole fleet, what single-engine scrapers read) and once per replica."""
     lines = []
+    labelled = [(replica_label(i), r) for i, r in enumerate(stats.replicas)]
     for m in METRICS:
         lines.append(f"# HELP {m.name} {m.help}")
         lines.append(f"# TYPE {m.name} {m.type}")
         lines.append(f"{m.name} {_num(m.value(stats))}")
+        lines.extend(f"{m.name}{label} {_num(m.value(r))}" for label, r in labelled)
     for key, val in sorted(stats.model_stats.items()):
         if isinstance(val, (int, float)):
             name = model_stat_name(key)
             lines.append(f"# HELP {name} Model counter {key}.")
             lines.append(f"# TYPE {name} gauge")
             lines.append(f"{name} {_num(val)}")
+            lines.extend(f"{name}{label} {_num(r.model_stats[key])}" for label, r in labelled
+                         if isinstance(r.model_stats.get(key), (int, float)))
     return "\n".join(lines) + "\n"
+
+
+_REPLICA_LABEL = re.compile(r'^(.*)\{replica="(\d+)"\}$')
+
+
+def split_replica_label(name: str) -> tuple[str, int | None]:
+    """`name{replica="3"}` -> ("name", 3); any other name -> (name, None)."""
+    m = _REPLICA_LABEL.match(name)
+    return (m.group(1), int(m.group(2))) if m else (name, None)
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(\S+)(?:\s+\d+)?$")
@@ -293,4 +378,5 @@ def slots_json(stats: EngineStats) -> list[dict]:
         "next_token": [{"has_next_token": s.state != "idle", "n_decoded": s.n_decoded}],
         "cache_source": s.cache_source, "n_checkpoints": s.n_checkpoints,
         "checkpoint_bytes": s.checkpoint_bytes,
+        **({"replica": s.replica} if s.replica is not None else {}),
     } for s in stats.slots]

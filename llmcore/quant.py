@@ -22,13 +22,14 @@ KERNEL MODULE INTERFACE (how pyx/ kernels plug in)
 --------------------------------------------------
 Each module named in ``WEIGHT_KERNELS`` (``llmcore._kernels.<name>``, built from
 ``pyx/<name>.pyx``: ``quants`` for float and legacy quants, ``kquants`` for K-quants and
-MXFP4) provides exactly:
+MXFP4, ``iquants`` for IQ4_NL and IQ4_XS) provides exactly:
 
 - ``SUPPORTED``: frozenset of the ggml type ids it handles; ``SIMD_LEVEL``: the kernel path
   this build uses, "avx512vnni", "avx2" or "c".
-- ``pack(raw, ggml_type, repack=None) -> Packed``: ``raw`` uint8 (rows, bytes_per_row),
-  C-contiguous GGUF blocks (a zero-copy view of the mapping: a layout that uses it in place
-  keeps a reference). ``Packed`` has int attributes ``ggml_type``, ``rows`` (= out_features),
+- ``pack(raw, ggml_type, repack=None, alloc=None) -> Packed``: ``raw`` uint8 (rows,
+  bytes_per_row), C-contiguous GGUF blocks (a zero-copy view of the mapping: a layout that
+  uses it in place keeps a reference); ``alloc(nbytes)`` -> writable 64-byte aligned uint8
+  (nbytes,) is where a repacked layout's bytes go (None: a fresh array). ``Packed`` has int attributes ``ggml_type``, ``rows`` (= out_features),
   ``cols`` (= in_features), ``nbytes`` (bytes read by one matmul) and ``layout`` ("raw": the
   GGUF layout; "repacked16": 16-row groups interleaved). ``repack``: None for the module's
   choice, True or False to ask for one (False raises ValueError where no kernel reads the
@@ -49,7 +50,9 @@ but slow. ``LLMCORE_NO_KERNELS=1`` forces that fallback for every type (tests, d
 """
 from __future__ import annotations
 
+import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -76,8 +79,55 @@ def _threads_for(n_rows: int, nbytes: int) -> int:
 
 FLOAT_TYPES = {QT.F32, QT.F16, QT.BF16}
 
+
+class WeightArena:
+    """Where repacked weights live: large anonymous mappings backed by transparent huge pages,
+    filled in load order.
+
+    A decode step streams every weight once. Separately allocated tensors of a few hundred
+    KB sit on 4 KB pages, scattered: a TLB miss every 4 KB and a hardware prefetcher that
+    stops at each page end cost about a third of the read bandwidth. In one huge-page
+    arena, consecutive layers' weights are consecutive memory. Chunks are never reused:
+    a chunk lives while any weight packed into it does (each array keeps its mapping).
+    """
+
+    CHUNK = 64 << 20
+    HUGE = 2 << 20
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._chunk: np.ndarray | None = None
+        self._used = 0
+
+    def _new_chunk(self, nbytes: int) -> np.ndarray:
+        size = max(self.CHUNK, -(-nbytes // self.HUGE) * self.HUGE)
+        m = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # pragma: no cover - kernels without THP
+                pass
+        buf = np.frombuffer(m, dtype=np.uint8)
+        off = (-buf.ctypes.data) % self.HUGE
+        return buf[off:off + size]
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 (nbytes,) array on a 64-byte boundary."""
+        nbytes = int(nbytes)
+        if nbytes > self.CHUNK // 4:  # a big tensor gets a mapping of its own
+            return self._new_chunk(nbytes)[:nbytes]
+        with self._lock:
+            if self._chunk is None or self._used + nbytes > self._chunk.shape[0]:
+                self._chunk, self._used = self._new_chunk(nbytes), 0
+            out = self._chunk[self._used:self._used + nbytes]
+            self._used += -(-nbytes // 64) * 64
+            return out
+
+
+ARENA = WeightArena()
+
 # kernel modules in llmcore._kernels implementing the interface above
-WEIGHT_KERNELS = ("quants", "kquants")
+WEIGHT_KERNELS = ("quants", "kquants", "iquants")
 _module_of_type: dict[int, object] | None = None
 
 
@@ -155,7 +205,8 @@ class Linear:
         self._packed = None
         self._w = None
         if self._kernel is not None:
-            self._packed = self._kernel.pack(_c_uint8(raw).reshape(self.out_features, -1), self.ggml_type)
+            self._packed = self._kernel.pack(_c_uint8(raw).reshape(self.out_features, -1), self.ggml_type,
+                                             alloc=ARENA.alloc)
             self.nbytes = int(self._packed.nbytes)
         else:
             self._w = _np_dequantize(raw, ggml_type, shape)
@@ -236,7 +287,8 @@ class ExpertLinear:
         self._packed = None
         self._w = None
         if self._kernel is not None:
-            self._packed = [self._kernel.pack(_c_uint8(raw[e]), self.ggml_type) for e in range(self.n_expert)]
+            self._packed = [self._kernel.pack(_c_uint8(raw[e]), self.ggml_type, alloc=ARENA.alloc)
+                            for e in range(self.n_expert)]
             self.nbytes_per_expert = int(self._packed[0].nbytes)
         else:
             self._w = _np_dequantize(raw, tensor.ggml_type, tensor.shape)

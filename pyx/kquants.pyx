@@ -18,6 +18,7 @@ Beyond the interface (tests, benchmarks, references):
   (one expert's slice of a 3-D tensor), ``x`` float32 (n, cols).
 - ``quantize_q8_k(x, n_threads=1) -> (d float32 (n, nb), qs int8 (n, nb, 256), bsums int16
   (n, nb, 16))``: llama.cpp's q8_K activation quantization.
+- ``_set_prefetch(bytes)``: benchmarks: how far ahead the repacked kernels prefetch.
 """
 import os
 
@@ -26,6 +27,9 @@ import numpy as np
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
+
+cdef extern from "simd.h" nogil:
+    int simd_pf_dist
 
 cdef extern from "simd_kquants.h" nogil:
     ctypedef struct kq_q8k:
@@ -163,12 +167,14 @@ cdef class Packed:
         return f"kquants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
+def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
     """Prepare raw GGUF rows for matmul.
 
     raw : uint8 (rows, bytes_per_row), C-contiguous; the raw layout keeps a view of it
     repack : None: repacked where this build has the layout, unless LLMCORE_KQ_REPACK=0;
         True: repacked where this build has the layout; False: the GGUF layout
+    alloc : None, or alloc(nbytes) -> writable 64-byte aligned uint8 (nbytes,) for the
+        repacked bytes (as quants.pack)
     Single-threaded, like quants.pack.
     """
     cdef Packed pk = Packed.__new__(Packed)
@@ -181,7 +187,7 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
     if repack and kq_rp_supported(ggml_type) and pk.rows > 0 and pk.cols > 0:
         pk.layout = "repacked16"
         pk.raw = None
-        pk.buf = _repack(raw, ggml_type, pk.cols, pk.ngroups)
+        pk.buf = _repack(raw, ggml_type, pk.cols, pk.ngroups, alloc)
         pk.nbytes = pk.buf.shape[0]
     else:
         pk.layout = "raw"
@@ -191,11 +197,16 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
     return pk
 
 
-cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups):
+cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups, alloc):
     cdef int64_t gb = kq_rp_group_bytes(t, k), size = gb * ngroups
-    arr = np.empty(size + 64, dtype=np.uint8)
-    off = (-arr.ctypes.data) % 64
-    arr = arr[off:off + size]
+    if alloc is not None:
+        arr = alloc(size)
+        if arr.dtype != np.uint8 or arr.shape != (size,) or arr.ctypes.data % 64:
+            raise ValueError("pack: alloc must return a 64-byte aligned uint8 array of the asked size")
+    else:
+        arr = np.empty(size + 64, dtype=np.uint8)
+        off = (-arr.ctypes.data) % 64
+        arr = arr[off:off + size]
     cdef uint8_t[::1] ov = arr
     cdef int64_t stride = rv.strides[0], rows = rv.shape[0]
     with nogil:
@@ -441,3 +452,11 @@ cdef int _matmul_gguf(const uint8_t[:, :] wv, int t, const float[:, ::1] xv, flo
                 free(qbuf)
                 free(dwbuf)
     return 0
+
+
+def _set_prefetch(int nbytes):
+    """Benchmarks: bytes the streaming kernels prefetch ahead (0: off); returns the old value."""
+    global simd_pf_dist
+    cdef int old = simd_pf_dist
+    simd_pf_dist = nbytes
+    return old

@@ -4,14 +4,22 @@
 Implements the weight-format kernel interface of llmcore.quant (kquants.pyx implements the
 same one): SUPPORTED, SIMD_LEVEL, Packed, pack, matmul, matmul_grouped, dequantize and
 get_rows. Beyond the interface: matmul_portable (the C kernel on the same packed layout, for
-tests). The kernels are in simd_quants.h (AVX-512 VNNI, AVX2, portable C); the work items
+tests), AMX (whether 16-token tiles run on AMX int8 tiles: builds for a CPU that has them,
+when Linux grants the tile state and LLMCORE_NO_AMX is not 1; same output bits as the VNNI
+kernel) and _set_prefetch(bytes) (benchmarks: how far ahead the weight kernels prefetch).
+The kernels are in simd_quants.h (AMX, AVX-512 VNNI, AVX2, portable C); the work items
 (16-row groups, token tiles) are shared out here with prange.
 """
+import os
+
 import numpy as np
 
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int64_t, uint8_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+
+cdef extern from "simd.h" nogil:
+    int simd_pf_dist
 
 cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
@@ -26,6 +34,7 @@ cdef extern from "simd_quants.h" nogil:
     int LQ_G
     int LQ_TT
     int lq_simd_level()
+    int lq_amx_init(int enable)
     int lq_fmt_for_type(int type)
     int lq_block_bytes(int type)
     int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
@@ -41,6 +50,10 @@ cdef extern from "simd_quants.h" nogil:
 
 SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
+# AMX int8 tiles for 16-token tiles of the quant types: built for a CPU that has them, in use
+# when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
+# bits either way; see simd_quants.h)
+AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 
 cdef enum:
     FLOAT_CHUNK = 16           # output rows per work item of the float kernels
@@ -79,12 +92,27 @@ cdef class Packed:
         return f"quants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
+def _buffer(int64_t size, alloc):
+    """A writable uint8 (size,) array starting on a 64-byte boundary, from alloc(size) or
+    a fresh allocation."""
+    if alloc is not None:
+        arr = alloc(size)
+        if arr.dtype != np.uint8 or arr.shape != (size,) or arr.ctypes.data % 64:
+            raise ValueError("pack: alloc must return a 64-byte aligned uint8 array of the asked size")
+        return arr
+    arr = np.empty(size + 64, dtype=np.uint8)
+    off = (-arr.ctypes.data) % 64
+    return arr[off:off + size]
+
+
+def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
     """Prepare raw GGUF rows for matmul.
 
     raw : uint8 (rows, bytes_per_row), C-contiguous; float weights keep a view of it
     repack : None or True: the layout above; False: the GGUF layout, which only the float
         types have a kernel for (ValueError for the quant types)
+    alloc : None, or alloc(nbytes) -> writable 64-byte aligned uint8 (nbytes,): where the
+        repacked bytes go (llmcore.quant puts a model's weights in one huge-page arena)
     Single-threaded: repacking is ~1 GB/s per core and a parallel region per tensor costs more
     than it saves when the cores are shared.
     """
@@ -103,9 +131,7 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None):
         return pk
     if repack is False:
         raise ValueError(f"quants: no kernel reads ggml type {ggml_type} in the GGUF layout")
-    arr = np.empty(size + 64, dtype=np.uint8)
-    off = (-arr.ctypes.data) % 64
-    arr = arr[off:off + size]
+    arr = _buffer(size, alloc)
     out = arr
     if size > 0:
         with nogil:
@@ -294,3 +320,11 @@ def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, f
         else:
             for i in range(k):
                 lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])
+
+
+def _set_prefetch(int nbytes):
+    """Benchmarks: bytes the streaming kernels prefetch ahead (0: off); returns the old value."""
+    global simd_pf_dist
+    cdef int old = simd_pf_dist
+    simd_pf_dist = nbytes
+    return old

@@ -778,6 +778,7 @@ kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q
     for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *tile = G + b * tb;
+        simd_prefetch_range(tile, (int)tb);
         const uint8_t *qs = tile + 320, *qh = tile + 2368;
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
         __m512i isum[4];
@@ -875,6 +876,7 @@ kq_rp_kernel_mxfp4(const int NT, const uint8_t *G, int64_t nblk, const int8_t *c
     __m512 acc[4];
     for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nblk; i++, q += 256) {
+        simd_prefetch_range(q, 256);
         const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(G + i * 16)));
         const __mmask16 small = _mm512_cmplt_epi32_mask(e, two);
         const __m512 dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(small,

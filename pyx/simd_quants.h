@@ -24,8 +24,19 @@
  * for the offset formats it is the exact integer moff * sum(q), added to the integer dot
  * before scaling, so a block contributes d_w * d_a * sumi exactly as ggml's vec_dot does.
  *
+ * Float sums: per output, the blocks in order in one fma chain (Q4_1/Q5_1: the dot and the
+ * min term of a block in that chain). That is not ggml's lane-wise order for Q4_1 (eight
+ * partial sums per row, reduced at the end): outputs agree with llama.cpp to float rounding,
+ * not bit for bit, and the kernel keeps 8 token accumulators live instead of 2 (1.6x the
+ * prefill throughput). Results depend on the shapes only, never on the token tile or the
+ * thread count.
+ *
+ * Streaming: the bytes simd_pf_dist ahead of each block are prefetched (simd.h), and the packed
+ * weights live in llmcore.quant's huge-page arena.
+ *
  * SIMD: AVX-512 VNNI (vpdpbusd) when compiled with it, else AVX2, else portable C (same
- * layout). The work items (a row group, a token tile) are single-threaded; pyx/quants.pyx
+ * layout); on AVX-512 builds for a CPU with AMX-INT8, whole 16-token tiles of a matmul run
+ * on AMX tiles with the same output bits (see "AMX" below). The work items (a row group, a token tile) are single-threaded; pyx/quants.pyx
  * shares them out over OpenMP threads.
  */
 #ifndef LLMCORE_SIMD_QUANTS_H
@@ -282,6 +293,7 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
     for (int t = 0; t < T; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb) {
+        simd_prefetch_range(blk, (int)bb);
         __m512i w[8];
         if (FMT == 8) {
             for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
@@ -323,79 +335,6 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
     }
 }
 
-/* Q4_1 / Q5_1 (HAS_M) in the exact float order of ggml's x86 vec_dot_q4_1_q8_1 /
- * vec_dot_q5_1_q8_1, so outputs are bit-identical to llama.cpp's: per row, 8 float lanes, lane
- * c < 4 the integer dot of weights 4c..4c+3 (low nibbles: chunk c), lane 4 + c that of weights
- * 16+4c..16+4c+3 (high nibbles: chunk 4 + c); each block adds fma(d_w * d_a, lane, acc), the
- * min terms go to a separate fma chain, and the end sums the lanes as ggml's hsum_float_8:
- * ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)), then + the min chain. A one-ulp difference in a
- * matmul output would otherwise flip an occasional q8_1 rounding of the next layer's
- * activations, and 30 layers amplify those flips to a few % of the logits. 2 tokens per call
- * (18 accumulators + 8 weight vectors stay in registers). */
-static inline __attribute__((always_inline)) void lq_kernel_vnni_m(const lq_packed *P, int64_t g, const int8_t *qa,
-                                                                    const float *da, const float *sa, const int FMT,
-                                                                    const int T, float *y, int64_t ystride, int nvalid) {
-    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes;
-    const int QB = FMT == 5 ? 320 : 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
-    __m512 f[2][8], fs[2];
-    for (int t = 0; t < T; t++) {
-        fs[t] = _mm512_setzero_ps();
-        for (int c = 0; c < 8; c++) f[t][c] = _mm512_setzero_ps();
-    }
-    const uint8_t *blk = P->data + g * nb * bb;
-    for (int64_t b = 0; b < nb; b++, blk += bb) {
-        __m512i w[8];
-        for (int c = 0; c < 4; c++) {
-            __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
-            w[c] = _mm512_and_si512(v, m4);
-            w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-        if (FMT == 5) {
-            __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
-            for (int c = 0; c < 4; c++) {
-                __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
-                __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
-                w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
-                w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
-            }
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32)));
-        for (int t = 0; t < T; t++) {
-            const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
-            const __m512 dd = _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b]));
-            for (int c = 0; c < 8; c++)
-                f[t][c] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, w[c], _mm512_set1_epi32(aw[c]))),
-                                          f[t][c]);
-            fs[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[t * nb + b]), fs[t]);
-        }
-    }
-    const __mmask16 mask = (__mmask16)((1u << nvalid) - 1u);
-    for (int t = 0; t < T; t++) {
-        const __m512 r = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(f[t][0], f[t][4]), _mm512_add_ps(f[t][2], f[t][6])),
-            _mm512_add_ps(_mm512_add_ps(f[t][1], f[t][5]), _mm512_add_ps(f[t][3], f[t][7])));
-        const __m512 o = _mm512_add_ps(r, fs[t]);
-        if (nvalid == LQ_G) _mm512_storeu_ps(y + t * ystride, o);
-        else _mm512_mask_storeu_ps(y + t * ystride, mask, o);
-    }
-}
-
-static void lq_group_vnni_m(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
-                            float *y, int64_t ys, int nv) {
-    const int64_t K = P->cols, nb = P->nb;
-    int t = 0;
-    for (; t + 2 <= T; t += 2) {
-        if (P->fmt == LQ_FMT5) lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 5, 2, y + t * ys, ys, nv);
-        else lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 4, 2, y + t * ys, ys, nv);
-    }
-    if (t < T) {
-        if (P->fmt == LQ_FMT5) lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 5, 1, y + t * ys, ys, nv);
-        else lq_kernel_vnni_m(P, g, qa + t * K, da + t * nb, sa + t * nb, 4, 1, y + t * ys, ys, nv);
-    }
-}
-
 #define LQ_T_SWITCH(FMT, HM)                                                                          \
     switch (T) {                                                                                      \
     case 1: lq_kernel_vnni(P, g, qa, da, sa, FMT, HM, 1, y, ys, nv); break;                           \
@@ -410,13 +349,194 @@ static void lq_group_vnni_m(const lq_packed *P, int64_t g, const int8_t *qa, con
 
 static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
                           float *y, int64_t ys, int nv) {
-    if (P->has_m) { lq_group_vnni_m(P, g, qa, da, sa, T, y, ys, nv); return; } /* ggml-exact order */
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) { LQ_T_SWITCH(4, 1) }
+        else { LQ_T_SWITCH(5, 1) }
+        return;
+    }
     if (P->fmt == LQ_FMT4) { LQ_T_SWITCH(4, 0) }
     else if (P->fmt == LQ_FMT5) { LQ_T_SWITCH(5, 0) }
     else { LQ_T_SWITCH(8, 0) }
 }
 #endif
 
+
+/* ---------------------------------------------------------------- AMX (int8 tiles) */
+/* Builds for a CPU with AMX-INT8 (-march=native there) add a tile kernel for 16-token
+ * tiles: per 32-weight block one TDPBSUD computes the 16 tokens x 16 rows integer dots
+ * (A: 16 activation rows of 32 int8, stride K; B: the block's 8 VNNI chunks, which is what
+ * the repacked layout already is for Q8_0 and what the nibble formats unpack to), and the
+ * float accumulation is the VNNI kernel's, operation for operation: outputs are bit-identical
+ * to the VNNI path, so a token's result never depends on which path its tile took. Linux
+ * grants the tile state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM);
+ * lq_amx_init asks once, at module import, and the VNNI kernel serves when it is refused,
+ * the CPU lacks AMX (cpuid) or LLMCORE_NO_AMX=1. */
+#if LQ_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define LQ_AMX_BUILT 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int lq_amx_on = 0;
+
+/* enable: 0 leaves AMX off. Returns whether the tile kernel is in use. */
+static int lq_amx_init(int enable) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    lq_amx_on = 0;
+    if (!enable || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0; /* AMX-TILE, AMX-INT8 */
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return 0;
+    lq_amx_on = 1;
+    return 1;
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} lq_tilecfg;
+
+/* tiles 0/3: C (16 tokens x 16 int32), 1/4: A (16 x 32 int8), 2/5: B (8 x 64 bytes) */
+static inline void lq_amx_config(void) {
+    lq_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[3 * i] = 16; cfg.colsb[3 * i] = 64;
+        cfg.rows[3 * i + 1] = 16; cfg.colsb[3 * i + 1] = 32;
+        cfg.rows[3 * i + 2] = 8; cfg.colsb[3 * i + 2] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* the block's weights as 8 VNNI chunks (the VNNI kernel's w[0..7]) */
+static inline __attribute__((always_inline)) const uint8_t *lq_amx_unpack(const uint8_t *blk, int FMT, uint8_t *wb) {
+    if (FMT == 8) return blk;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    __m512i h = FMT == 5 ? _mm512_loadu_si512((const void *)(blk + 256)) : m4;
+    for (int c = 0; c < 4; c++) {
+        __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (FMT == 5) {
+            __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
+            __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
+            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(ml, b16));
+            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mh, b16));
+        }
+        _mm512_store_si512((void *)(wb + 64 * c), lo);
+        _mm512_store_si512((void *)(wb + 256 + 64 * c), hi);
+    }
+    return wb;
+}
+
+/* 16 tokens' float update from one block's integer dots cb (16 x 16 int32) */
+static inline __attribute__((always_inline)) void lq_amx_accumulate(__m512 *f, const int32_t *cb, __m512 dv, __m512 mv,
+                                                                   const float *da, const float *sa, int64_t nb,
+                                                                   int64_t b, int HAS_M) {
+    for (int t = 0; t < 16; t++) {
+        const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * t)));
+        if (HAS_M) {
+            f[t] = _mm512_fmadd_ps(s, _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b])), f[t]);
+            f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[t * nb + b]), f[t]);
+        } else {
+            f[t] = _mm512_fmadd_ps(_mm512_add_ps(s, _mm512_set1_ps(sa[t * nb + b])),
+                                   _mm512_mul_ps(dv, _mm512_set1_ps(da[t * nb + b])), f[t]);
+        }
+    }
+}
+
+/* Group g x 16 tokens (qa, da, sa, y at the first token; y row stride ys). W: the group's
+ * blocks as VNNI chunks, block b at W + b * ws (the packed blocks themselves for Q8_0, an
+ * unpacked copy for the nibble formats). Blocks go in chunks of LQ_AMX_CHUNK: first every
+ * block's tile dot (alternating two tile sets, results to cb), then the float sums from cb
+ * (in L1), so the tile unit does not wait on float work. */
+#define LQ_AMX_CHUNK 16
+static inline __attribute__((always_inline)) void lq_kernel_amx(const lq_packed *P, int64_t g, const uint8_t *W,
+                                                                int64_t ws, const int8_t *qa, const float *da,
+                                                                const float *sa, const int HAS_M, float *y,
+                                                                int64_t ys, int nv) {
+    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
+    __attribute__((aligned(64))) int32_t cb[LQ_AMX_CHUNK][256];
+    __m512 f[16];
+    for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
+    const uint8_t *g0 = P->data + g * nb * bb;
+    for (int64_t b0 = 0; b0 < nb; b0 += LQ_AMX_CHUNK) {
+        const int nc = (int)(nb - b0 < LQ_AMX_CHUNK ? nb - b0 : LQ_AMX_CHUNK);
+        int j = 0;
+        for (; j + 2 <= nc; j += 2) {
+            _tile_zero(0);
+            _tile_loadd(1, qa + (b0 + j) * LQ_QK, K);
+            _tile_loadd(2, W + (b0 + j) * ws, 64);
+            _tile_dpbsud(0, 1, 2);
+            _tile_zero(3);
+            _tile_loadd(4, qa + (b0 + j + 1) * LQ_QK, K);
+            _tile_loadd(5, W + (b0 + j + 1) * ws, 64);
+            _tile_dpbsud(3, 4, 5);
+            _tile_stored(0, cb[j], 64);
+            _tile_stored(3, cb[j + 1], 64);
+        }
+        if (j < nc) {
+            _tile_zero(0);
+            _tile_loadd(1, qa + (b0 + j) * LQ_QK, K);
+            _tile_loadd(2, W + (b0 + j) * ws, 64);
+            _tile_dpbsud(0, 1, 2);
+            _tile_stored(0, cb[j], 64);
+        }
+        for (j = 0; j < nc; j++) {
+            const uint8_t *bk = g0 + (b0 + j) * bb;
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(bk + QB)));
+            const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(bk + QB + 32))) : dv;
+            lq_amx_accumulate(f, cb[j], dv, mv, da, sa, nb, b0 + j, HAS_M);
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << nv) - 1u);
+    for (int t = 0; t < 16; t++) {
+        if (nv == LQ_G) _mm512_storeu_ps(y + t * ys, f[t]);
+        else _mm512_mask_storeu_ps(y + t * ys, mask, f[t]);
+    }
+}
+
+/* a thread's buffer for one group's unpacked blocks (not lq_scratch: that one holds the
+ * calling thread's activations) */
+static __thread uint8_t *lq_amx_wbuf = NULL;
+static __thread size_t lq_amx_wcap = 0;
+
+/* Row group g for the whole 16-token tiles of n tokens (qa, da, sa, y at the first token, y
+ * row stride ys). Returns the number of tokens done (a multiple of 16; 0 when the unpack
+ * buffer cannot be had). */
+static int64_t lq_group_amx(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                            int64_t n, float *y, int64_t ys, int nv) {
+    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes;
+    const uint8_t *W = P->data + g * nb * bb;
+    int64_t ws = bb;
+    if (P->fmt != LQ_FMT8) { /* unpack the group once for all its token tiles */
+        const size_t need = (size_t)nb * 512;
+        if (need > lq_amx_wcap) {
+            free(lq_amx_wbuf);
+            lq_amx_wbuf = (uint8_t *)aligned_alloc(64, need);
+            lq_amx_wcap = lq_amx_wbuf ? need : 0;
+            if (!lq_amx_wbuf) return 0;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            if (P->fmt == LQ_FMT5) lq_amx_unpack(W + b * bb, 5, lq_amx_wbuf + b * 512);
+            else lq_amx_unpack(W + b * bb, 4, lq_amx_wbuf + b * 512);
+        }
+        W = lq_amx_wbuf;
+        ws = 512;
+    }
+    lq_amx_config();
+    int64_t t0 = 0;
+    for (; t0 + 16 <= n; t0 += 16) {
+        if (P->has_m) lq_kernel_amx(P, g, W, ws, qa + t0 * K, da + t0 * nb, sa + t0 * nb, 1, y + t0 * ys, ys, nv);
+        else lq_kernel_amx(P, g, W, ws, qa + t0 * K, da + t0 * nb, sa + t0 * nb, 0, y + t0 * ys, ys, nv);
+    }
+    _tile_release();
+    return t0;
+}
+#else
+#define LQ_AMX_BUILT 0
+static int lq_amx_init(int enable) { (void)enable; return 0; }
+#endif
 
 #if !LQ_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LQ_AVX2 1
@@ -434,6 +554,7 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
         __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         const uint8_t *blk = P->data + g * nb * bb;
         for (int64_t b = 0; b < nb; b++, blk += bb) {
+        simd_prefetch_range(blk, (int)bb);
             const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
             const __m256 dat = _mm256_set1_ps(da[t * nb + b]), sat = _mm256_set1_ps(sa[t * nb + b]);
             for (int h = 0; h < 2; h++) {
@@ -561,8 +682,13 @@ static void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const
                           int64_t n, int64_t tt, float *y, int portable) {
     const int64_t K = P->cols, R = P->rows, nb = P->nb;
     const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
+    int64_t t0 = 0;
     (void)portable;
-    for (int64_t t0 = 0; t0 < n; t0 += tt) {
+#if LQ_AMX_BUILT
+    if (!portable && lq_amx_on && n >= 16) /* whole 16-token tiles on AMX, the rest below */
+        t0 = lq_group_amx(P, g, qa, da, sa, n, y + g * LQ_G, R, nv);
+#endif
+    for (; t0 < n; t0 += tt) {
         const int T = (int)(n - t0 < tt ? n - t0 : tt);
         const int8_t *q = qa + t0 * K;
         const float *dd = da + t0 * nb, *ss = sa + t0 * nb;

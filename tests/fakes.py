@@ -199,7 +199,21 @@ class FakeModel:
         d = np.abs(self._dist - target).astype(np.float32)
         return (10.0 - d).astype(np.float32)
 
-    def forward(self, batch, all_logits: bool = False) -> np.ndarray:
+    N_EMBD = 8  # hidden states (output="hidden"): a token's features, for embedding tests
+
+    def hidden_for(self, token: int) -> np.ndarray:
+        """A token's hidden state: letters a-z fall on a circle (near letters, near
+        vectors), everything else on its own axis."""
+        h = np.zeros(self.N_EMBD, dtype=np.float32)
+        ch = token - N_SPECIAL
+        if ord("a") <= ch <= ord("z"):
+            ang = (ch - ord("a")) / 26 * np.pi
+            h[0], h[1] = np.cos(ang), np.sin(ang)
+        else:
+            h[2 + token % (self.N_EMBD - 2)] = 1.0
+        return h
+
+    def forward(self, batch, all_logits: bool = False, output: str = "logits", n_logits=None) -> np.ndarray:
         seen = set()
         for state, toks in batch:
             assert id(state) not in seen, "one segment per state per forward"
@@ -209,16 +223,27 @@ class FakeModel:
                 raise RuntimeError("fake model failure")
         if self.delay:
             time.sleep(self.delay)
-        out = np.empty((len(batch), VOCAB), dtype=np.float32)
+        if output == "hidden":
+            rows = []
+            for state, toks in batch:
+                toks = [int(t) for t in toks]
+                state.tokens.extend(toks)
+                self.tokens_evaluated += len(toks)
+                rows += [self.hidden_for(t) for t in toks]
+            self.forward_calls += 1
+            self.batch_sizes.append(len(batch))
+            return np.stack(rows)
+        rows = []
         for i, (state, toks) in enumerate(batch):
             toks = [int(t) for t in toks]
             state.tokens.extend(toks)
             self.tokens_evaluated += len(toks)
             self.max_segment = max(self.max_segment, len(toks))
-            out[i] = self.logits_for(toks[-1])
+            k = len(toks) if all_logits else (1 if n_logits is None else int(n_logits[i]))
+            rows += [self.logits_for(t) for t in toks[len(toks) - k:]]
         self.forward_calls += 1
         self.batch_sizes.append(len(batch))
-        return out
+        return np.stack(rows).astype(np.float32)
 
 
 def expected_text(prompt_last_char: str, n: int) -> str:

@@ -8,7 +8,7 @@ GGUF of a few MB and returns ``path``; weights are seeded and "numerically sane"
     build_tiny(path, arch="llama"|"qwen3", wtype="f32"|"f16"|"q8_0"|"q4_0")   dense attention
     build_gemma3(path, window=8)          interleaved sliding window (5 local layers, 1 global)
     build_gpt_oss(path)                   alternating sliding window, sinks, biases, MoE
-    build_qwen3moe(path, wtype="f32"|"q8_0")   MoE, 8 experts / 2 used
+    build_qwen3moe(path, wtype="f32"|"q8_0"|"iq4")   MoE, 8 experts / 2 used
     build_mamba(path), build_mamba2(path)      recurrent (selective scan / SSD, 2 groups)
     build_lfm2(path)                      short-conv layers + attention layers (hybrid)
     build_qwen35(path, arch="qwen35moe"|"qwen35"|"qwen3next")   gated DeltaNet + gated attention
@@ -72,7 +72,67 @@ def _quant(data: np.ndarray, qt: QT) -> np.ndarray:
         return data
     if qt == QT.F16:
         return data.astype(np.float16)
+    if qt in (QT.IQ4_NL, QT.IQ4_XS):
+        return quantize_iq4(data, qt)
     return gguf.quants.quantize(data, qt)
+
+
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _iq4_indices(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The nearest table entry to x / scale (per row of x, scale (rows, 1)), uint8."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(scale != 0, x / scale, 0)
+    return np.abs(v[..., None] - IQ4_VALUES).argmin(-1).astype(np.uint8)
+
+
+def _iq4_scale(x: np.ndarray) -> np.ndarray:
+    """Per row of blocks x (n, 32): the least-squares scale for the indices picked with
+    d = max / -127 (as llama.cpp starts), float32 (n, 1)."""
+    mx = x[np.arange(len(x)), np.abs(x).argmax(1)][:, None]
+    q = IQ4_VALUES[_iq4_indices(x, mx / -127.0)]
+    den = (q * q).sum(1, keepdims=True)
+    return np.where(den > 0, (q * x).sum(1, keepdims=True) / np.where(den > 0, den, 1), 0).astype(np.float32)
+
+
+def _nibbles(idx: np.ndarray) -> np.ndarray:
+    """(n, 32) indices -> (n, 16) bytes: value j low nibble of byte j, value 16 + j high."""
+    return idx[:, :16] | (idx[:, 16:] << 4)
+
+
+def quantize_iq4(data: np.ndarray, qt: QT) -> np.ndarray:
+    """IQ4_NL / IQ4_XS blocks of float32 ``data`` (rows of whole blocks) as uint8 (rows,
+    bytes): a plain nearest-value quantizer with least-squares block scales (gguf.quants
+    has none for these types; llama.cpp's searches more scales but writes the same format)."""
+    rows = data.shape[:-1]
+    x = data.reshape(-1, 32).astype(np.float32)
+    if qt == QT.IQ4_NL:
+        d = _iq4_scale(x).astype(np.float16)
+        idx = _iq4_indices(x, d.astype(np.float32))
+        out = np.concatenate([d.view(np.uint8).reshape(-1, 2), _nibbles(idx)], axis=1)
+        return out.reshape(*rows, -1)
+    sb = x.reshape(-1, 8, 32)  # super-blocks of 8 sub-blocks
+    s = _iq4_scale(x).reshape(-1, 8)
+    smax = s[np.arange(len(s)), np.abs(s).argmax(1)]
+    d = (smax / -32.0).astype(np.float16)
+    df = d.astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ls = np.clip(np.rint(np.where(df != 0, s / df, 0)), -32, 31).astype(np.int64)
+    dl = (df * ls).astype(np.float32).reshape(-1, 1)
+    idx = _iq4_indices(sb.reshape(-1, 32), dl).reshape(-1, 8, 32)
+    u = ls + 32
+    scales_h = ((u >> 4) << (2 * np.arange(8))).sum(1).astype(np.uint16)
+    scales_l = (u[:, 0::2] & 15) | ((u[:, 1::2] & 15) << 4)
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), scales_h.view(np.uint8).reshape(-1, 2),
+                          scales_l.astype(np.uint8), _nibbles(idx.reshape(-1, 32)).reshape(-1, 128)], axis=1)
+    return out.reshape(*rows, -1)
+
+
+def iq4_type(n_in: int) -> QT:
+    """The i-quant a converter picks for rows of n_in values: IQ4_XS, or IQ4_NL where the rows
+    are not whole 256-value super-blocks (llama.cpp's fallback)."""
+    return QT.IQ4_XS if n_in % 256 == 0 else QT.IQ4_NL
 
 
 def add_tensor(w: gguf.GGUFWriter, name: str, data: np.ndarray, qt: QT = QT.F32) -> None:
@@ -185,6 +245,18 @@ def tiny_vocab() -> TinyVocab:
     return TinyVocab(tokens, types, merges, bos_id=1, eos_id=2, chat_template=CHAT_TEMPLATE)
 
 
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+@functools.lru_cache(maxsize=None)
+def fim_vocab() -> TinyVocab:
+    """tiny_vocab() with fill-in-the-middle control tokens after it (ids 384-386), which
+    the GGUF names in tokenizer.ggml.fim_{pre,suf,mid}_token_id."""
+    v = tiny_vocab()
+    return TinyVocab(v.tokens + list(FIM_TOKENS), v.token_types + [3] * len(FIM_TOKENS), v.merges,
+                     v.bos_id, v.eos_id, v.chat_template)
+
+
 def add_tokenizer(w: gguf.GGUFWriter, vocab: TinyVocab) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -195,14 +267,18 @@ def add_tokenizer(w: gguf.GGUFWriter, vocab: TinyVocab) -> None:
     w.add_eos_token_id(vocab.eos_id)
     w.add_add_bos_token(False)
     w.add_chat_template(vocab.chat_template)
+    for kind, text in zip(("pre", "suf", "mid"), FIM_TOKENS):
+        if text in vocab.tokens:
+            w.add_uint32(f"tokenizer.ggml.fim_{kind}_token_id", vocab.tokens.index(text))
 
 
-def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool) -> int:
-    """Embed the tiny tokenizer if asked; the model's vocabulary size either way."""
+def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool | str) -> int:
+    """Embed the tiny tokenizer if asked ("fim": the one with fill-in-the-middle tokens);
+    the model's vocabulary size either way."""
     if not tokenizer:
         w.add_vocab_size(N_VOCAB)
         return N_VOCAB
-    vocab = tiny_vocab()
+    vocab = fim_vocab() if tokenizer == "fim" else tiny_vocab()
     add_tokenizer(w, vocab)
     w.add_vocab_size(len(vocab.tokens))
     return len(vocab.tokens)
@@ -211,7 +287,7 @@ def _vocab_size(w: gguf.GGUFWriter, tokenizer: bool) -> int:
 # ---- dense: llama, qwen3 ----------------------------------------------------------------------
 
 def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, context_length: int = 512,
-               rope_base: float = 10000.0, tokenizer: bool = False) -> Path:
+               rope_base: float = 10000.0, tokenizer: bool | str = False) -> Path:
     """2 layers, n_embd 64, GQA (4 heads / 2 kv heads). llama: head_dim 16, untied
     ``output.weight``; qwen3: head_dim 32 (q dim 128 != n_embd, so key_length matters), q/k
     norms, tied embedding. Norms stay F32 like llama.cpp."""
@@ -377,11 +453,19 @@ def build_gpt_oss(path, seed: int = 0) -> Path:
 QWEN3MOE = dict(n_layer=2, n_head=4, n_head_kv=2, head_dim=32, n_expert=8, n_expert_used=2, n_ff_exp=64)
 
 
-def build_qwen3moe(path, wtype: str = "f32", seed: int = 0) -> Path:
-    """2 layers, q/k norms, tied embedding, router F32, experts as 3-D tensors of ``wtype``."""
+def build_qwen3moe(path, wtype: str = "f32", seed: int = 0, small: str = "f32") -> Path:
+    """2 layers, q/k norms, tied embedding, router F32, experts as 3-D tensors of ``wtype``.
+
+    ``wtype="iq4"``: every matrix IQ4_XS where its rows are whole super-blocks, else IQ4_NL
+    (:func:`iq4_type`), with 256-wide expert FFNs so that the down projections are IQ4_XS.
+    ``small``: how the norms and routers are stored: "f32", "bf16", or "f32-bf16" (F32
+    holding the values a "bf16" file rounds them to: that file's exact F32 copy)."""
     c = QWEN3MOE
     nl, H, Hkv, hd, n_exp, ff = c["n_layer"], c["n_head"], c["n_head_kv"], c["head_dim"], c["n_expert"], c["n_ff_exp"]
-    qt = QTYPES[wtype]
+    if wtype == "iq4":
+        ff = 256
+    qt = QTYPES.get(wtype)
+    small_qt = QT.BF16 if small == "bf16" else QT.F32
     rng = np.random.default_rng(seed)
 
     def normal(shape, std):
@@ -425,6 +509,12 @@ def build_qwen3moe(path, wtype: str = "f32", seed: int = 0) -> Path:
             (p + "ffn_down_exps.weight", normal((n_exp, N_EMBD, ff), 1 / np.sqrt(ff)), qt),
         ]
     for name, data, t in tensors:
+        if data.ndim == 1 or name.endswith("ffn_gate_inp.weight"):  # norms and routers
+            t = small_qt
+            if small == "f32-bf16":
+                data = gguf.quants.dequantize(gguf.quants.quantize(data, QT.BF16), QT.BF16).reshape(data.shape)
+        elif t is None:  # wtype "iq4"
+            t = iq4_type(data.shape[-1])
         add_tensor(w, name, data, t)
     return finish_gguf(w, path)
 
@@ -716,11 +806,15 @@ def build_qwen35(path, arch: str = "qwen35moe", wtype: str = "f32", seed: int = 
 # the recurrent ones) carry the tiny tokenizer and chat template.
 CATALOGUE = {
     "chat": lambda p: build_tiny(p, "qwen3", "q8_0", tokenizer=True),
+    "fim": lambda p: build_tiny(p, "llama", "q8_0", tokenizer="fim"),
     "gemma3": lambda p: build_gemma3(p),
     "gemma3-swa": lambda p: build_gemma3(p, window=32, tokenizer=True),
     "gpt-oss": lambda p: build_gpt_oss(p),
     "qwen3moe-f32": lambda p: build_qwen3moe(p, "f32"),
     "qwen3moe-q8_0": lambda p: build_qwen3moe(p, "q8_0"),
+    "qwen3moe-iq4": lambda p: build_qwen3moe(p, "iq4"),
+    "qwen3moe-bf16": lambda p: build_qwen3moe(p, "f32", small="bf16"),
+    "qwen3moe-f32-bf16": lambda p: build_qwen3moe(p, "f32", small="f32-bf16"),
     "mamba": lambda p: build_mamba(p, tokenizer=True),
     "mamba2": lambda p: build_mamba2(p, tokenizer=True),
     "lfm2": lambda p: build_lfm2(p, tokenizer=True),

@@ -11,8 +11,8 @@ No cache, no batching: a whole prompt in, logits out.
 matrix has shape ``(n_out, n_in)``; 3-D expert tensors are ``(n_expert, n_out, n_in)``).
 It is a `RefWeights` (a dict with ``.types``: name -> GGML type), so that
 ``emulate=True`` can reproduce llama.cpp's rounding of activations before each matmul
-(Q8_0 blocks of 32 for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4 weights, Q8_K blocks of 256 for
-K-quants, f16 for F16 weights) and of the F16 KV cache (q, k, v and the softmax
+(Q8_0 blocks of 32 for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4/IQ4_NL weights, Q8_K blocks of 256
+for K-quants and IQ4_XS, f16 for F16 weights) and of the F16 KV cache (q, k, v and the softmax
 probabilities rounded to f16). With ``emulate=False`` everything is float math
 (float64 accumulation); that lands within ~1e-3 of llama.cpp on F16/F32 models and
 1.5-5 % on quantized ones; ``emulate=True`` gets much closer on quantized ones.
@@ -33,8 +33,8 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 # llama.cpp quantizes the activations to this before a matmul with a weight of that type
-_Q8_0_ACT = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4}
-_Q8_K_ACT = {QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K}
+_Q8_0_ACT = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4, QT.IQ4_NL}
+_Q8_K_ACT = {QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS}
 
 # gpt-oss SwiGLU-OAI constants (ggml_swiglu_oai(ctx, gate, up, alpha, limit))
 GPT_OSS_SWIGLU_ALPHA = 1.702

@@ -12,7 +12,7 @@ import pytest
 
 from fixtures import DEFAULT_SYSTEM
 from llmcore.chat import CHATML_TEMPLATE, ChatTemplate
-from llmcore.errors import RequestError
+from llmcore.errors import ImagesNotSupportedError, RequestError
 
 CHAT_MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -68,8 +68,10 @@ def test_content_parts_are_flattened(chat):
     ]
     flat = [CHAT_MESSAGES[0], {"role": "user", "content": "What is 17 * 23?\nAnswer briefly."}]
     assert tmpl.render(parts) == tmpl.render(flat)
-    with pytest.raises(RequestError, match="image_url"):
+    with pytest.raises(ImagesNotSupportedError, match="image input is not supported"):
         tmpl.render([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(RequestError, match="'audio' is not supported"):
+        tmpl.render([{"role": "user", "content": [{"type": "audio", "audio": {}}]}])
     with pytest.raises(RequestError, match="role"):
         tmpl.render([{"content": "hi"}])
 

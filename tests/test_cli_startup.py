@@ -148,7 +148,7 @@ def test_once_reads_a_running_server(nothing_starts):
         code, out = run("tui", "--once", "--json", "--port", port)
         assert code == 0, out
         d = json.loads(out.strip().splitlines()[-1])
-        assert d["connected"] and d["stats"]["model"] == "/m/fake.gguf" and len(d["slots"]) == 2
+        assert d["connected"] and d["stats"]["model"] == "fake.gguf" and len(d["slots"]) == 2
         code, out = run("tui", "--once", "--url", server.url)
         assert code == 0 and "fake.gguf  status ok" in out and "KV cache:" in out
     finally:

@@ -194,11 +194,16 @@ def live():
             assert eng.wait_ready(30)
             stream = BackgroundStream(srv.port)
             stream.start()
+            time.sleep(1.5)  # the stream alone first: how much this machine pauses it already
+            quiet_gap, stream.max_gap = stream.max_gap, 0.0
             yield srv, errors, stream
             stream.stop.set()
             stream.join(10)
         assert stream.tokens > 100, "the background stream did not run"
-        assert stream.max_gap < GAP_S, f"a stream paused {stream.max_gap:.2f} s during the fuzzing"
+        # the fuzzing must not stall the stream beyond what a busy machine does to it anyway
+        allowed = max(GAP_S, 2.0 * quiet_gap)
+        assert stream.max_gap < allowed, f"a stream paused {stream.max_gap:.2f} s during the fuzzing " \
+                                         f"(alone: {quiet_gap:.2f} s)"
     finally:
         root.removeHandler(errors)
 

@@ -5,7 +5,7 @@ import dataclasses
 
 from llmcore import metrics as M
 
-_NOT_NUMBERS = ("time", "status", "model", "slots", "model_stats")
+_NOT_NUMBERS = ("time", "status", "model", "slots", "model_stats", "replicas")
 
 
 def distinct_stats(**kw) -> M.EngineStats:
@@ -29,7 +29,7 @@ def test_table_rows_read_engine_stats_attributes():
         assert m.help and m.name.startswith(("llamacpp:", "llmcore:")), m
         assert m.field in fields or isinstance(getattr(M.EngineStats, m.field), property), m
     assert set(M.DERIVED_FIELDS) == {"prompt_tokens_seconds", "predicted_tokens_seconds",
-                                     "n_busy_slots_per_decode", "kv_tokens"}
+                                     "n_busy_slots_per_decode", "kv_tokens", "engines_ready"}
     assert M.FIELD_OF["llmcore:queue_length"] == M.FIELD_OF["llamacpp:requests_deferred"] == "requests_deferred"
 
 

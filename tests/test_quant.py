@@ -113,6 +113,80 @@ def test_matmul_vs_float(qt, rows, n):
     assert nmse(ys, y1) < 1e-9
 
 
+
+@needs_kernels
+@pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
+def test_matmul_rows_do_not_depend_on_the_batch(qt):
+    """A token's outputs are the same bits alone or in a batch: 40 tokens go through two
+    16-token tiles (the AMX kernel where it is in use) and an 8-token VNNI/AVX2 tile, one
+    token through the single-token kernel; rows not a multiple of 16 (a masked last group)."""
+    rows, cols, n = 37, 192, 40
+    raw = random_blocks(qt, rows, cols, seed=5)
+    pk = kq.pack(raw, int(qt))
+    x = np.random.default_rng(4).standard_normal((n, cols)).astype(np.float32)
+    y = np.empty((n, rows), np.float32)
+    kq.matmul(pk, x, y, 2)
+    for i in (0, 15, 16, 33, 39):
+        yi = np.empty((1, rows), np.float32)
+        kq.matmul(pk, x[i:i + 1], yi, 1)
+        np.testing.assert_array_equal(y[i], yi[0])
+    w = ref_dequant(raw, qt, rows, cols)
+    assert nmse(y, x.astype(np.float64) @ w.T.astype(np.float64)) < 5e-4
+
+
+@needs_kernels
+@pytest.mark.parametrize("mod", ["quants", "kquants"])
+def test_pack_into_caller_memory(mod):
+    """pack(alloc=) puts the repacked bytes where the caller says (the huge-page arena) and
+    refuses a buffer it cannot use."""
+    m = _kernels.load(mod)
+    qt = QT.Q4_1 if mod == "quants" else QT.Q4_K
+    if mod == "kquants":
+        from test_kquants import rand_weight
+        raw = rand_weight(np.random.default_rng(0), qt, 32, 256)
+    else:
+        raw = make_raw(qt, 32, 256)
+    arena = quant.WeightArena()
+    got = []
+
+    def alloc(nbytes):
+        got.append(arena.alloc(nbytes))
+        return got[-1]
+
+    pk = m.pack(raw, int(qt), alloc=alloc)
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    y1, y2 = np.empty((3, 32), np.float32), np.empty((3, 32), np.float32)
+    m.matmul(pk, x, y1, 1)
+    m.matmul(m.pack(raw, int(qt)), x, y2, 1)
+    np.testing.assert_array_equal(y1, y2)
+    if pk.layout == "repacked16":
+        assert len(got) == 1 and pk.buf.ctypes.data == got[0].ctypes.data
+        with pytest.raises(ValueError):
+            m.pack(raw, int(qt), alloc=lambda n: np.empty(n + 1, np.uint8)[1:])  # misaligned
+
+
+def test_weight_arena_allocations():
+    arena = quant.WeightArena()
+    a, b = arena.alloc(100), arena.alloc(5000)
+    big = arena.alloc(arena.CHUNK // 2)  # its own mapping
+    for buf, n in ((a, 100), (b, 5000), (big, arena.CHUNK // 2)):
+        assert buf.dtype == np.uint8 and buf.shape == (n,) and buf.ctypes.data % 64 == 0
+        assert buf.flags.writeable
+    assert b.ctypes.data >= a.ctypes.data + 100  # consecutive, not overlapping
+    assert big.ctypes.data % arena.HUGE == 0
+    a[:] = 1
+    b[:] = 2
+    assert (a == 1).all()
+
+
+@needs_kernels
+def test_linear_weights_are_packed_in_load_order():
+    """Consecutive Linears are consecutive memory (the arena): a decode step streams one run."""
+    ts = [Tensor(f"w{i}", int(QT.Q8_0), (64, 128), make_raw(QT.Q8_0, 64, 128, seed=i)) for i in range(2)]
+    a, b = (quant.Linear(t)._packed for t in ts)
+    start = b.buf.ctypes.data
+    assert start == a.buf.ctypes.data + -(-a.nbytes // 64) * 64 or start % quant.WeightArena.HUGE == 0
+
 FLOAT_EXACT = {QT.F32, QT.F16, QT.BF16}
 
 
@@ -263,9 +337,9 @@ def test_pack_layouts(qt):
 
 @needs_kernels
 def test_weight_kernel_modules_share_one_interface():
-    """quants and kquants implement the one interface of llmcore.quant (its KERNEL MODULE
-    INTERFACE): the same functions with the same parameters, disjoint SUPPORTED sets, and
-    quant.kernel_for sends each type to its module."""
+    """quants, kquants and iquants implement the one interface of llmcore.quant (its KERNEL
+    MODULE INTERFACE): the same functions with the same parameters, disjoint SUPPORTED sets,
+    and quant.kernel_for sends each type to its module."""
     import inspect
 
     mods = [_kernels.load(name) for name in quant.WEIGHT_KERNELS]
@@ -277,8 +351,8 @@ def test_weight_kernel_modules_share_one_interface():
         assert isinstance(m.SUPPORTED, frozenset) and m.SIMD_LEVEL in ("avx512vnni", "avx2", "c")
         assert all(hasattr(m.Packed, a) for a in ("ggml_type", "rows", "cols", "nbytes", "layout"))
         assert all(quant.kernel_for(t) is m for t in m.SUPPORTED)
-    assert not mods[0].SUPPORTED & mods[1].SUPPORTED
-    assert quant.kernel_for(QT.IQ4_NL) is None  # no kernel: the NumPy fallback
+    assert sum(len(m.SUPPORTED) for m in mods) == len(frozenset().union(*(m.SUPPORTED for m in mods)))
+    assert quant.kernel_for(QT.IQ2_XXS) is None  # no kernel: the NumPy fallback
 
 
 def test_missing_kernel_module_is_an_error_not_a_fallback():

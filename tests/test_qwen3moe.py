@@ -161,3 +161,22 @@ def test_conformance(conf_models, stem, name):
     model, oracle = conf_models(stem)
     p, ref = oracle_prompt(oracle, name)
     check(model, p, ref, **CONF[stem])
+
+
+def test_bf16_norms_and_routers_equal_their_f32_copy(built_model):
+    """Files keep small tensors (norms, routers) in BF16: they load and give the logits of
+    the same model with those values in F32."""
+    from gguf import GGMLQuantizationType as QT
+
+    from llmcore.gguf_file import GGUFFile
+
+    bf16, f32 = built_model("qwen3moe-bf16"), built_model("qwen3moe-f32-bf16")
+    types = {t.name: int(t.ggml_type) for t in GGUFFile(bf16).tensors.values()}
+    assert types["blk.0.ffn_gate_inp.weight"] == types["blk.1.attn_q_norm.weight"] == QT.BF16
+    assert types["blk.0.attn_q.weight"] == QT.F32
+    assert int(GGUFFile(f32).tensors["blk.0.ffn_gate_inp.weight"].ggml_type) == QT.F32
+    toks = _tokens(30, seed=6)
+    got, want = (load_model(p, kv_type="f32") for p in (bf16, f32))
+    a = got.forward([(got.new_state(), toks)], all_logits=True)
+    b = want.forward([(want.new_state(), toks)], all_logits=True)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())

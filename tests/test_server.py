@@ -47,7 +47,7 @@ async def test_health_models_props(client):
     assert r.status == 200 and await r.json() == {"status": "ok"}
     r = await client.get("/v1/models")
     d = await r.json()
-    assert d["object"] == "list" and d["data"][0]["id"] == "/m/fake.gguf"
+    assert d["object"] == "list" and d["data"][0]["id"] == "fake.gguf"
     assert d["data"][0]["meta"]["n_vocab"] == FakeTokenizer.vocab_size
     r = await client.get("/models")
     assert r.status == 200
@@ -483,8 +483,11 @@ def test_errors_map_to_status_by_class_not_by_message():
     assert anthropic_error(LLMCoreError("Loading model"))[0] == 500
     assert openai_error(ModelLoadFailedError("model failed to load: x"))[0] == 503
     assert anthropic_error(ModelLoadFailedError("x"))[1]["error"]["type"] == "api_error"
-    for exc in (ShuttingDownError(), EngineFailure("step failed")):
-        assert openai_error(exc) == (500, {"error": {"message": str(exc), "type": "server_error", "code": 500}})
+    exc = EngineFailure("step failed")
+    assert openai_error(exc) == (500, {"error": {"message": str(exc), "type": "server_error", "code": 500}})
+    # a stopping server is unavailable, not broken: clients retry
+    assert openai_error(ShuttingDownError()) == (503, {"error": {
+        "message": "server is shutting down", "type": "unavailable_error", "code": 503}})
     assert openai_error(RuntimeError("boom"))[1]["error"]["message"] == "internal error: RuntimeError: boom"
     assert anthropic_error(RuntimeError("boom"))[1]["error"]["message"] == "RuntimeError: boom"
     assert openai_error(RequestError("bad"))[0] == 400

@@ -202,11 +202,16 @@ def test_detect_format():
     assert detect_format("[AVAILABLE_TOOLS] [TOOL_CALLS]") == "mistral"
     assert detect_format("<|python_tag|> ipython") == "llama3"
     assert detect_format(None) == "hermes"
+    assert detect_format("{{ '<|tool_call_start|>' }} <|tool_list_start|>") == "lfm2"
+    assert detect_format("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>") == "glm45"
+    assert detect_format("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>") == "deepseek"
+    assert detect_format("<|tool_calls_section_begin|><|tool_call_begin|>") == "kimi_k2"
 
     from llmcore.toolcalls import FORMATS, NEEDS_SPECIAL
 
-    assert set(FORMATS) == {"hermes", "qwen3coder", "llama3", "mistral", "harmony"}
-    assert NEEDS_SPECIAL == {"mistral", "harmony"}
+    assert set(FORMATS) == {"hermes", "qwen3coder", "llama3", "mistral", "harmony", "lfm2", "glm45",
+                            "deepseek", "kimi_k2", "generic"}
+    assert NEEDS_SPECIAL == {"mistral", "harmony", "lfm2", "glm45", "deepseek", "kimi_k2"}
 
 
 def _stream_matches_whole(fmt, text, **kw):
@@ -439,3 +444,59 @@ def test_reasoning_on_input_reaches_template():
     out = t.render([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": "r1"},
                     {"role": "assistant", "content": "b", "reasoning_content": "r2"}])
     assert "[r1|r1|a]" in out and "[r2|r2|b]" in out
+
+
+# ---- the block-per-call formats (blocks.py) and the generic format ---------------------------
+
+NEW_FORMATS = [
+    ("lfm2", 'Sure. <|tool_call_start|>[run(cmd="ls -l", n=2), read_file(path="a.txt")]<|tool_call_end|> ok',
+     "Sure.  ok", [("run", {"cmd": "ls -l", "n": 2}), ("read_file", {"path": "a.txt"})]),
+    ("glm45", "Let me.\n<tool_call>run\n<arg_key>cmd</arg_key>\n<arg_value>ls</arg_value>\n</tool_call>",
+     "Let me.\n", [("run", {"cmd": "ls"})]),
+    ("deepseek", "x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>run\n```json\n"
+                 '{"cmd": "ls"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "b"}'
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "x", [("run", {"cmd": "ls"}), ("read_file", {"path": "b"})]),
+    ("kimi_k2", "a<|tool_calls_section_begin|><|tool_call_begin|>functions.run:0<|tool_call_argument_begin|>"
+                '{"cmd": "ls"}<|tool_call_end|><|tool_calls_section_end|>b',
+     "ab", [("run", {"cmd": "ls"})]),
+    ("generic", ' {"tool_calls": [{"name": "run", "arguments": {"cmd": "ls"}}]}', "", [("run", {"cmd": "ls"})]),
+    ("generic", '{"response": "Hello there"}', "Hello there", []),
+    ("generic", "Just words {not json}", "Just words {not json}", []),
+]
+
+
+@pytest.mark.parametrize("fmt,text,content,calls", NEW_FORMATS)
+def test_new_formats_stream_as_they_parse_whole(fmt, text, content, calls):
+    got = _stream_matches_whole(fmt, text)
+    assert got["content"] == content
+    assert [(n, json.loads(a)) for n, a in got["calls"]] == calls
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("lfm2", "<|tool_call_start|>[run(cmd=os.system('x'))]<|tool_call_end|>"),  # not a literal: never run
+    ("lfm2", "<|tool_call_start|>[run(cmd=]<|tool_call_end|>"),
+    ("glm45", "<tool_call>run\n<arg_key>cmd</arg_key> stray text\n</tool_call>"),
+    ("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>run<｜tool▁sep｜>{broken<｜tool▁call▁end｜>"),
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.run:0{no args marker}<|tool_call_end|>"),
+    ("generic", '{"tool_calls": [{"arguments": {}}]}'),
+])
+def test_a_call_that_does_not_parse_comes_back_as_content(fmt, text):
+    p = parse_output(text, fmt, tools=TOOLS)
+    assert not p.calls and p.content.strip()
+    _stream_matches_whole(fmt, text)
+
+
+def test_block_formats_stream_linearly():
+    """A long argument in a block format: each piece is scanned once (the block is
+    parsed once, when it closes)."""
+    import time
+
+    body = "x" * 200_000
+    text = f'<|tool_call_start|>[run(cmd="{body}")]<|tool_call_end|>'
+    q = OutputParser("lfm2", tools=TOOLS)
+    t0 = time.perf_counter()
+    for i in range(0, len(text), 7):
+        q.feed(text[i:i + 7])
+    q.finish()
+    assert time.perf_counter() - t0 < 5 and json.loads(q.calls[0].arguments)["cmd"] == body

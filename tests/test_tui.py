@@ -66,7 +66,7 @@ async def test_http_snapshot_matches_in_process_snapshot(aiohttp_client):
             assert via_http.get(key) == local.get(key), key
     assert local.get("requests_total") == 2 and local.get("tokens_predicted_total") == 5
     assert [F.slot_row(s) for s in via_http.slots] == [F.slot_row(s) for s in local.slots]
-    assert via_http.get("model") == "/m/fake.gguf" and via_http.get("status") == "ok"
+    assert via_http.get("model") == "fake.gguf" and via_http.get("status") == "ok"
     # the gauges' budgets: -c (n_ctx, all slots) and the memory plan, by either route
     assert via_http.get("n_ctx") == local.get("n_ctx") == eng.n_ctx
     assert F.kv_gauge(via_http) == F.kv_gauge(local) and F.cache_gauge(via_http) == F.cache_gauge(local)

@@ -19,10 +19,7 @@ from llmcore.tui.app import Dashboard
 from llmcore.tui.run import InProcessServer
 from llmcore.tui.source import EngineSource, FakeSource, HttpSource
 
-try:  # the sliding-window builder lives in fixtures.py once every architecture is built there
-    from fixtures import build_gemma3
-except ImportError:  # until then, beside its own tests
-    from test_gemma3 import build_gemma3
+from fixtures import build_gemma3
 
 SIZE = (120, 40)
 

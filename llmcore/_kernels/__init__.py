@@ -2,8 +2,8 @@
 this file first.
 
 Modules: ``norms``, ``rope``, ``activations``, ``kv_rows``, ``attention`` (the ops of
-llmcore.nn), ``quants`` and ``kquants`` (the weight formats of llmcore.quant, one interface),
-``ssm`` (llmcore.ssm).
+llmcore.nn), ``quants``, ``kquants`` and ``iquants`` (the weight formats of llmcore.quant, one
+interface), ``ssm`` (llmcore.ssm).
 
 ``ENABLED`` is the one switch between these kernels and the NumPy reference versions of the
 same ops: ``LLMCORE_NO_KERNELS=1`` in the environment (read once, at import) turns the kernels

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
-from .protocol import Footprint
+from .protocol import Footprint, SnapshotFormatError
 
 TAIL_OFFSET = 4  # a checkpoint this many tokens before the end of the prompt
 
@@ -119,17 +119,44 @@ class Checkpoint:
 def take_checkpoint(state, kind: str = "periodic") -> Checkpoint | None:
     """Snapshot the caches of a SeqState that cannot be trimmed back; None when it has
     none. The checkpoint gives its snapshots back (release_snapshot) on its last release."""
-    caches = state.caches
-    snap = {k: c.snapshot() for k, c in caches.items() if c.needs_checkpoints}
+    snap = {k: c.snapshot() for k, c in state.caches.items() if c.needs_checkpoints}
     if not snap:
         return None
+    return checkpoint_of(state, state.n_tokens, snap, kind)
+
+
+def checkpoint_of(state, n_tokens: int, snap: dict, kind: str) -> Checkpoint:
+    """A checkpoint holding `snap` (cache group -> snapshot of `state`'s caches), which it
+    gives back to those caches on its last release."""
+    caches = state.caches
 
     def release(s: dict) -> None:
         for k, x in s.items():
             caches[k].release_snapshot(x)
 
-    nbytes = sum(x.nbytes for x in snap.values())
-    return Checkpoint(state.n_tokens, snap, nbytes, kind, release)
+    return Checkpoint(n_tokens, snap, sum(x.nbytes for x in snap.values()), kind, release)
+
+
+def export_checkpoint(state, ck: Checkpoint) -> dict:
+    """Cache group -> SnapshotRecord of a checkpoint (its caches are `state`'s kinds)."""
+    return {k: state.caches[k].export_snapshot(x) for k, x in ck.snap.items()}
+
+
+def import_checkpoint(state, n_tokens: int, kind: str, records: dict) -> Checkpoint:
+    """A checkpoint of `state`'s model from its records (see export_checkpoint); all or
+    nothing."""
+    snap: dict = {}
+    try:
+        for k, rec in records.items():
+            c = state.caches.get(k)
+            if c is None or not c.needs_checkpoints or rec.n_tokens != n_tokens:
+                raise SnapshotFormatError(f"checkpoint record for group {k!r} at {rec.n_tokens} tokens")
+            snap[k] = c.import_snapshot(rec)
+    except BaseException:
+        for k, x in snap.items():
+            state.caches[k].release_snapshot(x)
+        raise
+    return checkpoint_of(state, n_tokens, snap, kind)
 
 
 def restore_checkpoint(state, ck: Checkpoint) -> int:
@@ -253,4 +280,5 @@ def plan_positions(n_start: int, n_prompt: int, every_n: int = 0, user_start: in
 
 
 __all__ = ["Checkpoint", "CheckpointBudget", "CheckpointList", "take_checkpoint", "restore_checkpoint",
+           "checkpoint_of", "export_checkpoint", "import_checkpoint",
            "plan_positions", "TAIL_OFFSET"]

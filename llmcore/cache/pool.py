@@ -11,12 +11,14 @@ at each forward step rather than keeping references across steps.
 """
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
 
 from .. import nn
 from ..errors import ContextFullError
+from .protocol import LazyArray, SnapshotRecord
 
 
 class KVCacheFullError(ContextFullError):
@@ -47,8 +49,24 @@ def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
     raise ValueError(f"unknown kv type {kv_type!r} (expected f16, f32, q8_0 or q4_0)")
 
 
+# storage at least this large gets its own anonymous mapping (see _make_pool)
+OWN_MAPPING_BYTES = 1 << 20
+
+
 def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str) -> np.ndarray:
-    return nn.make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim)
+    """Zeroed storage of one layer's K or V for n_blocks blocks.
+
+    Large storage lives in its own anonymous memory mapping, not on the malloc heap: a
+    pool grows by reallocating, and freed heap arrays of a few MB stay resident as
+    fragments (glibc raises its mmap threshold after the first frees), so RSS outside the
+    caches grew run after run; an unmapped array goes back to the OS at once."""
+    empty = nn.make_kv_pool(kv_type, 0, block_size, n_kv_heads, head_dim)
+    shape = (n_blocks, *empty.shape[1:])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * empty.dtype.itemsize
+    if nbytes < OWN_MAPPING_BYTES:
+        return np.zeros(shape, dtype=empty.dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # anonymous: zero pages on first touch
+    return np.frombuffer(buf, dtype=empty.dtype).reshape(shape)
 
 
 class BlockPool:
@@ -181,6 +199,42 @@ class BlockPool:
             a[dst] = a[src]
         for a in self.v:
             a[dst] = a[src]
+
+    # ---- records (state files) ----------------------------------------------------------
+    def layout(self) -> dict:
+        """What decides a block's bytes (a state file's fingerprint)."""
+        return {"n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads, "head_dim_k": self.head_dim_k,
+                "head_dim_v": self.head_dim_v, "block_size": self.block_size, "kv_type": self.kv_type}
+
+    def _block_shapes(self, n: int) -> tuple[tuple, tuple, np.dtype]:
+        k, v = self.k[0], self.v[0]
+        return (n, *k.shape[1:]), (n, *v.shape[1:]), k.dtype
+
+    def export_blocks(self, ids: np.ndarray) -> dict[str, LazyArray]:
+        """K and V of blocks `ids` in every layer as arrays ``k{i}``/``v{i}`` read when
+        needed. The caller holds references to the blocks until they are read, so their
+        content cannot change (copy-on-write); ``self.k`` is looked up at read time since
+        growth replaces the arrays (the old ones keep the same content)."""
+        ids = np.asarray(ids, dtype=np.int32).copy()
+        if not self.n_layers:
+            return {}
+        ks, vs, dt = self._block_shapes(len(ids))
+        out: dict[str, LazyArray] = {}
+        for i in range(self.n_layers):
+            out[f"k{i}"] = LazyArray(ks, dt, lambda i=i: self.k[i][ids])
+            out[f"v{i}"] = LazyArray(vs, dt, lambda i=i: self.v[i][ids])
+        return out
+
+    def import_blocks(self, record: SnapshotRecord, n: int) -> np.ndarray:
+        """n new blocks (refcount 1) holding the K/V arrays of `record` (as made by
+        ``export_blocks``). Checks every array before taking a block."""
+        ks, vs, dt = self._block_shapes(n)
+        arrays = [(record.array(f"k{i}", ks, dt), record.array(f"v{i}", vs, dt)) for i in range(self.n_layers)]
+        ids = self.alloc(n)
+        for i, (k, v) in enumerate(arrays):
+            self.k[i][ids] = k
+            self.v[i][ids] = v
+        return ids
 
     def stats(self) -> dict:
         return {"name": self.name, "block_size": self.block_size, "kv_type": self.kv_type,

@@ -13,7 +13,9 @@ most.
 
 The handle stored in an entry (``state``: e.g. a SeqSnapshot) and its checkpoints are
 opaque here; ``on_release(entry)`` is called exactly once when an entry leaves the cache
-(eviction, replacement, clear) so the owner can drop the references it holds.
+(eviction, replacement, clear) so the owner can drop the references it holds. Before an
+eviction for the budget (or for memory: ``evict_lru``, ``urgent``) ``on_evict(entry,
+urgent)`` sees the entry while its state is still alive (the disk tier writes it).
 
     pc = PromptCache(limit_bytes=8 << 30, on_release=lambda e: ...)
     e = pc.insert(tokens, snap, own_bytes=0, blocks={"kv": ids}, block_bytes={"kv": 4096})
@@ -115,10 +117,12 @@ class PromptCache:
     """
 
     def __init__(self, limit_bytes: int | None, on_release: Callable[[CacheEntry], Any] | None = None,
-                 max_entries: int | None = None):
+                 max_entries: int | None = None,
+                 on_evict: Callable[[CacheEntry, bool], Any] | None = None):
         self.limit_bytes = None if limit_bytes is None or limit_bytes < 0 else int(limit_bytes)
         self.max_entries = max_entries
         self.on_release = on_release
+        self.on_evict = on_evict
         self._root = _Node(np.zeros(0, dtype=np.int32), None)
         self._lru: collections.OrderedDict[int, CacheEntry] = collections.OrderedDict()
         self._block_refs: dict[Any, collections.Counter] = {}
@@ -368,10 +372,20 @@ class PromptCache:
             victim = self._evictable(keep)
             if victim is None:
                 break
-            self._remove(victim)
-            self.stats["evictions"] += 1
+            self._evict(victim, urgent=False)
             n += 1
         return n
+
+    def _evict(self, entry: CacheEntry, urgent: bool) -> None:
+        """An entry leaves for the budget (``urgent``: memory is needed now): ``on_evict``
+        sees it (the disk tier writes it) before it is released."""
+        if self.on_evict is not None:
+            try:
+                self.on_evict(entry, urgent)
+            except Exception:  # noqa: BLE001 - the eviction itself must happen
+                log.exception("prompt cache eviction hook failed")
+        self._remove(entry)
+        self.stats["evictions"] += 1
 
     def _over(self) -> bool:
         if self.max_entries is not None and len(self._lru) > self.max_entries:
@@ -384,8 +398,7 @@ class PromptCache:
         victim = self._evictable(where=where)
         if victim is None:
             return None
-        self._remove(victim)
-        self.stats["evictions"] += 1
+        self._evict(victim, urgent=True)
         return victim
 
     def remove(self, entry: CacheEntry) -> None:

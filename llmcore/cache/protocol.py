@@ -9,6 +9,11 @@ Positions: ``n_tokens`` is the cache's offset, the position the next token goes 
 Trimming: ``trim(n)`` keeps the first n tokens where the kind can (full KV: always;
 windowed KV: while the keys the query at n needs are still held; recurrent: only n ==
 n_tokens or 0). ``min_trim()`` is the shortest length ``trim`` can reach.
+Records: ``export_snapshot(snap)`` describes a snapshot as named arrays (a
+:class:`SnapshotRecord`, what a state file stores: :mod:`llmcore.cache.state_file`);
+``import_snapshot(record)`` builds a snapshot of this kind back from one (taking new pool
+blocks). ``retain_snapshot(snap)`` adds a holder to a snapshot (one more
+``release_snapshot`` is then due), so a writer can read it after its first holder let go.
 Checkpoints: a kind that cannot be trimmed freely (``needs_checkpoints``) is snapshotted
 at planned positions during prefill; ``checkpoint_nbytes`` is what one such snapshot costs
 at most. Memory: kinds backed by a :class:`~llmcore.cache.pool.BlockPool` (``pool`` not
@@ -17,7 +22,7 @@ None) say how many blocks an append takes and how many a sequence holds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -45,6 +50,63 @@ class Footprint:
     @staticmethod
     def of_blocks(pool: "BlockPool", ids: np.ndarray) -> "Footprint":
         return Footprint(0, {pool.name: np.asarray(ids)}, {pool.name: pool.bytes_per_block})
+
+
+class SnapshotFormatError(ValueError):
+    """A snapshot record does not fit the cache it is imported into (another model's,
+    or damaged)."""
+
+
+@dataclass(frozen=True)
+class LazyArray:
+    """One array of a snapshot record: its shape and dtype now, its content when read
+    (``read()`` gathers it from a pool, or returns an array already in memory), so a
+    writer streams a record one array at a time."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    read: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @staticmethod
+    def of(a: np.ndarray) -> "LazyArray":
+        return LazyArray(tuple(a.shape), a.dtype, lambda: a)
+
+    def loaded(self) -> "LazyArray":
+        """The same array read now (a copy that no longer depends on the source)."""
+        return LazyArray.of(np.ascontiguousarray(self.read()))
+
+
+@dataclass
+class SnapshotRecord:
+    """A snapshot as plain data: the cache kind that made it, its position, JSON-able
+    ``meta`` and named arrays (see the module docstring)."""
+
+    kind: str
+    n_tokens: int
+    meta: dict
+    arrays: dict[str, LazyArray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def loaded(self) -> "SnapshotRecord":
+        return SnapshotRecord(self.kind, self.n_tokens, dict(self.meta),
+                              {k: a.loaded() for k, a in self.arrays.items()})
+
+    def array(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        """The array ``name``, checked against the shape and dtype the importer needs."""
+        a = self.arrays.get(name)
+        if a is None:
+            raise SnapshotFormatError(f"{self.kind} record without array {name!r}")
+        if tuple(a.shape) != tuple(shape) or np.dtype(a.dtype) != np.dtype(dtype):
+            raise SnapshotFormatError(f"{self.kind} record array {name!r} is {np.dtype(a.dtype)}{tuple(a.shape)}, "
+                                      f"this cache needs {np.dtype(dtype)}{tuple(shape)}")
+        return a.read()
 
 
 @runtime_checkable
@@ -109,9 +171,24 @@ class CacheState(Protocol):
 
     def release_snapshot(self, snap: Snapshot) -> None: ...
 
+    def retain_snapshot(self, snap: Snapshot) -> Snapshot:
+        """One more holder of `snap` (it then needs one more ``release_snapshot``)."""
+        ...
+
+    def export_snapshot(self, snap: Snapshot) -> SnapshotRecord: ...
+
+    def import_snapshot(self, record: SnapshotRecord) -> Snapshot:
+        """A snapshot of this cache built from `record` (SnapshotFormatError if it does not
+        fit; KVCacheFullError when the pool has no room)."""
+        ...
+
+    def layout(self) -> dict:
+        """What decides the bytes of this kind's snapshots (a state file's fingerprint)."""
+        ...
+
     def fork(self) -> "CacheState": ...
 
     def release(self) -> None: ...
 
 
-__all__ = ["CacheState", "Snapshot", "Footprint"]
+__all__ = ["CacheState", "Snapshot", "Footprint", "LazyArray", "SnapshotRecord", "SnapshotFormatError"]

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .protocol import CacheState, Footprint
+from .protocol import CacheState, Footprint, LazyArray, SnapshotFormatError, SnapshotRecord
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,40 @@ class RecurrentState(CacheState):
 
     def release_snapshot(self, snap: RecurrentSnapshot) -> None:
         pass  # a copy: nothing shared to give back
+
+    def retain_snapshot(self, snap: RecurrentSnapshot) -> RecurrentSnapshot:
+        return snap  # immutable copies: a second holder shares them
+
+    # ---- records ------------------------------------------------------------------------
+    record_kind = "rec"
+
+    def layout(self) -> dict:
+        return {"kind": self.record_kind, "conv": [list(s) for s in self.conv_shapes],
+                "ssm": [None if s is None else list(s) for s in self.ssm_shapes]}
+
+    def export_snapshot(self, snap: RecurrentSnapshot) -> SnapshotRecord:
+        arrays = {}
+        for name, arrs in (("conv", snap.conv), ("ssm", snap.ssm)):
+            for i, a in enumerate(arrs):
+                if a is not None:
+                    arrays[f"{name}{i}"] = LazyArray.of(a)
+        return SnapshotRecord(self.record_kind, snap.n_tokens, {"n_layers": self.n_layers}, arrays)
+
+    def import_snapshot(self, record: SnapshotRecord) -> RecurrentSnapshot:
+        if record.kind != self.record_kind or record.meta.get("n_layers") != self.n_layers:
+            raise SnapshotFormatError(f"a {record.kind!r} record of {record.meta.get('n_layers')} layers "
+                                      f"cannot restore this recurrent state ({self.n_layers} layers)")
+        known = {f"conv{i}" for i in range(self.n_layers)} | {
+            f"ssm{i}" for i, s in enumerate(self.ssm_shapes) if s is not None}
+        if set(record.arrays) - known:
+            raise SnapshotFormatError(f"rec record with unknown arrays {sorted(set(record.arrays) - known)}")
+
+        def take(name, shapes):
+            return tuple(None if f"{name}{i}" not in record.arrays else
+                         np.ascontiguousarray(record.array(f"{name}{i}", shapes[i], np.float32))
+                         for i in range(self.n_layers))
+
+        return RecurrentSnapshot(record.n_tokens, take("conv", self.conv_shapes), take("ssm", self.ssm_shapes))
 
     def fork(self) -> "RecurrentState":
         other = RecurrentState(self.conv_shapes, self.ssm_shapes)

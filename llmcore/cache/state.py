@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .pool import BlockPool
-from .protocol import CacheState, Footprint, Snapshot
+from .protocol import CacheState, Footprint, Snapshot, SnapshotFormatError, SnapshotRecord
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,26 @@ class KVCacheState(BlockTableState):
     def release_snapshot(self, snap: KVSnapshot) -> None:
         self.pool.decref(snap.blocks)
 
+    def retain_snapshot(self, snap: KVSnapshot) -> KVSnapshot:
+        self.pool.incref(snap.blocks)
+        return snap
+
+    # ---- records ------------------------------------------------------------------------
+    record_kind = "kv"
+
+    def layout(self) -> dict:
+        return {"kind": self.record_kind, "pool": self.pool.name, **self.pool.layout()}
+
+    def export_snapshot(self, snap: KVSnapshot) -> SnapshotRecord:
+        return SnapshotRecord(self.record_kind, snap.n_tokens, {"n_blocks": len(snap.blocks)},
+                              self.pool.export_blocks(snap.blocks))
+
+    def import_snapshot(self, record: SnapshotRecord) -> KVSnapshot:
+        n = _record_blocks(record, self.record_kind)
+        if n != self.pool.blocks_for(record.n_tokens):
+            raise SnapshotFormatError(f"kv record of {record.n_tokens} tokens with {n} blocks")
+        return KVSnapshot(self.pool, self.pool.import_blocks(record, n), record.n_tokens)
+
     def fork(self) -> "KVCacheState":
         other = KVCacheState(self.pool)
         blocks = self.block_table.copy()
@@ -169,6 +189,19 @@ class KVCacheState(BlockTableState):
 
     def release(self) -> None:
         self.trim(0)
+
+
+def _record_blocks(record: SnapshotRecord, kind: str) -> int:
+    """The block count of a block-table record of `kind` (SnapshotFormatError otherwise)."""
+    if record.kind != kind:
+        raise SnapshotFormatError(f"a {record.kind!r} record cannot restore a {kind!r} cache")
+    try:
+        n = int(record.meta["n_blocks"])
+    except (KeyError, TypeError, ValueError):
+        raise SnapshotFormatError(f"{kind} record without a block count") from None
+    if n < 0 or record.n_tokens < 0:
+        raise SnapshotFormatError(f"{kind} record with {n} blocks, {record.n_tokens} tokens")
+    return n
 
 
 @dataclass(frozen=True)
@@ -282,6 +315,37 @@ class SeqState:
     def release_snapshot(self, snap: SeqSnapshot) -> None:
         for k, c in self.caches.items():
             c.release_snapshot(snap.caches[k])
+
+    def retain_snapshot(self, snap: SeqSnapshot) -> SeqSnapshot:
+        for k, c in self.caches.items():
+            c.retain_snapshot(snap.caches[k])
+        return snap
+
+    # ---- records (state files) ---------------------------------------------------------------
+    def layout(self) -> dict:
+        """Cache group -> what decides its snapshots' bytes."""
+        return {k: c.layout() for k, c in self.caches.items()}
+
+    def export_snapshot(self, snap: SeqSnapshot) -> dict[str, SnapshotRecord]:
+        return {k: c.export_snapshot(snap.caches[k]) for k, c in self.caches.items()}
+
+    def import_snapshot(self, tokens, records: dict[str, SnapshotRecord]) -> SeqSnapshot:
+        """A SeqSnapshot of `tokens` from one record per cache group (all or nothing:
+        what was imported is given back when a later group fails)."""
+        tokens = tuple(int(t) for t in tokens)
+        if set(records) != set(self.caches):
+            raise SnapshotFormatError(f"records for groups {sorted(records)}, this model has {sorted(self.caches)}")
+        done: dict = {}
+        try:
+            for k, c in self.caches.items():
+                if records[k].n_tokens != len(tokens):
+                    raise SnapshotFormatError(f"{k} record at {records[k].n_tokens} tokens, the state has {len(tokens)}")
+                done[k] = c.import_snapshot(records[k])
+        except BaseException:
+            for k, snap in done.items():
+                self.caches[k].release_snapshot(snap)
+            raise
+        return SeqSnapshot(tokens, done)
 
     def fork(self) -> "SeqState":
         return SeqState({k: c.fork() for k, c in self.caches.items()}, list(self.tokens))

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .pool import BlockPool
-from .protocol import Footprint
-from .state import BlockTableState
+from .protocol import Footprint, SnapshotFormatError, SnapshotRecord
+from .state import BlockTableState, _record_blocks
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,28 @@ class SWAKVCacheState(BlockTableState):
 
     def release_snapshot(self, snap: SWASnapshot) -> None:
         self.pool.decref(snap.blocks)
+
+    def retain_snapshot(self, snap: SWASnapshot) -> SWASnapshot:
+        self.pool.incref(snap.blocks)
+        return snap
+
+    # ---- records ------------------------------------------------------------------------
+    record_kind = "swa"
+
+    def layout(self) -> dict:
+        return {"kind": self.record_kind, "pool": self.pool.name, "window": self.window, **self.pool.layout()}
+
+    def export_snapshot(self, snap: SWASnapshot) -> SnapshotRecord:
+        return SnapshotRecord(self.record_kind, snap.n_tokens,
+                              {"n_blocks": len(snap.blocks), "first_block": snap.first_block},
+                              self.pool.export_blocks(snap.blocks))
+
+    def import_snapshot(self, record: SnapshotRecord) -> SWASnapshot:
+        n = _record_blocks(record, self.record_kind)
+        first = record.meta.get("first_block")
+        if not isinstance(first, int) or first < 0 or first + n != self.pool.blocks_for(record.n_tokens):
+            raise SnapshotFormatError(f"swa record of {record.n_tokens} tokens: blocks {first}+{n}")
+        return SWASnapshot(self.pool, first, self.pool.import_blocks(record, n), record.n_tokens)
 
     def fork(self) -> "SWAKVCacheState":
         other = SWAKVCacheState(self.pool, self.window, self.slack)

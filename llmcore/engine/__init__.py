@@ -13,7 +13,9 @@ Its parts, one module each:
 - ``scheduler``  from the slots to one step plan (decode tokens + prefill chunks)
 - ``stats``      the engine's counters
 - ``core``       Engine: the thread, the inbox, the loop that runs the steps
+- ``client``     EngineClient: what a front end needs from an engine (Engine, ReplicaPool)
 """
+from .client import EngineClient
 from .config import EngineConfig, GenParams
 from .core import Engine, EngineStatus, load_engine
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
@@ -21,7 +23,7 @@ from .prefix import common_prefix
 from .task import Task
 
 __all__ = [
-    "Engine", "EngineConfig", "EngineStatus", "GenParams", "Task", "TokenEvent", "FinalEvent",
+    "Engine", "EngineClient", "EngineConfig", "EngineStatus", "GenParams", "Task", "TokenEvent", "FinalEvent",
     "ErrorEvent", "Timings", "Completion", "StopReason", "CacheSource", "common_prefix",
     "load_engine",
 ]

@@ -26,22 +26,34 @@ import numpy as np
 
 from .. import metrics
 from ..cache.checkpoints import CheckpointBudget, plan_positions
+from ..cache.disk import DiskCache
+from ..cache.disk_io import IOWorker
 from ..cache.prompt_cache import PromptCache
-from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      RequestError, ShuttingDownError)
-from ..sampling import Sampler
+from ..cache.state_file import Fingerprint, model_fingerprint
+from ..errors import (ContextFullError, EngineFailure, LLMCoreError, ModelLoadFailedError,
+                      ModelLoadingError, RequestError, ShuttingDownError)
+from ..sampling import Sample, Sampler
 from . import memory
-from .config import EngineConfig, GenParams, check_stops
+from .config import EngineConfig, GenParams, check_params, check_prompt
+from .disk_tier import DiskTier
 from .events import CacheSource, Completion, ErrorEvent, FinalEvent, StopReason, Timings, TokenEvent
 from .output import StreamOutput
 from .prefix import PrefixPolicy
 from .protocols import LanguageModel, TextTokenizer
 from .scheduler import Scheduler, StepPlan
-from .slot import Generation, Phase, Slot
+from .speculative import NgramDrafter
+from .slot import Generation, Phase, Pooling, Slot
+from .slot_files import SlotCommand, SlotFiles
 from .stats import EngineCounters
 from .task import Task
 
 log = logging.getLogger("llmcore.engine")
+
+TRIM_EVERY_S = 2.0  # going idle gives the heap's free pages back at most this often
+
+
+class GrammarStuckError(EngineFailure):
+    """A constrained generation cannot go on (no token fits its grammar)."""
 
 
 class EngineStatus(str, enum.Enum):
@@ -81,6 +93,13 @@ class Engine:
         self.c = EngineCounters()
         self.pcache: PromptCache | None = None
         self.prefix: PrefixPolicy | None = None
+        self.io: IOWorker | None = None  # the disk I/O thread (disk tier, slot files)
+        self.disk: DiskCache | None = None  # the prompt cache's disk tier
+        self.disk_tier: DiskTier | None = None
+        self.slot_files: SlotFiles | None = None
+        self._commands: collections.deque[SlotCommand] = collections.deque()
+        self._fp: Fingerprint | None = None
+        self._fp_lock = threading.Lock()
         self.ck_budget = CheckpointBudget(None)
         self.scheduler = Scheduler(self.cfg.n_batch, self.cfg.n_ubatch)
         self.plan = memory.MemoryPlan()  # what the engine may take (set up with the model)
@@ -91,10 +110,14 @@ class Engine:
         self._waiting: collections.deque[Task] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._closed = False  # close_intake(): new requests are refused (a shutdown drains)
         self._ready = threading.Event()
         self._threads_now = 0
+        self._heap_dirty = False  # steps ran since the last trim_heap
+        self._t_trim = 0.0
         self._adaptive = None  # threads.AdaptiveThreads for decode steps, made on first use
         self._cache_numbers: dict = {}
+        self._masks = None  # constrain.MaskBatch, made when the first constrained request runs
         self._fault_hook: Callable[[str], None] | None = None
         self.t_start = time.time()
         if model is not None:
@@ -108,7 +131,7 @@ class Engine:
 
         cfg = cfg or EngineConfig()
         path = Path(path)
-        return cls(cfg, loader=lambda: load_gguf(path, **cfg.model_options()),
+        return cls(cfg, loader=lambda: load_gguf(path, **cfg.template_options(), **cfg.model_options()),
                    info={"path": str(path), "name": path.stem})
 
     def _setup(self) -> None:
@@ -135,6 +158,7 @@ class Engine:
                                    slot_prompt_similarity=cfg.slot_prompt_similarity,
                                    needs_checkpoints=self._needs_ckpt, checkpoint_budget=self.ck_budget)
         self.prefix.fault_hook = self._fault_hook
+        self._setup_disk(budget)
         memory.log_plan(self.plan, n_ctx=self.n_ctx, n_slots=npar,
                         cache_on=self.pcache is not None, needs_checkpoints=self._needs_ckpt,
                         n_checkpoints=n_ck)
@@ -144,6 +168,32 @@ class Engine:
         self._refresh_cache_numbers()
         self.status = EngineStatus.READY
         self._ready.set()
+
+    def _setup_disk(self, ram_budget: int | None) -> None:
+        """The I/O thread, the disk tier (``cache_dir``) and the slot files."""
+        cfg = self.cfg
+        if cfg.cache_dir or cfg.slot_save_path:
+            self.io = IOWorker(wake=self._wake)
+        if cfg.cache_dir:
+            if self.pcache is None:
+                log.warning("--cache-dir needs the RAM prompt cache (--cache-ram 0 turns it off): "
+                            "no disk tier")
+            else:
+                limit = None if cfg.cache_disk_mib < 0 else cfg.cache_disk_mib << 20
+                self.disk = DiskCache(cfg.cache_dir, limit, self.io, fingerprint=self.fingerprint)
+                self.disk_tier = DiskTier(self.disk, self.prefix, self.c, cfg.cache_disk_wait_s)
+                self.pcache.on_evict = self.disk_tier.on_evict
+                self.disk.start()
+        self.slot_files = SlotFiles(cfg.slot_save_path, self.io, self.prefix, self.fingerprint,
+                                    self.n_ctx_slot, requeue=self._queue_command)
+
+    def fingerprint(self) -> Fingerprint:
+        """The model's state-file fingerprint (computed once; reads the model file, so it
+        runs on the I/O thread)."""
+        with self._fp_lock:
+            if self._fp is None:
+                self._fp = model_fingerprint(self.model, self._probe)
+            return self._fp
 
     # ---- test hook -------------------------------------------------------------------
     @property
@@ -161,7 +211,19 @@ class Engine:
     # ---- facts -----------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        return self.cfg.model_alias or self.info.get("path") or self.info.get("name") or "model"
+        """The model's id on every route: the alias (-a), else the file name (never a path)."""
+        if self.cfg.model_alias:
+            return self.cfg.model_alias
+        path = self.info.get("path")
+        return Path(path).name if path else (self.info.get("name") or "model")
+
+    @property
+    def default_n_predict(self) -> int:
+        """What a request that sets no limit may generate: -n, else a slot's share of the
+        context (n_ctx / slots), so one client that sends no max_tokens cannot take it all."""
+        if self.cfg.n_predict > 0:
+            return self.cfg.n_predict
+        return max(1, self.n_ctx // max(1, len(self.slots) or self.cfg.n_parallel))
 
     @property
     def memory_plan(self) -> dict:
@@ -194,12 +256,29 @@ class Engine:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop cleanly: running and queued requests end with ShuttingDownError, then the
+        disk tier is written (up to ``cache_disk_flush_s`` more) and the I/O thread ends."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout)
+            extra = self.cfg.cache_disk_flush_s if self.cfg.cache_dir else 0.0
+            self._thread.join(timeout + extra)
             self._thread = None
+        if self._masks is not None:
+            self._masks.close()
+            self._masks = None
+
+    shutdown = stop
+
+    def close_intake(self) -> None:
+        """Refuse new requests from now on (ShuttingDownError); the ones submitted run on."""
+        self._closed = True
+
+    @property
+    def n_active(self) -> int:
+        """Requests running or waiting (any thread; a snapshot)."""
+        return sum(1 for s in list(self.slots) if s.busy) + len(self._waiting) + len(self._inbox)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
@@ -212,30 +291,21 @@ class Engine:
     # ---- submission (any thread) -----------------------------------------------------
     def check_prompt(self, prompt: list[int]) -> None:
         self.require_ready()
-        if len(prompt) == 0:
-            raise RequestError("the prompt is empty")
-        if len(prompt) >= self.n_ctx_slot:
-            raise ContextFullError(
-                f"the request exceeds the available context size, try increasing it "
-                f"({len(prompt)} prompt tokens, n_ctx {self.n_ctx_slot}). This model's maximum "
-                f"context length is {self.n_ctx_slot} tokens. However, your messages resulted "
-                f"in {len(prompt)} tokens.", n_prompt_tokens=len(prompt), n_ctx=self.n_ctx_slot)
-        nv = self.model.n_vocab
-        if min(prompt) < 0 or max(prompt) >= nv:
-            raise RequestError(f"prompt contains an invalid token id (vocabulary size {nv})")
+        check_prompt(prompt, self.n_ctx_slot, self.model.n_vocab)
 
     def submit(self, prompt, params: GenParams | None = None,
                loop: asyncio.AbstractEventLoop | None = None, sync: bool = False) -> Task:
         """Queue a request. Validates first (raises RequestError/ContextFullError before any
         work). From a coroutine the task delivers to the running loop; `sync=True` (or no
         running loop) gives a task to iterate from a plain thread."""
+        if self._closed:
+            raise ShuttingDownError()
         prompt = [int(t) for t in prompt]
         params = params or GenParams()
         self.check_prompt(prompt)
         if params.id_slot is not None and params.id_slot >= len(self.slots):
             raise RequestError(f"id_slot {params.id_slot} out of range (0..{len(self.slots) - 1})")
-        params.sampling.validate()
-        check_stops(params.stop)
+        check_params(params)
         if loop is None and not sync:
             try:
                 loop = asyncio.get_running_loop()
@@ -249,6 +319,46 @@ class Engine:
 
     def generate_sync(self, prompt, params: GenParams | None = None) -> Completion:
         return self.submit(prompt, params, sync=True).collect_sync()
+
+    # ---- slot files (any thread) -----------------------------------------------------
+    def slot_action(self, action: str, slot_id: int, filename: str | None = None):
+        """Queue a slot save / restore / erase (llmcore.engine.slot_files); returns a
+        concurrent.futures.Future of llama-server's result object. Raises at once what can
+        never run (RequestError, NotSupportedError, SlotFileError)."""
+        self.require_ready()
+        cmd = SlotCommand(action, int(slot_id), filename)
+        self.slot_files.check(cmd, len(self.slots))
+        self._queue_command(cmd)
+        return cmd.future
+
+    def save_slot(self, slot_id: int, filename: str):
+        return self.slot_action("save", slot_id, filename)
+
+    def restore_slot(self, slot_id: int, filename: str):
+        return self.slot_action("restore", slot_id, filename)
+
+    def erase_slot(self, slot_id: int):
+        return self.slot_action("erase", slot_id)
+
+    def sync_disk(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every disk job queued so far has finished and its outcome is in
+        ``stats()`` (any thread; tests and benchmarks). True at once without disk I/O."""
+        if self.io is None:
+            return True
+        ev = threading.Event()
+
+        def done(_out, _err) -> None:
+            self._refresh_cache_numbers()
+            ev.set()
+
+        self.io.submit(lambda: None, done)
+        self._wake()
+        return ev.wait(timeout)
+
+    def _queue_command(self, cmd: SlotCommand) -> None:
+        with self._cv:
+            self._commands.append(cmd)
+            self._cv.notify_all()
 
     # ---- stats (any thread) ----------------------------------------------------------
     def stats(self) -> metrics.EngineStats:
@@ -288,7 +398,9 @@ class Engine:
             checkpoints_live=self.ck_budget.count, checkpoints_live_bytes=self.ck_budget.used,
             checkpoints_budget_bytes=-1 if self.ck_budget.limit_bytes is None else self.ck_budget.limit_bytes,
             kv_used_bytes=sum(p.used_bytes for p in pools),
+            kv_allocated_bytes=sum(p.nbytes for p in pools),
             kv_limit_bytes=sum((p.max_blocks or 0) * p.bytes_per_block for p in pools),
+            **(self.disk.numbers() if self.disk is not None else {}),
         )
 
     # ---- the thread ------------------------------------------------------------------
@@ -296,19 +408,35 @@ class Engine:
         if self.model is None and self._loader is not None and not self._load():
             return
         while True:
+            if self.io is not None and self.io.poll():  # finished disk jobs: index, states read back
+                self._refresh_cache_numbers()
             with self._cv:
                 if self._stop:
                     break
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
-                if not self._waiting and not any(s.busy for s in self.slots):
-                    self._cv.wait(0.5)
+                idle = not self._waiting and not self._commands and not any(s.busy for s in self.slots)
+                too_soon = TRIM_EVERY_S - (time.monotonic() - self._t_trim)
+                if idle and (not self._heap_dirty or too_soon > 0):
+                    self._cv.wait(0.5 if not self._heap_dirty else too_soon)
                     continue
+            if idle:  # went idle: what the steps freed goes back to the OS (at most every few s)
+                self._heap_dirty = False
+                self._t_trim = time.monotonic()
+                memory.trim_heap()
+                continue
             try:
-                self._admit()
+                self._admit()  # requests queued before a command start first (their slot is then busy)
+                self._run_commands()
+                self._draft()
                 plan = self.scheduler.plan(self.slots)
                 if plan.items:
+                    self._heap_dirty = True
                     self._step(plan)
+                else:  # requests wait for the disk or commands for a file: sleep until woken
+                    with self._cv:
+                        if not self._inbox and not self._stop:
+                            self._cv.wait(0.05)
             except Exception as e:  # noqa: BLE001 - never let the engine thread die
                 log.exception("engine step failed")
                 for s in self.slots:
@@ -322,6 +450,38 @@ class Engine:
             t.put(ErrorEvent(err))
         self._waiting.clear()
         self._inbox.clear()
+        self._close_disk(err)
+
+    def _close_disk(self, err: BaseException) -> None:
+        """At the end of the engine thread: write the disk tier, finish the file jobs."""
+        try:
+            if self.disk_tier is not None:
+                self.disk_tier.save_all(self.slots, self.cfg.cache_disk_flush_s)
+        except Exception:  # noqa: BLE001 - a stop must complete
+            log.exception("writing the disk cache at stop failed")
+        if self.io is not None:
+            self.io.drain(self.cfg.cache_disk_flush_s)
+            self.io.close()
+        with self._cv:
+            cmds, self._commands = list(self._commands), collections.deque()
+        for cmd in cmds:
+            if not cmd.future.done():
+                cmd.future.set_exception(err)
+        if self.model is not None:
+            self._refresh_cache_numbers()
+
+    def _run_commands(self) -> None:
+        """Slot commands whose slot is idle (the others wait for it)."""
+        if not self._commands:
+            return
+        with self._cv:
+            ready = [c for c in self._commands if not self.slots[c.slot_id].busy]
+            for c in ready:
+                self._commands.remove(c)
+        for c in ready:
+            self.slot_files.run(c, self.slots[c.slot_id])
+        if ready:
+            self._refresh_cache_numbers()
 
     def _load(self) -> bool:
         try:
@@ -354,11 +514,13 @@ class Engine:
             self._waiting = collections.deque(t for t in self._waiting if not t.cancelled)
         if not self._waiting:
             return
-        self._waiting = self.scheduler.admit(
-            self._waiting,
-            pick=lambda t: self.prefix.pick_slot(self.slots, t.prompt, t.params.id_slot,
-                                                 t.params.cache_prompt),
-            fits=self._fits, start=self._start_safely)
+        self._waiting = self.scheduler.admit(self._waiting, pick=self._pick, fits=self._fits,
+                                             start=self._start_safely)
+
+    def _pick(self, task: Task) -> Slot | None:
+        if self.disk_tier is not None and self.disk_tier.must_wait(task, self.slots):
+            return None  # its state is being read from disk
+        return self.prefix.pick_slot(self.slots, task.prompt, task.params.id_slot, task.params.cache_prompt)
 
     def _fits(self, task: Task) -> bool:
         active = [s.state for s in self.slots if s.busy]
@@ -381,11 +543,16 @@ class Engine:
     def _new_generation(self, task: Task, state, n_keep: int) -> Generation:
         p = task.params
         dec = self.tokenizer.stream_decoder()
+        if p.constraint is not None:
+            p.constraint.reset()  # a request that waited for memory starts over
+        if p.reasoning_budget is not None:
+            p.reasoning_budget.reset()
         return Generation(
             task=task, pending=np.asarray(task.prompt[n_keep:], dtype=np.int32),
             n_prompt=len(task.prompt), n_cached=n_keep,
             sampler=Sampler(p.sampling, self.model.n_vocab), output=StreamOutput(dec, p.stop),
-            history=list(task.prompt))
+            history=list(task.prompt), constraint=p.constraint,
+            pooled=Pooling(p.embedding) if p.embedding else None)
 
     def _start(self, task: Task, slot: Slot) -> None:
         t0 = time.perf_counter()
@@ -400,29 +567,99 @@ class Engine:
             g.ckpt_plan = collections.deque(plan_positions(
                 n_keep, len(task.prompt), cfg.checkpoint_every_n_tokens, task.params.checkpoint_at,
                 cfg.n_ubatch))
+        g.drafter = self._drafter_for(task.params, g)
         slot.gen = g
         if cfg.cache_idle_slots:
             self.prefix.publish_idle(self.slots)
         self._refresh_cache_numbers()
 
+    # ---- speculative decoding (engine/speculative.py) -------------------------------------
+    def _drafter_for(self, p: GenParams, g: Generation) -> NgramDrafter | None:
+        """A prompt-lookup drafter when the request (or the server) asks for one and its
+        state can be cut back after a rejected draft: not for recurrent state (it cannot be
+        trimmed), constrained output (masks are per position) or embeddings."""
+        sp = self.cfg.speculative if p.speculative is None else p.speculative
+        if not sp or g.constraint is not None or g.pooled is not None or self._probe.fixed_state_nbytes:
+            return None
+        return NgramDrafter(sp)
+
+    def _draft(self) -> None:
+        """Drafts for this step's generating slots (never past the request's limits)."""
+        for s in self.slots:
+            g = s.gen
+            if g is None or g.drafter is None or g.phase is not Phase.DECODE:
+                continue
+            p = g.task.params
+            room = s.n_ctx - g.n_prompt - len(g.generated) - 1
+            if p.n_predict > 0:
+                room = min(room, p.n_predict - len(g.generated) - 1)
+            g.draft = g.drafter.draft(g.history, max(0, room)) if room > 0 else []
+
+    def _verify(self, s: Slot, rows: np.ndarray, n_draft: int, n_before: int, mask) -> None:
+        """Sample each verified position in turn, as plain decoding would; keep the drafts up
+        to the first that differs from the token sampled there, then cut the state back to
+        the kept ones (the last sampled token is evaluated next step, as always)."""
+        g = s.gen
+        draft, g.draft = g.draft, []
+        accepted = 0
+        g.n_drafted += n_draft  # counted first: the request may end inside the loop
+        self.c.spec_draft_tokens += n_draft
+        for i in range(n_draft + 1):
+            self._sample(s, rows[i], mask if i == 0 else None)
+            if s.gen is not g or i == n_draft or g.generated[-1] != draft[i]:
+                break
+            accepted += 1
+            g.n_draft_accepted += 1
+            self.c.spec_accepted_tokens += 1
+        g.drafter.record(accepted, n_draft)
+        keep = n_before + 1 + accepted  # the last sampled token, then the kept drafts
+        st = s.state
+        if st is not None and st.n_tokens > keep and st.trim(keep) != keep:
+            raise EngineFailure(f"slot {s.id}: cannot cut the state back after a rejected draft")
+
     # ---- one step --------------------------------------------------------------------
     def _step(self, plan: StepPlan) -> None:
         n_threads = self._set_threads(prefill=not plan.decode_only, n_tokens=len(plan))
+        masks = self._start_masks(plan)  # computed on a helper thread while the model runs
+        try:
+            self._run_step(plan, n_threads, masks)
+        finally:
+            for pending, _ in (masks or {}).values():
+                pending.settle()  # no matcher is still in use when the next step starts
+
+    def _run_step(self, plan: StepPlan, n_threads: int, masks: dict | None) -> None:
+        # embedding requests want every token's hidden state, the others logits: the
+        # embeddings of the step go through a second forward, batched together
+        emb = StepPlan([it for it in plan.items if it.slot.gen.pooled is not None])
+        if emb.items:
+            plan = StepPlan([it for it in plan.items if it.slot.gen.pooled is None])
         t0 = time.perf_counter()
-        logits = self._forward(plan)
-        if logits is None:
+        logits = self._forward(plan) if plan.items else None
+        hidden = self._forward(emb, output="hidden") if emb.items else None
+        if logits is None and hidden is None:
             return
-        if plan.decode_only and self._adaptive is not None:
+        if plan.items and plan.decode_only and not emb.items and self._adaptive is not None:
             self._adaptive.record(len(plan), n_threads, time.perf_counter() - t0)
         self.c.n_decode_total += 1
-        self.c.n_busy_slots_total += len(plan)
+        self.c.n_busy_slots_total += len(plan) + len(emb)
         t1 = time.perf_counter()
+        if hidden is not None:
+            self._pool_embeddings(emb, hidden, t1)
+        if logits is None:
+            self._refresh_cache_numbers()
+            return
+        row = 0
         for i, it in enumerate(plan.items):
             s, g = it.slot, it.slot.gen
+            r0, row = row, row + (it.n_logits if plan.n_logits is not None else 1)
             if g is None:
                 continue
             try:
                 self.c.n_tokens_max = max(self.c.n_tokens_max, s.n_tokens)
+                if it.n_draft:
+                    self._verify(s, logits[r0:row], it.n_draft, s.n_tokens - it.n,
+                                 masks.get(s.id) if masks else None)
+                    continue
                 if g.phase is Phase.PREFILL:
                     g.i_pending += it.n
                     if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
@@ -434,19 +671,61 @@ class Engine:
                     if g.task.params.n_predict == 0:
                         self._finish(s, StopReason.LIMIT)
                         continue
-                self._sample(s, logits[i])
+                self._sample(s, logits[r0], masks.get(s.id) if masks else None)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, drop_state=False)
         self._refresh_cache_numbers()
 
-    def _forward(self, plan: StepPlan):
+    def _pool_embeddings(self, emb: StepPlan, hidden: np.ndarray, t1: float) -> None:
+        """Pool each embedding request's rows of the step; a request whose prompt is all
+        in ends with its vector."""
+        off = 0
+        for it in emb.items:
+            s, g = it.slot, it.slot.gen
+            rows, off = hidden[off:off + it.n], off + it.n
+            if g is None:
+                continue
+            try:
+                g.pooled.add(rows)
+                g.i_pending += it.n
+                if g.ckpt_plan and g.ckpt_plan[0][0] == g.position:
+                    self.prefix.take_checkpoint(s, g.ckpt_plan.popleft()[1], self.slots)
+                if g.prefill_left == 0:
+                    g.t_prompt_done = t1
+                    self._finish(s, StopReason.EOS, embedding=g.pooled.vector())
+            except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
+                log.exception("pooling failed on slot %d", s.id)
+                self._fail(s, e, drop_state=False)
+
+    def _start_masks(self, plan: StepPlan) -> dict | None:
+        """Start the token masks of the constrained slots that sample after this step
+        (slot id -> (PendingMasks, row)); None when there are none."""
+        sampling = [it.slot for it in plan.items
+                    if it.slot.gen is not None and it.slot.gen.constraint is not None
+                    and (it.decode or it.slot.gen.prefill_left == it.n)]
+        if not sampling:
+            return None
+        if self._masks is None:
+            from ..constrain import MaskBatch
+
+            self._masks = MaskBatch()
+        pending = self._masks.start([s.gen.constraint for s in sampling])
+        return {s.id: (pending, i) for i, s in enumerate(sampling)}
+
+    def _forward(self, plan: StepPlan, output: str = "logits"):
         """model.forward with KV-pressure handling: on a full pool free cached states, then
         let prefilling slots wait (dropped from this step), then fail the youngest request
-        with ContextFullError. Shrinks the plan in place; None: nothing ran."""
+        with ContextFullError. Shrinks the plan in place; None: nothing ran. `output`:
+        "logits", or "hidden" (every token's hidden state, for embeddings)."""
         while plan.items:
             try:
-                return self.model.forward(plan.batch)
+                if output != "logits":
+                    return self.model.forward(plan.batch, output=output)
+                n_logits = plan.n_logits
+                if n_logits is None:
+                    return self.model.forward(plan.batch)
+                return self.model.forward(plan.batch, n_logits=n_logits)
             except ContextFullError as e:
                 if memory.make_room(plan.batch, self._evict_cached, self._drop_idle_state):
                     continue
@@ -515,20 +794,40 @@ class Engine:
         return n
 
     # ---- after the forward: sampling and the end of a generation ---------------------
-    def _sample(self, s: Slot, row: np.ndarray) -> None:
+    def _sample(self, s: Slot, row: np.ndarray, mask=None) -> None:
         g = s.gen
         p = g.task.params
-        sample = g.sampler.sample(row, g.history)
+        c = g.constraint
+        if mask is not None:
+            pending, i = mask
+            row = pending.apply(i, row)
+            if not np.isfinite(row).any():
+                raise GrammarStuckError(f"the grammar allows no next token ({c.error or 'no way to go on'})")
+        if len(g.generated) < p.min_tokens and self.eog_ids:
+            row = self._without_eog(row)
+        budget = p.reasoning_budget
+        forced = budget.forced() if budget is not None else None
+        if forced is not None:  # the thinking budget is spent: its block is closed
+            sample = Sample(forced, float("nan"), None)
+        else:
+            sample = g.sampler.sample(row, g.history)
         tok = sample.token
+        if budget is not None:
+            budget.after(tok)
         g.generated.append(tok)
         g.history.append(tok)
         if tok in self.eog_ids and not p.ignore_eos:
             self._finish(s, StopReason.EOS)
             return
+        if c is not None and not c.consume(tok):
+            raise GrammarStuckError(f"the sampled token does not fit the grammar ({c.error})")
         text, stop = g.output.feed(tok)
         self._emit(g, [tok], text, [sample])
         if stop is not None:
             self._finish(s, StopReason.WORD, stop)
+            return
+        if c is not None and c.stopped:  # complete: only end-of-generation could follow
+            self._finish(s, StopReason.EOS)
             return
         n_gen = len(g.generated)
         if (p.n_predict > 0 and n_gen >= p.n_predict) or g.n_prompt + n_gen >= s.n_ctx:
@@ -536,11 +835,19 @@ class Engine:
             return
         g.last_token = tok
 
+    def _without_eog(self, row: np.ndarray) -> np.ndarray:
+        """min_tokens: end-of-generation refused, unless nothing else is left (a grammar
+        that is complete)."""
+        ids = [t for t in self.eog_ids if t < row.shape[0]]
+        out = row.copy()
+        out[ids] = -np.inf
+        return out if np.isfinite(out).any() else row
+
     def _emit(self, g: Generation, tokens, text: str, samples) -> None:
         want_probs = g.task.params.sampling.n_probs > 0
         g.task.put(TokenEvent(list(tokens), text, list(samples) if want_probs else []))
 
-    def _finish(self, s: Slot, why: StopReason, word: str = "") -> None:
+    def _finish(self, s: Slot, why: StopReason, word: str = "", embedding: list[float] | None = None) -> None:
         g = s.gen
         task = g.task
         now = time.perf_counter()
@@ -557,6 +864,7 @@ class Engine:
             predicted_ms=1e3 * (now - t_prompt_done) if g.t_prompt_done else 0.0,
             cache_source=g.cache_source if g.n_cached else CacheSource.NONE,
             checkpoint_restores=g.n_ckpt_restored,
+            draft_n=g.n_drafted, draft_n_accepted=g.n_draft_accepted,
         )
         c = self.c
         c.requests_total += 1
@@ -570,7 +878,8 @@ class Engine:
             c.requests_cancelled += 1
             task.done = True
         else:
-            final = FinalEvent(why, word, g.n_prompt, len(g.generated), tm, s.id, truncated=False)
+            final = FinalEvent(why, word, g.n_prompt, len(g.generated), tm, s.id, truncated=False,
+                               embedding=embedding)
         td = tm.to_dict()
         log.info("slot %d task %d %s: prompt %d tok (%d cached from %s) %.1f tok/s, generated %d "
                  "tok %.1f tok/s", s.id, task.id, why, g.n_prompt, g.n_cached, tm.cache_source,

@@ -26,6 +26,7 @@ class CacheSource(str, enum.Enum):
     NONE = "none"
     SLOT = "slot"  # the slot's own state, trimmed
     RAM = "ram"  # the RAM prompt cache
+    DISK = "disk"  # the prompt cache's disk tier (read back into RAM for this request)
     CHECKPOINT = "checkpoint"  # a context checkpoint of the slot's state
 
     def __str__(self) -> str:
@@ -48,6 +49,8 @@ class Timings:
     predicted_ms: float = 0.0
     cache_source: CacheSource = CacheSource.NONE
     checkpoint_restores: int = 0  # context checkpoints restored for this request
+    draft_n: int = 0  # speculative decoding: tokens drafted and verified
+    draft_n_accepted: int = 0  # of which kept
 
     def to_dict(self) -> dict:
         pn, pm, gn, gm = self.prompt_n, self.prompt_ms, self.predicted_n, self.predicted_ms
@@ -63,6 +66,8 @@ class Timings:
             "predicted_per_second": 1e3 * gn / gm if gm > 0 else 0.0,
             "cache_source": str(self.cache_source),
             "checkpoint_restores": self.checkpoint_restores,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
         }
 
 
@@ -75,6 +80,7 @@ class FinalEvent:
     timings: Timings
     slot_id: int
     truncated: bool = False
+    embedding: list[float] | None = None  # an embedding request's pooled hidden states
 
     @property
     def finish_reason(self) -> str:

@@ -148,6 +148,28 @@ def log_plan(plan: MemoryPlan, *, n_ctx: int, n_slots: int, cache_on: bool, need
                     _mib(most), _mib(avail))
 
 
+_malloc_trim = None
+
+
+def trim_heap() -> bool:
+    """Give the malloc heap's free pages back to the OS (glibc's malloc_trim). A step's
+    temporaries (logits, activations) are freed into the heap, where free pages stay
+    resident; the engine calls this when it goes idle. False where there is no glibc."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+            _malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if not _malloc_trim:
+        return False
+    _malloc_trim(0)
+    return True
+
+
 def shortfall(batch: Sequence[tuple[SequenceState, object]]) -> dict[BlockPool, int]:
     """Pools that lack blocks for `batch` (state, tokens) segments: pool -> blocks missing."""
     need: dict[BlockPool, int] = {}
@@ -191,4 +213,4 @@ def make_room(batch, evict_cached: Callable[[], bool], drop_idle: Callable[[], b
 
 
 __all__ = ["KV_RAM_FRACTION", "MemoryPlan", "host_memory", "cache_budget_bytes", "plan_memory",
-           "log_plan", "shortfall", "admissible", "make_room"]
+           "log_plan", "shortfall", "admissible", "make_room", "trim_heap"]

@@ -4,7 +4,9 @@ Three layers can give a request a prefix of its prompt without evaluating it:
 
 1. the slot's own state (``cache_prompt``), trimmed back to the longest common prefix;
 2. the RAM prompt cache (``llmcore.cache.prompt_cache``): states of idle or evicted slots,
-   found by a token radix tree; a restore shares the KV blocks (reference counts);
+   found by a token radix tree; a restore shares the KV blocks (reference counts); an
+   entry read back from the disk tier (``llmcore.engine.disk_tier``) is served from here
+   too, its first use counted as a disk hit (``CacheSource.DISK``);
 3. context checkpoints (``llmcore.cache.checkpoints``) of a state that cannot be trimmed
    (sliding-window KV, recurrent state): the newest one at or before the divergence.
 
@@ -149,6 +151,9 @@ class PrefixPolicy:
             finally:
                 self.pcache.unpin(entry)
             if got > 0:
+                if isinstance(entry.meta, dict) and entry.meta.pop("source", None) == "disk":
+                    self.c.disk_hits += 1  # read back for this request; a RAM entry from now on
+                    return got, CacheSource.DISK, n_ck
                 self.c.ram_hits += 1
                 return got, CacheSource.RAM, n_ck
             n_slot = 0  # the restore failed and cleared the slot: cold
@@ -292,16 +297,16 @@ class PrefixPolicy:
         """PromptCache callback: drop the references an evicted entry holds."""
         try:
             if entry.state is not None:
-                self._scratch().release_snapshot(entry.state)
+                self.scratch().release_snapshot(entry.state)
         finally:
             if entry.checkpoints is not None:
                 entry.checkpoints.clear()
 
     _scratch_state: SequenceState | None = None
 
-    def _scratch(self) -> SequenceState:
-        """An empty state whose caches give snapshots' references back (they only need the
-        pools, which every state of the model shares)."""
+    def scratch(self) -> SequenceState:
+        """An empty state whose caches give snapshots' references back, export and import
+        them (they only need the pools, which every state of the model shares)."""
         if self._scratch_state is None:
             self._scratch_state = self.new_state()
         return self._scratch_state

@@ -89,10 +89,12 @@ class LanguageModel(Protocol):
     def new_state(self) -> SequenceState: ...
 
     def forward(self, batch: Sequence[tuple[SequenceState, np.ndarray]],
-                all_logits: bool = False) -> np.ndarray:
+                all_logits: bool = False, output: str = "logits",
+                n_logits: Sequence[int] | None = None) -> np.ndarray:
         """Append each segment's tokens to its sequence and return float32 logits
-        (n_segments, n_vocab) of each segment's last token. All or nothing: on an error
-        (KV pool full: ``ContextFullError``) every sequence is left as it was."""
+        (n_segments, n_vocab) of each segment's last token; with ``output="hidden"`` the
+        final-normed hidden states of every token (embeddings). All or nothing: on an
+        error (KV pool full: ``ContextFullError``) every sequence is left as it was."""
         ...
 
     def stats(self) -> dict[str, float]:

@@ -12,6 +12,9 @@ checkpoint position, so the state can be snapshotted exactly there.
     plan.batch        # [(state, int32 tokens), ...] for model.forward
     plan.items        # the slot and token count behind each segment
 
+A generating slot may add drafted tokens after its last sampled one (speculative decoding:
+engine/speculative.py); the step then needs the logits of each of those positions.
+
 Plain objects, no thread: tests drive them directly.
 """
 from __future__ import annotations
@@ -31,10 +34,16 @@ class StepItem:
     slot: Slot
     tokens: np.ndarray  # int32 tokens this slot adds in the step
     decode: bool  # a generated token (True) or a prompt chunk (False)
+    n_draft: int = 0  # of the tokens, drafted ones after the last sampled (decode only)
 
     @property
     def n(self) -> int:
         return len(self.tokens)
+
+    @property
+    def n_logits(self) -> int:
+        """Positions whose logits the step needs: the last, or every verified one."""
+        return 1 + self.n_draft
 
 
 @dataclass
@@ -44,6 +53,13 @@ class StepPlan:
     @property
     def batch(self) -> list[tuple]:
         return [(it.slot.state, it.tokens) for it in self.items]
+
+    @property
+    def n_logits(self) -> list[int] | None:
+        """Logit rows per segment when some verify drafts; None: the last of each."""
+        if not any(it.n_draft for it in self.items):
+            return None
+        return [it.n_logits for it in self.items]
 
     @property
     def decode_only(self) -> bool:
@@ -84,8 +100,10 @@ class Scheduler:
         for s in slots:
             g = s.gen
             if g is not None and g.phase is Phase.DECODE:
-                plan.items.append(StepItem(s, np.array([g.last_token], dtype=np.int32), True))
-                budget -= 1
+                d = g.draft
+                toks = np.array([g.last_token, *d], dtype=np.int32) if d else np.array([g.last_token], dtype=np.int32)
+                plan.items.append(StepItem(s, toks, True, len(d)))
+                budget -= len(toks)
         prefilling = sorted((s for s in slots if s.gen is not None and s.gen.phase is Phase.PREFILL),
                             key=lambda s: s.gen.task.t_submit)
         for s in prefilling:

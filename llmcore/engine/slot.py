@@ -6,6 +6,7 @@ import collections
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from .output import StreamOutput
 from .protocols import SequenceState
 from .task import Task
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..constrain import Constraint
+
 
 class Phase(str, enum.Enum):
     IDLE = "idle"
@@ -25,6 +29,35 @@ class Phase(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class Pooling:
+    """An embedding request's hidden states pooled as its prompt is evaluated, chunk by
+    chunk: their mean, the first (cls) or the last."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.acc: np.ndarray | None = None
+        self.n = 0
+
+    def add(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        if self.kind == "cls":
+            if self.acc is None:
+                self.acc = rows[0].astype(np.float64)
+        elif self.kind == "last":
+            self.acc = rows[-1].astype(np.float64)
+        else:
+            s = rows.astype(np.float64).sum(axis=0)
+            self.acc = s if self.acc is None else self.acc + s
+        self.n += len(rows)
+
+    def vector(self) -> list[float]:
+        if self.acc is None:
+            return []
+        v = self.acc / self.n if self.kind == "mean" and self.n else self.acc
+        return v.astype(np.float32).tolist()
 
 
 @dataclass
@@ -38,6 +71,12 @@ class Generation:
     sampler: Sampler
     output: StreamOutput
     history: list[int]  # prompt + generated tokens (repeat penalties look at them)
+    constraint: "Constraint | None" = None  # the grammar the output must fit: masks each sample
+    pooled: "Pooling | None" = None  # an embedding request's pooling of its hidden states
+    drafter: "NgramDrafter | None" = None  # speculative decoding: proposes tokens to verify
+    draft: list[int] = field(default_factory=list)  # drafted for the step being run
+    n_drafted: int = 0
+    n_draft_accepted: int = 0
     cache_source: CacheSource = CacheSource.NONE
     n_ckpt_restored: int = 0
     ckpt_plan: collections.deque = field(default_factory=collections.deque)  # (position, kind)
@@ -112,4 +151,4 @@ class Slot:
         )
 
 
-__all__ = ["Phase", "Generation", "Slot"]
+__all__ = ["Phase", "Generation", "Pooling", "Slot"]

@@ -26,6 +26,11 @@ class EngineCounters:
     ram_misses: int = 0
     cache_save_failures: int = 0
     cache_restore_failures: int = 0
+    # the prompt cache's disk tier (its file counters come from llmcore.cache.disk)
+    disk_hits: int = 0  # requests served (partly) from a state read back from disk
+    disk_misses: int = 0  # requests the disk could not give more than RAM and the slots
+    disk_wait_timeouts: int = 0  # requests that started before their state was read
+    disk_adopt_failures: int = 0  # states read but not brought into RAM (no room, mismatch)
     # cache layer 3: context checkpoints
     checkpoints_created: int = 0
     checkpoints_restored: int = 0
@@ -33,6 +38,9 @@ class EngineCounters:
     checkpoint_failures: int = 0
     checkpoints_skipped: int = 0  # not taken: the server-wide checkpoint budget was full
     forced_reprefills: int = 0
+    # speculative decoding
+    spec_draft_tokens: int = 0  # drafted tokens verified
+    spec_accepted_tokens: int = 0  # of which kept
     # memory pressure
     idle_slot_evictions: int = 0
     kv_full_waits: int = 0

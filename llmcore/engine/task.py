@@ -32,6 +32,7 @@ class Task:
         self.cancelled = False
         self.done = False
         self.slot_id: int | None = None
+        self.disk_wait = None  # engine thread: llmcore.engine.disk_tier.DiskWait
         self.t_submit = time.perf_counter()
         self._wake = wake
         self._getter: asyncio.Future | None = None

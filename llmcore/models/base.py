@@ -260,12 +260,16 @@ class Model:
             return {}
         return {f"moe_{k}": float(v) for k, v in self.moe_stats.as_dict().items()}
 
-    def forward(self, batch: Sequence[tuple[SeqState, Any]], all_logits: bool = False) -> np.ndarray:
+    def forward(self, batch: Sequence[tuple[SeqState, Any]], all_logits: bool = False,
+                output: str = "logits", n_logits: Sequence[int] | None = None) -> np.ndarray:
         """Run one step over several sequences.
 
         Returns float32 logits (n_segments, n_vocab) for the last token of each segment, or
         (total_tokens, n_vocab) for every token (concatenated in segment order) when
-        ``all_logits``. On error (e.g. KV cache full) every sequence is left as it was.
+        ``all_logits``, or the last ``n_logits[i]`` positions of each segment i
+        (concatenated) when given; with ``output="hidden"`` the final-normed hidden states of every
+        token instead, (total_tokens, n_embd) (what embeddings pool). On error (e.g. KV
+        cache full) every sequence is left as it was.
         """
         if not batch:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
@@ -291,9 +295,9 @@ class Model:
             for c, before in reversed(done):
                 c.trim(before)
             raise
-        fb = ForwardBatch(seqs, toks, starts)
+        fb = ForwardBatch(seqs, toks, starts, n_logits)
         try:
-            logits = self._forward(fb, all_logits)
+            logits = self._hidden(fb) if output == "hidden" else self._forward(fb, all_logits)
         except Exception:
             for c, before in reversed(done):
                 c.trim(before)
@@ -304,9 +308,14 @@ class Model:
 
     def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
         x = run_blocks(self.blocks, self.embed(fb.tokens), fb)
-        if not all_logits and fb.n_tokens != fb.n_seqs:
-            x = x[fb.last_rows]
+        if not all_logits and len(fb.logit_rows) != fb.n_tokens:
+            x = x[fb.logit_rows]
         return self.head(x)
+
+    def _hidden(self, fb: ForwardBatch) -> np.ndarray:
+        x = run_blocks(self.blocks, self.embed(fb.tokens), fb)
+        norm = getattr(self.head, "norm", None)
+        return np.asarray(norm(x) if norm is not None else x, dtype=np.float32)
 
     def __repr__(self) -> str:
         a = self.args

@@ -17,12 +17,14 @@ class ForwardBatch:
     - ``seqs``: the SeqStates, ``lengths``: tokens per segment, ``starts``: first position
     - ``block_tables[group]``: int32 (S, max_blocks) padded with 0, per cache group
     - ``last_rows``: int (S,) row index of each segment's last token
+    - ``logit_rows``: the rows whose logits the step returns: ``last_rows``, or the last
+      ``n_logits[i]`` rows of each segment when given (speculative decoding verifies them)
     """
 
     __slots__ = ("tokens", "positions", "seg_start", "seqs", "lengths", "starts",
-                 "block_tables", "last_rows", "n_tokens", "n_seqs")
+                 "block_tables", "last_rows", "logit_rows", "n_tokens", "n_seqs")
 
-    def __init__(self, seqs, token_arrays, starts):
+    def __init__(self, seqs, token_arrays, starts, n_logits=None):
         self.seqs = seqs
         self.n_seqs = len(seqs)
         self.lengths = [len(t) for t in token_arrays]
@@ -41,6 +43,12 @@ class ForwardBatch:
             self.positions = (np.arange(self.n_tokens, dtype=np.int32)
                               + np.repeat(off, self.lengths).astype(np.int32, copy=False))
         self.last_rows = seg[1:] - 1
+        if n_logits is None:
+            self.logit_rows = self.last_rows
+        else:
+            if len(n_logits) != self.n_seqs or any(not 1 <= k <= n for k, n in zip(n_logits, self.lengths)):
+                raise ValueError("forward: n_logits must give 1..len(segment) rows per segment")
+            self.logit_rows = np.concatenate([np.arange(e - k, e) for k, e in zip(n_logits, seg[1:])]).astype(np.int64)
         self.block_tables: dict[str, np.ndarray] = {}
 
     def tables_for(self, group: str) -> np.ndarray:

@@ -102,10 +102,8 @@ class GatedDeltaNet:
 
     @staticmethod
     def _run(lin: FusedLinear, x: np.ndarray, tag: str) -> list[np.ndarray]:
-        if lin.fused is not None:
-            y = matmul_into(lin.fused, x, scratch(tag, x.shape[0], lin.out_features))
-            return [y[:, a:b] for a, b in lin.bounds]
-        return [p(x) for p in lin.parts]
+        y = lin.into(x, scratch(tag, x.shape[0], lin.out_features))
+        return [y[:, a:b] for a, b in lin.bounds]
 
     def __call__(self, h: np.ndarray, fb: ForwardBatch) -> np.ndarray:
         h = np.ascontiguousarray(h, dtype=np.float32)

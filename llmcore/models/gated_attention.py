@@ -48,14 +48,7 @@ class GatedAttention(Attention):
     def _project(self, x: np.ndarray) -> np.ndarray:
         """[q | k | v | gate] rows (n, n_qkv + H*Dv): one matmul when the four weights share
         a type, else each part into its columns."""
-        n = x.shape[0]
-        f = self.qkv
-        y = scratch("gattn.qkvg", n, f.out_features)
-        if f.fused is not None:
-            return matmul_into(f.fused, x, y)
-        for (a, b), part in zip(f.bounds, f.parts):
-            y[:, a:b] = part(x)
-        return y
+        return self.qkv.into(x, scratch("gattn.qkvg", x.shape[0], self.qkv.out_features))
 
     def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None, out: np.ndarray | None = None) -> np.ndarray:
         """Gated attention output projection (n, n_embd); written into `out` when given."""

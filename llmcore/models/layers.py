@@ -81,6 +81,7 @@ class FusedLinear:
     same weight type and input size), else as separate Linears; returns the parts."""
 
     def __init__(self, tensors: Sequence[Tensor], biases: Sequence[np.ndarray | None] | None = None):
+        self.in_features = int(tensors[0].shape[1])
         self.sizes = [t.shape[0] for t in tensors]
         ends = np.cumsum(self.sizes).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
@@ -91,6 +92,20 @@ class FusedLinear:
         if self.fused is None:
             self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
         self.out_features = sum(self.sizes)
+
+    def into(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """All parts side by side in y (n, out_features), C-contiguous float32 x and y: one
+        matmul when fused, else each part into its columns (straight into them for a
+        single row, where a column range is contiguous)."""
+        if self.fused is not None:
+            return matmul_into(self.fused, x, y)
+        n = x.shape[0]
+        for (a, b), part in zip(self.bounds, self.parts):
+            if n == 1:
+                matmul_into(part, x, y[:, a:b])
+            else:
+                y[:, a:b] = matmul_into(part, x, scratch("fused.part", n, b - a))
+        return y
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         if self.fused is not None:
@@ -178,9 +193,8 @@ class Attention:
         return q, k, v
 
     def _fused_ok(self, x: np.ndarray) -> bool:
-        f = self.qkv.fused
-        return (_FUSED_QKV and f is not None and x.dtype == np.float32 and x.ndim == 2
-                and x.flags.c_contiguous and f.in_features == x.shape[1]
+        return (_FUSED_QKV and x.dtype == np.float32 and x.ndim == 2
+                and x.flags.c_contiguous and self.qkv.in_features == x.shape[1]
                 and (self.q_norm is None or self.q_norm.weight is not None)
                 and (self.k_norm is None or self.k_norm.weight is not None))
 
@@ -196,10 +210,10 @@ class Attention:
         return c
 
     def _fused(self, x: np.ndarray, fb: ForwardBatch, pool, out: np.ndarray | None) -> np.ndarray:
-        """q/k/v matmul, then one kernel for norms + rope + KV store, one attention call,
-        output projection; activations in scratch."""
-        f = self.qkv.fused
-        qkv = matmul_into(f, x, scratch("attn.qkv", x.shape[0], f.out_features))
+        """q/k/v matmul (one, or one per weight type into the same rows), then one kernel for
+        norms + rope + KV store, one attention call, output projection; activations in
+        scratch."""
+        qkv = self.qkv.into(x, scratch("attn.qkv", x.shape[0], self.qkv.out_features))
         o = self._attend(qkv, fb, pool)
         y = out if out is not None else np.empty((x.shape[0], self.wo.out_features), dtype=np.float32)
         return matmul_into(self.wo, o, y)

@@ -8,18 +8,22 @@
   POST to any address without asking (no CORS preflight), never an application/json one.
 - CORS: off unless `--cors ORIGIN` names origins (or `*`): then their preflight requests
   are answered and their responses carry Access-Control-Allow-Origin.
-- API key: `ServerConfig.api_key` is where it will be checked, here, first (not yet set
-  by any flag); meanwhile a non-loopback bind without one is warned about at start.
+- API key (`--api-key`, `--api-key-file`: `ServerConfig.api_keys`): every route but
+  /health needs `Authorization: Bearer KEY` or `x-api-key: KEY`, compared in constant
+  time with each key; else 401 in the route's own envelope. CORS preflights pass (a
+  browser sends no credentials with them). A non-loopback bind without a key is warned
+  about at start.
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import logging
 
 from aiohttp import web
 
 from .config import ServerConfig
-from .errors import ForbiddenHostError, UnsupportedMediaTypeError
+from .errors import ForbiddenHostError, UnauthorizedError, UnsupportedMediaTypeError
 from .keys import CONFIG
 
 log = logging.getLogger("llmcore.server")
@@ -43,10 +47,43 @@ def is_loopback_address(host: str) -> bool:
 
 def warn_if_exposed(cfg: ServerConfig) -> None:
     """At start: a bind other machines can reach, with no API key, is said in the log."""
-    if not is_loopback_address(cfg.host) and not cfg.api_key:
+    if not is_loopback_address(cfg.host) and not cfg.api_keys:
         log.warning("listening on %s, which other machines can reach, without an API key: anyone "
-                    "who can connect can use this server (bind to 127.0.0.1, or put an "
-                    "authenticating proxy in front)", cfg.host)
+                    "who can connect can use this server (set one with --api-key or "
+                    "--api-key-file, or bind to 127.0.0.1)", cfg.host)
+
+
+OPEN_PATHS = frozenset({"/health", "/v1/health"})  # load balancers probe them without a key
+
+
+def presented_key(request: web.Request) -> str | None:
+    """The key a request brings: `Authorization: Bearer KEY` (OpenAI clients) or
+    `x-api-key: KEY` (Anthropic clients)."""
+    auth = request.headers.get("Authorization", "")
+    scheme, _, value = auth.strip().partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    key = request.headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def key_matches(key: str, keys: tuple[str, ...]) -> bool:
+    """Constant time in the key's content: every key is compared, never stopping early."""
+    given = key.encode("utf-8", errors="surrogatepass")
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(given, k.encode("utf-8", errors="surrogatepass"))
+    return ok
+
+
+def check_api_key(request: web.Request, keys: tuple[str, ...]) -> None:
+    if not keys or request.path in OPEN_PATHS:
+        return
+    key = presented_key(request)
+    if key is None:
+        raise UnauthorizedError("no API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+    if not key_matches(key, keys):
+        raise UnauthorizedError("invalid API key")
 
 
 def host_name(header: str) -> str:
@@ -123,12 +160,12 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
 async def access_middleware(request: web.Request, handler):
     cfg = request.app[CONFIG]
     check_host(request, cfg.host)
-    # the API key (cfg.api_key) is checked here, before anything else a request can reach
     route_error = request.match_info.http_exception
     if request.method == "OPTIONS" and isinstance(route_error, web.HTTPMethodNotAllowed) \
             and request.headers.get("Access-Control-Request-Method"):
         origin = allowed_origin(request)
         if origin is not None:
             return _preflight(request, origin, route_error)
+    check_api_key(request, cfg.api_keys)  # before anything else a request can reach
     check_media_type(request)
     return await handler(request)

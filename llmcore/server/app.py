@@ -11,13 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from ..engine import Engine, EngineStatus
+from ..engine import EngineClient, EngineStatus
 from .access import access_middleware, add_cors_headers
 from .access_log import access_log_middleware
 from .config import ServerConfig
 from .connections import ConnectionGuard, connection_middleware, start_server
 from .errors import error_middleware
-from .keys import CONFIG, CONNECTIONS, ENGINE, STREAMS, WORKERS
+from .keys import CONFIG, CONNECTIONS, ENGINE, RESPONSES, STREAMS, WORKERS
+from .response_store import ResponseStore
 from .routes import setup_routes
 
 log = logging.getLogger("llmcore.server")
@@ -36,6 +37,29 @@ async def _workers_ctx(app: web.Application):
     app[WORKERS].shutdown(wait=False, cancel_futures=True)
 
 
+async def _drain(app: web.Application) -> None:
+    """on_shutdown (SIGTERM, Ctrl-C), after the listener closed: running and queued requests
+    may finish within ``shutdown_timeout``; then the engine stops on a worker thread (the
+    rest end with a ShuttingDownError event, [DONE] for OpenAI streams, while this loop
+    still delivers them; the disk tier is written) and the streams get a moment to end."""
+    eng, cfg = app[ENGINE], app[CONFIG]
+    eng.close_intake()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + max(0.0, cfg.shutdown_timeout)
+    if eng.n_active:
+        log.info("shutting down: %d request(s) running or queued, waiting up to %.0f s",
+                 eng.n_active, cfg.shutdown_timeout)
+    while eng.n_active and loop.time() < end:
+        await asyncio.sleep(0.05)
+    left = eng.n_active
+    if left:
+        log.warning("shutting down: ending %d request(s) still running after %.0f s", left, cfg.shutdown_timeout)
+    await loop.run_in_executor(None, eng.stop)
+    end = loop.time() + 2.0
+    while len(app[STREAMS]) and loop.time() < end:  # their error event and [DONE] go out
+        await asyncio.sleep(0.02)
+
+
 async def _close_streams(app: web.Application) -> None:
     for resp in list(app[STREAMS]):
         try:
@@ -44,7 +68,7 @@ async def _close_streams(app: web.Application) -> None:
             pass
 
 
-def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Application:
+def create_app(engine: EngineClient, cfg: ServerConfig | None = None) -> web.Application:
     cfg = cfg or ServerConfig()
     # outermost first: connection phases, the request's log line, errors as answers, then
     # the access checks
@@ -56,8 +80,10 @@ def create_app(engine: Engine, cfg: ServerConfig | None = None) -> web.Applicati
     app[STREAMS] = weakref.WeakSet()
     app[WORKERS] = ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="llmcore-request")
     app[CONNECTIONS] = ConnectionGuard(cfg)
+    app[RESPONSES] = ResponseStore()
     app.cleanup_ctx.append(_engine_ctx)
     app.cleanup_ctx.append(_workers_ctx)
+    app.on_shutdown.append(_drain)
     app.on_shutdown.append(_close_streams)
     app.on_response_prepare.append(add_cors_headers)
     setup_routes(app)
@@ -120,7 +146,7 @@ async def _serve(app: web.Application, cfg: ServerConfig, sock: socket.socket) -
         await runner.cleanup()
 
 
-def run_server(engine: Engine, cfg: ServerConfig | None = None, sock: socket.socket | None = None) -> None:
+def run_server(engine: EngineClient, cfg: ServerConfig | None = None, sock: socket.socket | None = None) -> None:
     """Serve until interrupted (SIGINT, SIGTERM), or until the model fails to load
     (EngineStatus.FAILED). The port is bound first (`sock`, or `listen_socket` here), then
     the model loads in the background; "listening" is logged once connections are accepted."""

@@ -6,13 +6,14 @@ middleware answers every failed request with its route's envelope (`uses_envelop
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from ..errors import (ContextFullError, LLMCoreError, ModelLoadFailedError, ModelLoadingError,
-                      RequestError)
+                      NotSupportedError, ReplicaUnavailableError, RequestError, ShuttingDownError)
 from .sse import ClientGone
 
 log = logging.getLogger("llmcore.server")
@@ -27,6 +28,8 @@ class ErrorKind:
 
 
 INVALID = ErrorKind(400, "invalid_request_error", 400, "invalid_request_error")
+UNAUTHORIZED = ErrorKind(401, "authentication_error", 401, "authentication_error")
+NOT_FOUND = ErrorKind(404, "not_found_error", 404, "not_found_error")
 FORBIDDEN = ErrorKind(403, "permission_error", 403, "permission_error")
 TIMEOUT = ErrorKind(408, "invalid_request_error", 408, "invalid_request_error")
 TOO_LARGE = ErrorKind(413, "invalid_request_error", 413, "request_too_large")
@@ -34,6 +37,7 @@ MEDIA_TYPE = ErrorKind(415, "invalid_request_error", 415, "invalid_request_error
 LOADING = ErrorKind(503, "unavailable_error", 529, "overloaded_error")  # clients retry 529
 UNAVAILABLE = ErrorKind(503, "unavailable_error", 500, "api_error")
 INTERNAL = ErrorKind(500, "server_error", 500, "api_error")
+NOT_SUPPORTED = ErrorKind(501, "not_supported_error", 500, "api_error")
 
 
 class SpoiledConnectionError(RequestError):
@@ -59,6 +63,14 @@ class TooLargeError(RequestError):
     counts past what the context could use, a JSON body of too many values): 413."""
 
 
+class UnauthorizedError(RequestError):
+    """No API key, or not one of the server's (--api-key): 401."""
+
+
+class ModelNotFoundError(RequestError):
+    """GET /v1/models/{id} of a model this server does not serve: 404."""
+
+
 class ForbiddenHostError(RequestError):
     """A Host header this server does not answer to (a loopback bind, a foreign name): 403."""
 
@@ -69,6 +81,8 @@ class UnsupportedMediaTypeError(SpoiledConnectionError):
 
 # by class, most specific first; RequestError covers ContextFullError
 _KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (UnauthorizedError, UNAUTHORIZED),
+    (ModelNotFoundError, NOT_FOUND),
     (ForbiddenHostError, FORBIDDEN),
     (BodyTimeoutError, TIMEOUT),
     (BodyTooLargeError, TOO_LARGE),
@@ -76,8 +90,11 @@ _KINDS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (UnsupportedMediaTypeError, MEDIA_TYPE),
     (RequestError, INVALID),
     (ModelLoadingError, LOADING),
+    (ReplicaUnavailableError, LOADING),  # a replica stopped: retry (Retry-After)
     (ModelLoadFailedError, UNAVAILABLE),
-    (LLMCoreError, INTERNAL),  # ShuttingDownError, EngineFailure, ...
+    (ShuttingDownError, UNAVAILABLE),  # not a bug: the client may retry elsewhere or later
+    (NotSupportedError, NOT_SUPPORTED),
+    (LLMCoreError, INTERNAL),  # EngineFailure, ...
 )
 
 
@@ -124,16 +141,21 @@ def openai_error(exc: BaseException) -> tuple[int, dict]:
     else:
         message = f"internal error: {type(exc).__name__}: {exc}"
     extra = {}
-    if isinstance(exc, ContextFullError) and exc.n_ctx is not None:
-        extra = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx}
+    if isinstance(exc, ContextFullError):
+        # OpenAI's code for a prompt that does not fit (clients trim their history on it)
+        extra = {"code": CONTEXT_LENGTH_EXCEEDED, "param": "messages"}
+        if exc.n_ctx is not None:
+            extra.update(n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
     return kind.status, error_body(kind.status, message, kind.type, **extra)
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 def responses_error(exc: BaseException) -> tuple[int, dict]:
-    """The OpenAI envelope, with the Responses API's code for a prompt that does not fit."""
+    """The OpenAI envelope; a prompt that does not fit names `input`."""
     status, body = openai_error(exc)
     if isinstance(exc, ContextFullError):
-        body["error"]["code"] = "context_length_exceeded"
         body["error"]["param"] = "input"
     return status, body
 
@@ -193,6 +215,8 @@ async def error_middleware(request: web.Request, handler):
         if kind_of(exc) is INTERNAL:
             log_bug(exc, request)
         resp = web.json_response(body, status=status)
+        if isinstance(exc, ReplicaUnavailableError):
+            resp.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         if isinstance(exc, SpoiledConnectionError):
             resp.force_close()
         if isinstance(exc, BodyTimeoutError):

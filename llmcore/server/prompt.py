@@ -10,17 +10,22 @@ and is not trusted, so it renders with `RenderLimits` (ServerConfig.template_tim
 and no more text than the context could hold). A text prompt goes to a worker when big."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from ..chat import RenderLimits, TemplateLimitError, TemplateOutputTooLarge
 from ..engine import Engine, common_prefix
 from ..errors import ContextFullError, RequestError
-from ..toolcalls import detect_format, prompt_ends_in_think
+from ..toolcalls import FORMATS, detect_format, prompt_ends_in_think
+from ..toolcalls.generic import render_messages
+from ..toolcalls.grammar import LarkWriter, tool_call_grammar
 from .keys import CONFIG
 from .offload import SMALL, in_worker, maybe_in_worker
 from .requests.chat import ChatRequest, read_chat, template_variables
+from .requests.constraints import requested_grammar
 
 
 @dataclass(frozen=True)
@@ -33,25 +38,117 @@ class Prompt:
     tool_format: str = "hermes"  # the model's tool-call syntax (llmcore.toolcalls)
     starts_in_reasoning: bool = False  # the template opened a <think> block
     checkpoint_at: int | None = None  # where the last user message starts (checkpoint models)
+    constraint: Any = None  # llmcore.constrain.Constraint the output must fit, or None
+    parse_reasoning: bool = True  # a think block becomes reasoning (--reasoning-format deepseek)
+    reasoning_budget: Any = None  # llmcore.engine.budget.ReasoningBudget, or None
+
+
+@dataclass(frozen=True)
+class ReasoningOptions:
+    """The server's defaults for thinking (a request may set its own)."""
+
+    format: str = "deepseek"  # or "none": the think block stays in the text
+    budget: int = -1  # -1: no limit; 0: thinking off (enable_thinking=False)
 
 
 async def chat_prompt(request: web.Request, eng: Engine, body: dict, checkpoint: bool = True) -> Prompt:
     """build_chat_prompt in a worker thread, with the server's render limits."""
-    limits = RenderLimits(timeout_s=request.app[CONFIG].template_timeout_s)
-    return await in_worker(request, build_chat_prompt, eng, body, checkpoint, limits)
+    cfg = request.app[CONFIG]
+    limits = RenderLimits(timeout_s=cfg.template_timeout_s)
+    reasoning = ReasoningOptions(cfg.reasoning_format, cfg.reasoning_budget)
+    return await in_worker(request, build_chat_prompt, eng, body, checkpoint, limits, reasoning)
 
 
 def build_chat_prompt(eng: Engine, body: dict, checkpoint: bool = True,
-                      limits: RenderLimits | None = None) -> Prompt:
+                      limits: RenderLimits | None = None,
+                      reasoning: ReasoningOptions = ReasoningOptions()) -> Prompt:
     """The prompt of a chat/completions-shaped body; `checkpoint=False` skips the
-    checkpoint position (when only counting tokens)."""
-    return _build_chat(eng, read_chat(body), checkpoint, limits or RenderLimits())
+    checkpoint position and the output constraint (when only counting tokens)."""
+    chat = read_chat(body)
+    fmt = body.get("reasoning_format") or reasoning.format
+    budget = body.get("reasoning_budget")
+    budget = reasoning.budget if budget is None else budget
+    if budget == 0 and "enable_thinking" not in chat.template_kwargs:
+        chat = dataclasses.replace(chat, template_kwargs={**chat.template_kwargs, "enable_thinking": False})
+    p = _build_chat(eng, chat, checkpoint, limits or RenderLimits())
+    p = dataclasses.replace(p, parse_reasoning=fmt != "none",
+                            reasoning_budget=_budget(eng, p, budget) if budget > 0 else None)
+    if not checkpoint:
+        return p
+    return dataclasses.replace(p, constraint=_chat_constraint(eng, body, chat, p))
 
 
-async def text_prompt(request: web.Request, eng: Engine, prompt, field: str = "prompt") -> Prompt:
-    """The prompt of a completion: text, token ids, or a mix (llama-server rules)."""
-    tokens = await maybe_in_worker(request, prompt_size(prompt) > SMALL, tokenize_prompt, eng, prompt, field)
+async def text_prompt(request: web.Request, eng: Engine, body: dict, field: str = "prompt") -> Prompt:
+    """The prompt of a completion: text, token ids, or a mix (llama-server rules), and
+    the constraint its json_schema / grammar / response_format asks for (built in a
+    worker: a schema compiles)."""
+    prompt = body[field]
+    big = prompt_size(prompt) > SMALL
+    tokens = await maybe_in_worker(request, big, tokenize_prompt, eng, prompt, field)
+    if requested_grammar_fields(body):
+        return Prompt(tokens=tokens, constraint=await in_worker(request, output_constraint, eng, body))
     return Prompt(tokens=tokens)
+
+
+# ---- the output constraint --------------------------------------------------------------
+
+
+def requested_grammar_fields(body: dict) -> bool:
+    return any(body.get(k) is not None for k in ("response_format", "json_schema", "grammar"))
+
+
+def make_constraint(eng: Engine, grammar: str, what: str):
+    from ..constrain import Constraint, GrammarVocab
+
+    return Constraint(GrammarVocab.of(eng.tokenizer), grammar, what)
+
+
+def output_constraint(eng: Engine, body: dict):
+    """The constraint of a request's response_format / json_schema / grammar, or None."""
+    got = requested_grammar(body)
+    return make_constraint(eng, *got) if got is not None else None
+
+
+def _budget(eng: Engine, p: Prompt, tokens: int):
+    """The thinking budget of a request, for a model whose thinking is a <think> block."""
+    from ..engine.budget import ReasoningBudget
+    from ..toolcalls import THINK_CLOSE, THINK_OPEN
+
+    if FORMATS[p.tool_format].own_reasoning:
+        return None
+    enc = eng.tokenizer.encode
+    close = tuple(enc(THINK_CLOSE, add_special=False, parse_special=True))
+    if not close:
+        return None
+    return ReasoningBudget(tokens, close=close, open=tuple(enc(THINK_OPEN, add_special=False, parse_special=True)),
+                           starts_inside=p.starts_in_reasoning)
+
+
+def _chat_constraint(eng: Engine, body: dict, chat: ChatRequest, p: Prompt):
+    """A forced tool call (tool_choice "required" or a named function) in the model's
+    syntax; else the response format asked for; else, with tools, the lazy grammar that
+    constrains a call once the model opens one."""
+    if chat.forced_tool is None:
+        got = output_constraint(eng, body)
+        if got is not None:
+            return got
+    if not p.parse_tools or not p.tools:
+        return None
+    from ..constrain import GrammarVocab
+
+    vocab = GrammarVocab.of(eng.tokenizer)
+    w = LarkWriter(vocab.special_ids, free_ids=set(vocab.special_ids.values()) - set(vocab.eog_ids))
+    template = getattr(eng.chat_template, "source", "") or ""
+    syntax = FORMATS[p.tool_format].call_syntax(p.tools, w, template)
+    # a named function is called once (as OpenAI does); "required" and "auto" may call several
+    parallel = p.parallel_tool_calls and chat.forced_tool in (None, "required")
+    grammar = tool_call_grammar(syntax, w, forced=chat.forced_tool is not None,
+                                parallel=parallel, reasoning_open=p.starts_in_reasoning)
+    if grammar is None:
+        return None
+    from ..constrain import lark_grammar
+
+    return make_constraint(eng, lark_grammar(grammar, "tools"), "tools")
 
 
 # ---- chat -------------------------------------------------------------------------------
@@ -62,12 +159,18 @@ def _build_chat(eng: Engine, chat: ChatRequest, checkpoint: bool, limits: Render
     n_ctx = int(eng.n_ctx_slot or 0)
     if n_ctx and limits.max_chars is None:
         limits = RenderLimits(max_chars=n_ctx * max_token_bytes(eng), timeout_s=limits.timeout_s)
-    text, rendered = _render(eng, chat, limits)
+    fmt, shown = chat_format(eng), chat
+    if chat.tools and not template_reads_tools(eng):
+        # no tools section: the tools and the call syntax go into the system prompt
+        fmt = "generic"
+        shown = dataclasses.replace(chat, tools=None,
+                                    messages=render_messages(chat.messages, chat.tools, chat.forced_tool))
+    text, rendered = _render(eng, shown, limits)
     check_text_fits(eng, text)
     tokens = dedupe_bos(eng, eng.tokenizer.encode(text, add_special=True, parse_special=True))
-    at = _last_user_start(eng, chat, rendered, tokens, limits) if checkpoint else None
+    at = _last_user_start(eng, shown, rendered, tokens, limits) if checkpoint else None
     return Prompt(tokens=tokens, text=text, tools=chat.tools, parse_tools=chat.parse_tools,
-                  parallel_tool_calls=chat.parallel_tool_calls, tool_format=chat_format(eng),
+                  parallel_tool_calls=chat.parallel_tool_calls, tool_format=fmt,
                   starts_in_reasoning=prompt_ends_in_think(text), checkpoint_at=at)
 
 
@@ -135,6 +238,11 @@ def _last_user_start(eng: Engine, chat: ChatRequest, msgs: list[dict], prompt: l
         return None
     n = common_prefix(head, prompt)
     return n if 0 < n < len(prompt) else None
+
+
+def template_reads_tools(eng: Engine) -> bool:
+    """Whether the chat template renders the `tools` it is given."""
+    return bool(getattr(eng.chat_template, "reads_tools", True)) and eng.chat_template is not None
 
 
 def chat_format(eng: Engine) -> str:
@@ -232,3 +340,74 @@ def check_text_fits(engine: Engine, text: str) -> None:
             f"(at least {lower} prompt tokens, n_ctx {n_ctx}). This model's maximum context "
             f"length is {n_ctx} tokens. However, your messages resulted in at least {lower} tokens.",
             n_prompt_tokens=lower, n_ctx=n_ctx)
+
+
+# ---- fill in the middle (/infill, /v1/completions with a suffix) ------------------------
+
+
+def fim_tokens(tokenizer):
+    """The model's fill-in-the-middle tokens (llmcore.tokenizer.FimTokens), or None."""
+    return getattr(tokenizer, "fim", None)
+
+
+class NoInfillError(RequestError):
+    """The model has no fill-in-the-middle tokens (HTTP 400)."""
+
+
+async def infill_prompt(request: web.Request, eng: Engine, body: dict, field: str = "input_prefix") -> Prompt:
+    """A fill-in-the-middle prompt (llama-server's /infill shape), built in a worker
+    when big; the constraint of its json_schema / grammar as for a completion."""
+    size = sum(len(str(body.get(k) or "")) for k in ("input_prefix", "input_suffix", "prompt"))
+    size += sum(len(str(c.get("text") or "")) for c in body.get("input_extra") or [] if isinstance(c, dict))
+    tokens = await maybe_in_worker(request, size > SMALL, build_infill_tokens, eng, body, field)
+    constraint = None
+    if requested_grammar_fields(body):
+        constraint = await in_worker(request, output_constraint, eng, body)
+    return Prompt(tokens=tokens, constraint=constraint)
+
+
+def build_infill_tokens(eng: Engine, body: dict, field: str = "input_prefix") -> list[int]:
+    """[BOS] extra files, <PRE> prefix prompt <SUF> suffix <MID>, as llama-server lays it
+    out: the prefix keeps its end and the suffix its start (3:1) when they must be cut to
+    fit the batch; extra files come first, after <REPO> / <FILE_SEP> markers when the
+    vocabulary has them."""
+    tok = eng.tokenizer
+    fim = fim_tokens(tok)
+    if fim is None:
+        raise NoInfillError("this model has no fill-in-the-middle tokens (fim_pre / fim_suf / fim_mid): "
+                            "it cannot infill")
+
+    def enc(text: str) -> list[int]:
+        check_text_fits(eng, text)
+        return list(tok.encode(text, add_special=False, parse_special=False)) if text else []
+
+    chunks = [c for c in body.get("input_extra") or [] if isinstance(c, dict)]
+    if not body.get("input_prefix") and not body.get("input_suffix") and not body.get("prompt") and not chunks:
+        raise RequestError(f"'{field}', 'input_suffix' or 'prompt' must hold some text")
+    extra: list[int] = []
+    if chunks:
+        if fim.rep is not None:
+            extra += [fim.rep] + enc("myproject\n")
+        for c in chunks:
+            if fim.sep is not None:
+                extra += [fim.sep] + enc(str(c.get("filename") or "tmp") + "\n")
+            else:
+                extra += enc("\n\n--- snippet ---\n\n")
+            extra += enc(str(c.get("text") or ""))
+        if fim.sep is not None:
+            extra += [fim.sep] + enc("filename\n")
+    prefix, suffix = enc(body.get("input_prefix") or ""), enc(body.get("input_suffix") or "")
+    typed = enc(body.get("prompt") or "") if isinstance(body.get("prompt"), str) else []
+    n_batch = max(4, int(getattr(eng.cfg, "n_batch", 2048) or 2048))
+    n_prefix = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(typed))))
+    prefix = prefix[len(prefix) - n_prefix:]
+    suffix = suffix[:n_suffix]
+    head = [tok.bos_id] if getattr(tok, "add_bos", False) and tok.bos_id is not None else []
+    middle = [fim.pre] + prefix + typed + [fim.suf] + suffix + [fim.mid]
+    room = int(eng.n_ctx_slot or 0)
+    if room and len(head) + len(extra) + len(middle) >= room:  # the extra files give way first
+        keep = max(0, room - 1 - len(head) - len(middle))
+        extra = extra[len(extra) - keep:] if keep else []
+    out = head + extra + middle
+    return out

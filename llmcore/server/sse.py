@@ -72,6 +72,7 @@ class SSEWriter:
 
     async def close(self) -> web.StreamResponse:
         if self.prepared:
+            self.request.app[STREAMS].discard(self.resp)  # ended: a shutdown need not wait for it
             try:
                 await self.resp.write_eof()
             except (ConnectionError, RuntimeError):

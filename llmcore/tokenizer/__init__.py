@@ -17,9 +17,11 @@ Where things live:
   detokenize);
 - ``bpe.py`` (with ``pretokenize.py``, ``bytelevel.py``) and ``spm.py``: the two kinds;
 - ``merge.py``: the merge loop both kinds run, ranked their own way;
-- ``stream.py``: the incremental UTF-8-safe decoder for streamed output.
+- ``stream.py``: the incremental UTF-8-safe decoder for streamed output;
+- ``fim.py``: the fill-in-the-middle tokens (``tok.fim``, None without them).
 """
 from .base import Tokenizer
+from .fim import FimTokens
 from .bpe import BPETokenizer
 from .bytelevel import BYTE_TO_UNICODE, UNICODE_TO_BYTE, byte_encode
 from .pretokenize import PRE_TOKENIZERS, PreTokenizer, regex_split
@@ -28,6 +30,6 @@ from .stream import StreamDecoder
 from .vocab import Vocab
 
 __all__ = [
-    "Tokenizer", "BPETokenizer", "SPMTokenizer", "StreamDecoder", "Vocab",
+    "Tokenizer", "BPETokenizer", "SPMTokenizer", "StreamDecoder", "Vocab", "FimTokens",
     "PRE_TOKENIZERS", "PreTokenizer", "regex_split", "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "byte_encode",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelLoadError
+from .fim import FimTokens
 from .fragment_cache import FragmentCache
 from .special import DefaultIds, SpecialSplitter, find_special_tokens
 from .stream import StreamDecoder
@@ -32,6 +33,7 @@ class Tokenizer:
 
     model: ClassVar[str]
     type: ClassVar[str]
+    fim: FimTokens | None = None  # fill-in-the-middle tokens (from_metadata sets them)
     default_ids: ClassVar[DefaultIds]
     _kinds: ClassVar[dict[str, type["Tokenizer"]]] = {}
 
@@ -98,7 +100,7 @@ class Tokenizer:
         if kind is None:
             supported = ", ".join(sorted(cls._kinds))
             raise ModelLoadError(f"unsupported tokenizer model {str(model)!r} (supported: {supported})")
-        return kind._from_metadata(
+        tok = kind._from_metadata(
             meta,
             tokens=tokens,
             token_types=g("tokenizer.ggml.token_type"),
@@ -112,6 +114,8 @@ class Tokenizer:
             add_eos=g("tokenizer.ggml.add_eos_token"),
             add_space_prefix=g("tokenizer.ggml.add_space_prefix"),
         )
+        tok.fim = FimTokens.from_metadata(meta, tok.vocab)
+        return tok
 
     @classmethod
     def _from_metadata(cls, meta: dict[str, Any], **common: Any) -> "Tokenizer":

@@ -18,7 +18,12 @@ Where things live:
 - ``formats.py``: the registry of formats and ``detect_format``; one module per format:
   ``hermes.py`` (``<tool_call>`` JSON), ``qwen3coder.py`` (``<function=..>`` XML),
   ``llama3.py`` (bare JSON, ``<|python_tag|>``), ``mistral.py`` (``[TOOL_CALLS]``),
-  ``harmony.py`` (gpt-oss channels);
+  ``harmony.py`` (gpt-oss channels), ``lfm2.py`` (Python calls), ``glm45.py``
+  (``<arg_key>`` pairs), ``deepseek.py``, ``kimi_k2.py`` (special-token sections),
+  ``generic.py`` (a JSON object, for templates without tools: the tools go into the
+  system prompt); ``blocks.py`` reads the block-per-call formats;
+- ``grammar.py``: calls as a grammar (forced, or lazy from where a call opens), from
+  each format's ``call_syntax``;
 - ``jsoncall.py`` / ``xmlcall.py``: a call body as it streams in; ``jsontext.py``: JSON
   as models write it; ``scan.py``: finding markers in streamed text;
 - ``output.py``: ``Delta``, ``ToolCall`` and the sink the formats write to.
@@ -27,7 +32,8 @@ The markup never reaches ``content``. Streamed deltas add up to the non-streamed
 wherever the text was split, except where a stream cannot take back what it showed
 (a call that the rest of the output proves malformed).
 """
-from . import harmony, hermes, llama3, mistral, qwen3coder  # noqa: F401  (registers the formats)
+from . import (deepseek, generic, glm45, harmony, hermes, kimi_k2, lfm2, llama3, mistral,  # noqa: F401
+               qwen3coder)  # (registers the formats)
 from .formats import DEFAULT_FORMAT, FORMATS, detect_format
 from .output import Delta, ToolCall, new_call_id
 from .parser import OutputParser, parse_output

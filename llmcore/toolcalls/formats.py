@@ -11,9 +11,12 @@ architecture), most specific markup first.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from .output import Output
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .grammar import CallSyntax, LarkWriter
 
 DEFAULT_FORMAT = "hermes"
 
@@ -61,12 +64,19 @@ class Format(Stage):
         """Whether a chat template (and architecture, lower case) uses this format."""
         return False
 
+    @classmethod
+    def call_syntax(cls, tools: Sequence[dict], w: "LarkWriter", template: str = "") -> "CallSyntax | None":
+        """How this format writes calls to `tools`, in Lark (grammar.py); None: calls in
+        this format cannot be constrained."""
+        return None
+
 
 FORMATS: dict[str, type[Format]] = {}
 
 # most specific first: a Qwen3-Coder template also has <tool_call>, a harmony one is
 # recognised by the architecture too
-_DETECTION_ORDER = ("harmony", "qwen3coder", "hermes", "mistral", "llama3")
+_DETECTION_ORDER = ("harmony", "kimi_k2", "deepseek", "lfm2", "glm45", "qwen3coder", "hermes",
+                    "mistral", "llama3")
 
 
 def register(cls: type[Format]) -> type[Format]:

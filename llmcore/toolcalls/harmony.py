@@ -38,6 +38,15 @@ class Harmony(Format):
     def detects(template: str, arch: str) -> bool:
         return "<|channel|>" in template or arch in ("gpt-oss", "gptoss", "gpt_oss")
 
+    @classmethod
+    def call_syntax(cls, tools, w, template: str = ""):
+        from .grammar import CallSyntax, per_tool
+
+        call = per_tool(tools, lambda name, params: f"{w.lit(name + ' <|constrain|>json<|message|>')} {w.json(params)}")
+        # <|channel|> opens every message (analysis, final): only a forced call is constrained;
+        # the call ends with <|call|>, an end-of-generation token
+        return CallSyntax(open=CHANNEL + "commentary to=functions.", call=call, lazy=False)
+
     _WAIT, _PLAIN, _SEEK, _HEADER, _BODY, _DONE = range(6)
 
     def __init__(self, out: Output, opts: ParseOptions):

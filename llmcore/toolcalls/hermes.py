@@ -17,6 +17,7 @@ from .scan import MarkerScan
 from .xmlcall import FUNCTION_OPEN, XmlCall
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+NL = "\n"
 
 
 class CallBody:
@@ -160,6 +161,13 @@ class Hermes(Format):
     @staticmethod
     def detects(template: str, arch: str) -> bool:
         return "<tool_call>" in template
+
+    @classmethod
+    def call_syntax(cls, tools, w, template: str = ""):
+        from .grammar import CallSyntax, call_object_schema
+
+        return CallSyntax(open=TOOL_CALL_OPEN, call=f"{w.lit(NL)} {w.json(call_object_schema(tools))} {w.lit(NL)}",
+                          close=w.lit(TOOL_CALL_CLOSE), sep=w.lit(NL), per_call=True)
 
     def __init__(self, out: Output, opts: ParseOptions):
         super().__init__(out, opts)

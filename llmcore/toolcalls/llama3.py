@@ -22,6 +22,17 @@ class Llama3(Format):
     def detects(template: str, arch: str) -> bool:
         return "<|python_tag|>" in template or ("ipython" in template and "parameters" in template)
 
+    @classmethod
+    def call_syntax(cls, tools, w, template: str = ""):
+        from .grammar import CallSyntax, per_tool
+
+        head = '{"name": "'
+        call = per_tool(tools, lambda name, params: f'{w.lit(name + chr(34) + ", " + chr(34) + "parameters" + chr(34) + ": ")} '
+                                                     f'{w.json(params)} "}}"')
+        # calls are the whole output: "auto" cannot tell a call from text until it is one
+        return CallSyntax(open=head, call=call, sep=f'"; " {w.lit(head)}', lazy=False,
+                          plain=w.rule(r"/([^{](.|\n)*)?/"))
+
     _START, _CALLS, _BETWEEN, _CONTENT, _DROP = range(5)
 
     def __init__(self, out: Output, opts: ParseOptions):

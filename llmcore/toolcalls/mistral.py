@@ -30,6 +30,16 @@ class Mistral(Format):
     def detects(template: str, arch: str) -> bool:
         return "[TOOL_CALLS]" in template
 
+    @classmethod
+    def call_syntax(cls, tools, w, template: str = ""):
+        from .grammar import CallSyntax, call_object_schema, per_tool
+
+        if "[ARGS]" in template:  # v11: name[ARGS]{..}, each call after its own [TOOL_CALLS]
+            call = per_tool(tools, lambda name, params: f"{w.lit(name + '[ARGS]')} {w.json(params)}")
+            return CallSyntax(open=TOOL_CALLS, call=call, per_call=True)
+        return CallSyntax(open=TOOL_CALLS + "[", call=w.json(call_object_schema(tools)), sep='", "',
+                          close='"]"')
+
     _CONTENT, _CALLS, _ARGS, _LIST, _ELEMENT, _DONE = range(6)
 
     def __init__(self, out: Output, opts: ParseOptions):

@@ -209,7 +209,7 @@ class Dashboard(App):
         self.status_bar.set(snapshot=snap)
         self.set_class(not snap.connected, "-lost")
         if snap.connected:
-            self.slot_table.show(snap.slots)
+            self.slot_table.show(snap.slots, snap.replicas)
             self.requests_pane.show(snap)
             self.cache_gauges.show(snap)
             self.throughput.show(self.rates, snap)

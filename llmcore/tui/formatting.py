@@ -398,6 +398,40 @@ def sort_slots(slots: Iterable[Mapping], key: str) -> list[Mapping]:
     return sorted(slots, key=SORT_KEYS[key])
 
 
+# ---- a fleet: one group of slot rows per replica ---------------------------------------------
+def replica_header(i: int, r: Mapping[str, Any] | None) -> str:
+    """The line above replica `i`'s slot rows: its state and its requests."""
+    r = r or {}
+    if r.get("status") not in (None, "ok"):
+        return f"replica {i}  {r.get('status')}"
+    return (f"replica {i}  {r.get('status') or DASH}  processing {fmt_num(r.get('requests_processing'))}"
+            f"  queued {fmt_num(r.get('requests_deferred'))}  done {fmt_num(r.get('requests_total'))}"
+            f"  cached {fmt_count(r.get('cache_tokens_total'))} tok")
+
+
+@dataclass(frozen=True)
+class SlotGroup:
+    """The slot rows of one replica under its header (one engine: no header)."""
+
+    header: str | None
+    slots: list
+    ok: bool = True
+
+
+def slot_groups(slots: Sequence[Mapping], replicas: Sequence[Mapping] = (), key: str = "slot") -> list[SlotGroup]:
+    """One group per replica in replica order, its slots sorted by `key` (a replica with
+    no slot reported, e.g. down, has its header alone); one engine: one group."""
+    if not replicas and not any(s.get("replica") is not None for s in slots):
+        return [SlotGroup(None, sort_slots(slots, key))]
+    ids = sorted({int(s["replica"]) for s in slots if s.get("replica") is not None} | set(range(len(replicas))))
+    out = []
+    for i in ids:
+        r = replicas[i] if i < len(replicas) else None
+        out.append(SlotGroup(replica_header(i, r), sort_slots([s for s in slots if s.get("replica") == i], key),
+                             ok=(r or {}).get("status", "ok") == "ok"))
+    return out
+
+
 # ---- headless output ---------------------------------------------------------------------
 def to_json(snap: Snapshot) -> str:
     return json.dumps(snap.to_dict(), default=str, sort_keys=True)
@@ -446,6 +480,12 @@ def to_text(snap: Snapshot, history: History | None = None) -> str:
     trouble = trouble_phrases(snap, all_=True)
     if trouble:
         lines.append("failures: " + "  ".join(trouble))
-    rows = [slot_row(s) for s in snap.slots]
-    lines += table_lines(ALL_SLOT_COLUMNS, rows)
+    groups = slot_groups(snap.slots, snap.replicas)
+    table = table_lines(ALL_SLOT_COLUMNS, [slot_row(s) for g in groups for s in g.slots])
+    lines.append(table[0])
+    body = iter(table[1:])
+    for g in groups:
+        if g.header is not None:
+            lines.append(g.header)
+        lines += [next(body) for _ in g.slots]
     return "\n".join(lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..metrics import FIELD_OF, EngineStats, model_stat_key, parse_prometheus
+from ..metrics import FIELD_OF, EngineStats, model_stat_key, parse_prometheus, split_replica_label
 from .snapshot import Snapshot
 
 
@@ -24,8 +24,17 @@ def from_engine_stats(st: EngineStats, t: float | None = None, memory_plan: Any 
     d.update(memory_numbers(memory_plan))
     slots = tuple(d.pop("slots"))
     model_stats = _numbers(d.pop("model_stats"))
+    d.pop("replicas")
+    replicas = tuple(_replica(r) for r in st.replicas)
     return Snapshot(time=t if t is not None else float(d.get("time") or time.time()),
-                    stats=d, slots=slots, model_stats=model_stats)
+                    stats=d, slots=slots, model_stats=model_stats, replicas=replicas)
+
+
+def _replica(st: EngineStats) -> dict[str, Any]:
+    d = st.to_dict()
+    for k in ("slots", "model_stats", "replicas"):
+        d.pop(k)
+    return d
 
 
 def from_http(slots_json: Any, metrics_text: str | None, props_json: Any,
@@ -33,9 +42,14 @@ def from_http(slots_json: Any, metrics_text: str | None, props_json: Any,
     """Any of the three may be None (route missing or failed): its fields are absent."""
     stats: dict[str, Any] = {}
     model_stats: dict[str, float] = {}
+    per_replica: dict[int, dict[str, Any]] = {}
     for name, val in parse_prometheus(metrics_text or "").items():
         key = model_stat_key(name)
-        if name in FIELD_OF:
+        base, replica = split_replica_label(name)
+        if replica is not None:  # a fleet's series of one replica
+            if base in FIELD_OF:
+                per_replica.setdefault(replica, {})[FIELD_OF[base]] = val
+        elif name in FIELD_OF:
             stats[FIELD_OF[name]] = val
         elif key is not None:
             model_stats[key] = val
@@ -68,8 +82,14 @@ def from_http(slots_json: Any, metrics_text: str | None, props_json: Any,
         slots.append(d)
     if slots:
         stats.setdefault("n_slots", len(slots))
+    replicas = []
+    for i in range(max(per_replica) + 1 if per_replica else 0):
+        r = per_replica.get(i, {})
+        _ints(r)
+        r["status"] = "ok" if r.get("engines_ready") else "down"
+        replicas.append(r)
     return Snapshot(time=time.time() if t is None else t, stats=stats, slots=tuple(slots),
-                    model_stats=model_stats)
+                    model_stats=model_stats, replicas=tuple(replicas))
 
 
 def _ints(d: dict[str, Any]) -> None:

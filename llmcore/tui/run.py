@@ -56,11 +56,12 @@ class InProcessServer:
             self.sock.close()
 
 
-def make_source(url: str | None = None, engine=None, mock: bool = False, timeout: float = 3.0):
+def make_source(url: str | None = None, engine=None, mock: bool = False, timeout: float = 3.0,
+                api_key: str | None = None):
     if mock:
         return FakeSource(n_slots=4)
     if url:
-        return HttpSource(url, timeout=timeout)
+        return HttpSource(url, timeout=timeout, api_key=api_key)
     if engine is None:
         raise ValueError("need a url, an engine or mock")
     return EngineSource(engine)
@@ -113,11 +114,12 @@ async def headless(source, server: InProcessServer | None = None, interval: floa
 
 def main(*, url: str | None = None, engine=None, server_cfg=None, sock=None, interval: float = 1.0,
          no_tui: bool = False, once_: bool = False, fmt: str = "text", mock: bool = False,
-         log_level: str = "info") -> int:
+         log_level: str = "info", api_key: str | None = None) -> int:
     """Entry point of `llmcore tui` (see cli.py). Returns the exit status. With `engine`
-    (and no url/mock) the server is this process's own, on `sock` when given."""
+    (and no url/mock) the server is this process's own, on `sock` when given; `api_key`
+    goes with every request to a server at `url`."""
     interval = max(0.1, interval)
-    source = make_source(url, engine, mock)
+    source = make_source(url, engine, mock, api_key=api_key)
     server = InProcessServer(engine, server_cfg, sock) if engine is not None and not url and not mock else None
     level = getattr(logging, log_level.upper(), logging.INFO)
     if once_ or no_tui:

@@ -25,6 +25,9 @@ class Snapshot:
     stats: Mapping[str, Any] = field(default_factory=dict)
     slots: tuple[Mapping[str, Any], ...] = ()
     model_stats: Mapping[str, float] = field(default_factory=dict)
+    # a fleet (llmcore serve --replicas): each replica's numbers, keyed like `stats`, with its
+    # "status" ("ok", "down"); its slots are those of `slots` whose "replica" is its index
+    replicas: tuple[Mapping[str, Any], ...] = ()
 
     def get(self, key: str, default=None):
         return self.stats.get(key, default)
@@ -36,4 +39,4 @@ class Snapshot:
     def to_dict(self) -> dict:
         return {"time": self.time, "connected": self.connected, "error": self.error,
                 "stats": dict(self.stats), "slots": [dict(s) for s in self.slots],
-                "model_stats": dict(self.model_stats)}
+                "model_stats": dict(self.model_stats), "replicas": [dict(r) for r in self.replicas]}

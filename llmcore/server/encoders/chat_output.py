@@ -37,6 +37,7 @@ class ChatOutput:
         self.prompt = prompt
         self.parser = OutputParser(prompt.tool_format, tools=prompt.tools, parse_tools=prompt.parse_tools,
                                    start_in_reasoning=prompt.starts_in_reasoning,
+                                   parse_reasoning=prompt.parse_reasoning,
                                    parallel=prompt.parallel_tool_calls)
         self._special = _SpecialText(tokenizer) if prompt.tool_format in NEEDS_SPECIAL else None
         self.text = ""  # collected so far (not streaming)

@@ -17,14 +17,21 @@ class OpenAITextEncoder(Encoder):
         self.head = head("cmpl", eng.model_name)
         self.text = ""
         self.samples: list = []
+        self.offset = 0  # characters of completion text before the next streamed token
 
-    def _logprobs(self, samples):
+    def _logprobs(self, samples, start: int = 0):
+        """Legacy logprobs; text_offset: where each token starts in the completion text
+        (counted from `start`, the characters streamed before these samples)."""
         if not self.want_logprobs:
             return None
         items = openai_logprobs(self.tokenizer, samples)
+        offsets, at = [], start
+        for x in items:
+            offsets.append(at)
+            at += len(x["token"])
         return {"tokens": [x["token"] for x in items], "token_logprobs": [x["logprob"] for x in items],
                 "top_logprobs": [{t["token"]: t["logprob"] for t in x["top_logprobs"]} for x in items],
-                "text_offset": []}
+                "text_offset": offsets}
 
     def _chunk(self, text: str, logprobs, finish_reason) -> SSEEvent:
         return SSEEvent({**self.head, "object": OBJECT, "choices": [
@@ -33,7 +40,10 @@ class OpenAITextEncoder(Encoder):
     def token(self, ev: TokenEvent) -> list[SSEEvent]:
         if not ev.text and not (self.want_logprobs and ev.samples):
             return []
-        return [self._chunk(ev.text, self._logprobs(ev.samples), None)]
+        lp = self._logprobs(ev.samples, self.offset)
+        if lp is not None:
+            self.offset = (lp["text_offset"][-1] + len(lp["tokens"][-1])) if lp["tokens"] else self.offset
+        return [self._chunk(ev.text, lp, None)]
 
     def final(self, ev: FinalEvent) -> list[SSEEvent]:
         # usage always (clients' context meters and benchmarks rely on it)

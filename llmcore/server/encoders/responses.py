@@ -17,7 +17,7 @@ def _id(prefix: str) -> str:
 
 
 class ResponsesEncoder(Encoder):
-    def __init__(self, eng: Engine, prompt: Prompt, body: dict, model: str):
+    def __init__(self, eng: Engine, prompt: Prompt, body: dict, model: str, on_done=None):
         self.out = ChatOutput(eng.tokenizer, prompt)
         self.resp = {"id": _id("resp"), "object": "response", "created_at": now(), "model": model,
                      "status": "in_progress", "output": [], "usage": None, "error": None,
@@ -29,16 +29,22 @@ class ResponsesEncoder(Encoder):
         self.index = -1  # its output_index
         self.item: dict | None = None
         self.text = ""  # its text (or arguments) so far
+        self.on_done = on_done  # called with the finished response (response_store keeps it)
+        self.previous = body.get("previous_response_id")
 
     def _item_id(self, key: str, prefix: str) -> str:
         return self.ids.setdefault(key, _id(prefix))
 
     def _finished(self, ev: FinalEvent) -> dict:
-        r = {**self.resp, "output": self._items(), "usage": self._usage(ev)}
+        r = {**self.resp, "output": self._items(), "usage": self._usage(ev),
+             "previous_response_id": self.previous}
         if ev.stop_type == "limit" and not self.out.parser.calls:
             r["status"], r["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
         else:
             r["status"] = "completed"
+        if self.on_done is not None:
+            done, self.on_done = self.on_done, None
+            done(r)
         return r
 
     def _items(self) -> list[dict]:

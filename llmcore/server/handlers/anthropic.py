@@ -33,7 +33,7 @@ async def messages(request: web.Request, body: dict) -> web.StreamResponse:
     eng = ready_engine(request)
     chat = await maybe_in_worker(request, body_is_big(request), to_chat, body)
     prompt = await chat_prompt(request, eng, chat)
-    params = gen_params(chat, eng, oai=True, checkpoint_at=prompt.checkpoint_at)
+    params = gen_params(chat, eng, oai=True, prompt=prompt)
     stream = get_bool(chat, "stream", False)
     task = eng.submit(prompt.tokens, params)
     return await respond(request, task, AnthropicEncoder(eng, prompt, echoed_model(body, eng)), stream)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from ...errors import RequestError
+from ...chat import IMAGE_PART_TYPES
+from ...errors import ImagesNotSupportedError, RequestError
 from .fields import GENERATION_FIELDS
 from .schema import AnyOf, Anything, Bool, Enum, Int, List, Map, Obj, Str, Tagged
 
@@ -57,7 +58,10 @@ def _blocks(content, where: str) -> list[dict]:
 
 
 def _text_of(content) -> str:
-    return "\n".join(b.get("text", "") for b in _blocks(content, "tool_result")
+    blocks = _blocks(content, "tool_result")
+    if any(b.get("type") in IMAGE_PART_TYPES for b in blocks):
+        raise ImagesNotSupportedError("a tool_result")
+    return "\n".join(b.get("text", "") for b in blocks
                      if b.get("type") == "text" and isinstance(b.get("text"), str))
 
 
@@ -92,6 +96,8 @@ def to_chat(body: dict) -> dict:
                 msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": out})
             elif t == "thinking" and isinstance(b.get("thinking"), str):
                 reasoning.append(b["thinking"])
+            elif t in IMAGE_PART_TYPES:
+                raise ImagesNotSupportedError(f"messages.{i}")
             # images, documents, redacted thinking: not rendered (text-only models)
         if m["role"] == "assistant":
             msg = {"role": "assistant", "content": "\n".join(texts) if texts or not calls else None}
@@ -121,6 +127,8 @@ def to_chat(body: dict) -> dict:
     th = body.get("thinking")
     if isinstance(th, dict) and th.get("type") == "disabled":
         out["chat_template_kwargs"] = {"enable_thinking": False}
+    elif isinstance(th, dict) and th.get("type") == "enabled" and isinstance(th.get("budget_tokens"), int):
+        out["reasoning_budget"] = th["budget_tokens"]
     for k in ("temperature", "top_p", "top_k", "stream", "cache_prompt", "seed"):
         if k in body:
             out[k] = body[k]

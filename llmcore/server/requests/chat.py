@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...chat import SPECIAL_VARIABLES
-from ...errors import RequestError
+from ...chat import IMAGE_PART_TYPES, SPECIAL_VARIABLES
+from ...errors import ImagesNotSupportedError, RequestError
+from .constraints import CONSTRAINT_FIELDS
 from .fields import GENERATION_FIELDS
-from .schema import AnyOf, Bool, Enum, FieldError, List, Map, Obj, Str
+from .schema import AnyOf, Bool, Enum, FieldError, Int, List, Map, Obj, Str
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class ChatRequest:
     parallel_tool_calls: bool
     template_kwargs: dict  # extra template variables (enable_thinking, reasoning_effort, ...)
     add_generation_prompt: bool = True
+    forced_tool: str | None = None  # tool_choice "required", or the name of the function it names
 
 
 def read_chat(body: dict) -> ChatRequest:
@@ -32,12 +34,28 @@ def read_chat(body: dict) -> ChatRequest:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise RequestError("message 'content' must be a string, a list of parts, or null")
+        if isinstance(c, list) and any(isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES for p in c):
+            raise ImagesNotSupportedError(f"messages[{msgs.index(m)}]")
     tools, parse, parallel = _tool_setup(body.get("tools"), body.get("tool_choice"),
                                          body.get("parallel_tool_calls"))
     kwargs = _template_kwargs(body)
     add_gen = kwargs.pop("add_generation_prompt", True)
     return ChatRequest(messages=msgs, tools=tools, parse_tools=parse, parallel_tool_calls=parallel,
-                       template_kwargs=kwargs, add_generation_prompt=add_gen)
+                       template_kwargs=kwargs, add_generation_prompt=add_gen,
+                       forced_tool=_forced(tools, body.get("tool_choice")))
+
+
+def _forced(tools, tool_choice) -> str | None:
+    """"required", the name of the one function tool_choice names, or None ("auto")."""
+    if not tools:
+        return None
+    if tool_choice == "required":
+        return "required"
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function") if isinstance(tool_choice.get("function"), dict) else tool_choice
+        if isinstance(fn.get("name"), str):
+            return fn["name"]
+    return None
 
 
 def _tool_setup(tools, tool_choice, parallel) -> tuple[list | None, bool, bool]:
@@ -116,6 +134,8 @@ TEMPLATE_KWARGS = Map()  # checked by name in _template_kwargs; values go to the
 CHAT_FIELDS = {
     "messages": List(MESSAGE, min_items=1), "tools": List(TOOL), "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": Bool(), "chat_template_kwargs": TEMPLATE_KWARGS,
-    "reasoning_effort": Str(), "enable_thinking": Bool(), "response_format": Map(), "user": Str(),
+    "reasoning_effort": Str(), "enable_thinking": Bool(), "user": Str(), **CONSTRAINT_FIELDS,
+    "reasoning_format": Enum(("none", "deepseek", "auto")), "reasoning_budget": Int(lo=-1),
 }
 CHAT = Obj({**GENERATION_FIELDS, **CHAT_FIELDS}, required=("messages",))
+APPLY_TEMPLATE = CHAT  # POST /apply-template: a chat request, rendered only

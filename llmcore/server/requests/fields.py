@@ -118,11 +118,11 @@ def sampling_params(body: dict, engine: Engine, oai: bool = False) -> SamplingPa
     return sp.validate()
 
 
-def gen_params(body: dict, engine: Engine, oai: bool = False,
-               checkpoint_at: int | None = None) -> GenParams:
+def gen_params(body: dict, engine: Engine, oai: bool = False, prompt=None) -> GenParams:
     """`oai`: OpenAI field names first (max_completion_tokens, max_tokens), `n` and
-    `logprobs` read; otherwise llama-server's (n_predict). `checkpoint_at` comes from the
-    prompt builder."""
+    `logprobs` read; otherwise llama-server's (n_predict). From the prompt builder's
+    `prompt` (server/prompt.py Prompt): the checkpoint position, the output constraint
+    and the thinking budget."""
     if oai:
         n = get_int(body, "n", 1)
         if n != 1:
@@ -138,6 +138,8 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
             n_predict = get_int(body, "max_tokens", engine.cfg.n_predict)
     if n_predict < -1:
         raise RequestError("'n_predict'/'max_tokens' must be >= -1")
+    if n_predict < 0:  # no limit asked: a slot's share of the context (Engine.default_n_predict)
+        n_predict = engine.default_n_predict
     return GenParams(
         n_predict=n_predict,
         stop=get_stop(body),
@@ -145,8 +147,33 @@ def gen_params(body: dict, engine: Engine, oai: bool = False,
         cache_prompt=get_bool(body, "cache_prompt", True),
         id_slot=get_int(body, "id_slot", -1),
         sampling=sampling_params(body, engine, oai),
-        checkpoint_at=checkpoint_at,
+        checkpoint_at=getattr(prompt, "checkpoint_at", None),
+        min_tokens=get_int(body, "min_tokens", 0),
+        constraint=getattr(prompt, "constraint", None),
+        reasoning_budget=getattr(prompt, "reasoning_budget", None),
+        speculative=speculative_params(body, engine),
     )
+
+
+def speculative_params(body: dict, engine: Engine):
+    """Prompt-lookup drafting for this request: None (the server's default), False (off),
+    or SpecParams. `"speculative": true/false/{n_max, n_min, ngram_max, ngram_min}`, or
+    llama-server's flat `"speculative.n_max"` / `"speculative.n_min"`."""
+    from ...engine.speculative import SpecParams
+
+    v = body.get("speculative")
+    flat = {k.split(".", 1)[1]: body[k] for k in ("speculative.n_max", "speculative.n_min")
+            if body.get(k) is not None}
+    if v is None and not flat:
+        return None
+    if v is False:
+        return False
+    base = engine.cfg.speculative or SpecParams()
+    fields = dict(n_max=base.n_max, n_min=base.n_min, ngram_max=base.ngram_max, ngram_min=base.ngram_min)
+    if isinstance(v, dict):
+        fields.update({k: int(x) for k, x in v.items() if k in fields and x is not None})
+    fields.update({k: int(x) for k, x in flat.items()})
+    return SpecParams(**fields).validate()
 
 
 # ---- the schema of these fields (requests/schema.py) ----------------------------------
@@ -174,4 +201,9 @@ GENERATION_FIELDS: dict[str, Spec] = {
     "n": Int(), "logprobs": AnyOf((Bool(), Int(lo=0))), "top_logprobs": Int(lo=0),
     "stop": STOP, "ignore_eos": Bool(), "cache_prompt": Bool(), "id_slot": Int(lo=-1),
     "stream": Bool(), "stream_options": Obj({"include_usage": Bool()}), "model": Str(),
+    "min_tokens": Int(lo=0),
+    "speculative": AnyOf((Bool(), Obj({"n_max": Int(lo=0, hi=64), "n_min": Int(lo=0, hi=64),
+                                       "ngram_max": Int(lo=1, hi=32), "ngram_min": Int(lo=1, hi=32)})),
+                         name="a boolean or an object (n_max, n_min, ngram_max, ngram_min)"),
+    "speculative.n_max": Int(lo=0, hi=64), "speculative.n_min": Int(lo=0, hi=64),
 }

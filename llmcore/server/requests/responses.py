@@ -3,8 +3,10 @@
 function_call_output, reasoning); function tools are kept, other tool types skipped."""
 from __future__ import annotations
 
-from ...errors import RequestError
+from ...chat import IMAGE_PART_TYPES
+from ...errors import ImagesNotSupportedError, RequestError
 from .chat import TEMPLATE_KWARGS
+from .constraints import TEXT_FORMAT, response_format_of_text_format
 from .fields import GENERATION_FIELDS
 from .schema import AnyOf, Bool, Enum, Int, List, Map, Obj, Str, Tagged
 
@@ -38,7 +40,7 @@ RESPONSES = Obj({
     "parallel_tool_calls": Bool(), "max_output_tokens": Int(lo=-1),
     "reasoning": Obj({"effort": Str(), "summary": Str()}), "chat_template_kwargs": TEMPLATE_KWARGS,
     "store": Bool(), "previous_response_id": Str(), "metadata": Map(), "user": Str(),
-    "text": Map(), "include": List(Str()), "truncation": Str(), "service_tier": Str(),
+    "text": Obj({"format": TEXT_FORMAT, "verbosity": Str()}), "include": List(Str()), "truncation": Str(), "service_tier": Str(),
 }, required=("input",))
 
 
@@ -47,6 +49,8 @@ def _text(content, where: str) -> str:
         return content or ""
     if not isinstance(content, list):
         raise RequestError(f"{where}: content must be a string or a list of parts")
+    if any(isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES for p in content):
+        raise ImagesNotSupportedError(where)
     return "\n".join(p.get("text", "") for p in content
                      if isinstance(p, dict) and isinstance(p.get("text"), str))
 
@@ -122,4 +126,7 @@ def to_chat(body: dict) -> dict:
         out["reasoning_effort"] = r["effort"]
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
+    fmt = (body.get("text") or {}).get("format")
+    if isinstance(fmt, dict):
+        out["response_format"] = response_format_of_text_format(fmt)
     return out

@@ -1,0 +1,101 @@
+"""Speculative decoding by prompt lookup: draft tokens from n-grams of the sequence so far
+(prompt and generated text), verified in one batched forward.
+
+A coding agent's edit repeats most of a file it was shown; a chat answer quotes its
+question. When the last n tokens occurred earlier in the sequence, the tokens that followed
+them then are a cheap guess for what follows now (llama-server's `--spec-type ngram-*`,
+vLLM's `[ngram]` proposer). The engine evaluates the last sampled token and the k drafted
+ones in one segment (a forward of k+1 tokens costs about one of 1 token while decoding is
+memory-bound), samples each position in turn exactly as plain decoding would, and keeps the
+drafts up to the first that differs from what was sampled: greedy output is identical to
+plain decoding, and with sampling the distribution is unchanged (a one-hot draft accepted iff
+the token sampled from the model's distribution equals it is exact speculative sampling).
+
+    d = NgramDrafter(SpecParams(n_max=16))
+    draft = d.draft(history)        # [] when no n-gram of the suffix occurred before
+    d.record(accepted, drafted)     # adapts: drafting stops paying when nothing is accepted
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass
+class SpecParams:
+    """How a request drafts (``speculative.*`` request fields, server defaults from
+    ``--spec-type ngram --draft-max N --draft-min N --spec-ngram-size-n N``)."""
+
+    n_max: int = 16  # most tokens drafted per step
+    n_min: int = 0  # fewer found: no draft this step
+    ngram_max: int = 4  # longest suffix n-gram looked up
+    ngram_min: int = 2  # shortest
+    window: int = 16384  # the lookup sees this many latest tokens (bounds the index's memory)
+
+    def validate(self) -> "SpecParams":
+        from ..errors import RequestError
+
+        if not 0 <= self.n_min <= self.n_max <= 64:
+            raise RequestError("'speculative.n_min' and 'speculative.n_max' must satisfy 0 <= n_min <= n_max <= 64")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 32:
+            raise RequestError("speculative n-gram sizes must satisfy 1 <= min <= max <= 32")
+        return self
+
+
+class NgramDrafter:
+    """Prompt-lookup drafter over one growing token sequence.
+
+    An index maps every n-gram (for n in [ngram_min, ngram_max]) to the position right after
+    its latest occurrence, built incrementally: each token is indexed once, so a step costs
+    O(ngram_max) dictionary operations whatever the sequence's length. The n-grams ending at
+    the last token are indexed only after the lookup, so a lookup finds an EARLIER occurrence.
+    """
+
+    def __init__(self, params: SpecParams):
+        self.p = params
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # tokens whose ending n-grams are in the index
+        self.drafted = 0
+        self.accepted = 0
+        self._miss_streak = 0  # steps in a row whose draft got nothing accepted
+        # draft length: grows while whole drafts are kept, shrinks to what was kept otherwise
+        # (a verified position costs more than nothing: long drafts pay only in a copy)
+        self.k = min(self.p.n_max, 4)
+
+    def _index_upto(self, seq: Sequence[int], end: int) -> None:
+        idx, lo, hi = self._index, self.p.ngram_min, self.p.ngram_max
+        for i in range(self._indexed, end):  # n-grams ending at position i
+            for n in range(lo, min(hi, i + 1) + 1):
+                idx[tuple(seq[i + 1 - n:i + 1])] = i + 1
+        self._indexed = max(self._indexed, end)
+
+    def draft(self, seq: Sequence[int], limit: int | None = None) -> list[int]:
+        """Up to n_max tokens that followed the longest earlier occurrence of the
+        sequence's suffix (at most `limit`); [] when there is none or fewer than n_min."""
+        k = self.k if limit is None else min(self.k, limit)
+        if k <= 0 or len(seq) < self.p.ngram_min + 1:
+            return []
+        if self._miss_streak >= 8 and self._miss_streak % 8:  # it stopped paying: try now and then
+            self._miss_streak += 1
+            return []
+        if self._indexed == 0:
+            self._indexed = max(0, len(seq) - self.p.window)
+        self._index_upto(seq, len(seq) - 1)
+        out: list[int] = []
+        for n in range(min(self.p.ngram_max, len(seq) - 1), self.p.ngram_min - 1, -1):
+            at = self._index.get(tuple(seq[len(seq) - n:]))
+            if at is not None:
+                out = list(seq[at:at + k])
+                break
+        self._index_upto(seq, len(seq))
+        return out if len(out) >= max(1, self.p.n_min) else []
+
+    def record(self, accepted: int, drafted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self._miss_streak = self._miss_streak + 1 if drafted and not accepted else 0
+        if drafted:
+            self.k = min(self.p.n_max, 2 * self.k) if accepted == drafted else max(2, accepted + 1)
+
+
+__all__ = ["SpecParams", "NgramDrafter"]
