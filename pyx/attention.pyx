@@ -168,7 +168,9 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
 # once per step for all of them (with the rows kernel while they are few: each sequence gets
 # the bits it gets alone; with the tile kernel when they have 16 or more rows per kv head).
 # A row covered by several items ends as partials (o, m, l), merged in chunk order. Items
-# depend on the shapes and tables only, never on the thread count.
+# depend on the shapes and tables only, never on the thread count. Sequences marked in
+# decode_seqs (speculative decoding's verify segments) take rows items whatever their row
+# count, never tiles: each token gets the bits a one-token decode at its position gets.
 
 cdef int _cmp_cost(const void *a, const void *b) noexcept nogil:
     """qsort: costlier items first (rows x blocks), ties in plan order."""
@@ -211,7 +213,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
               int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
               const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] q_pos,
               float scale, int window, float softcap, const float[::1] sinks, float[:, :, ::1] out,
-              int n_threads=1):
+              int n_threads=1, const uint8_t[::1] decode_seqs=None):
     """out = softmax(q k^T * scale, masked) v for each query row, over its sequence's blocks.
 
     q : float32 (N, H, D); rows seg_start[s]:seg_start[s+1] belong to sequence s
@@ -224,6 +226,9 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     sinks : float32 (H,) or None: an extra logit per head in the softmax, with no value
     out : float32 (N, H, Dv), written; a query that sees no key gets zeros
     n_threads : OpenMP threads over work items; results do not depend on it
+    decode_seqs : uint8 (S,) or None: sequences marked take the rows (decode) kernel whatever
+        their row count, so each of their tokens gets the bits it gets decoded alone after the
+        tokens before it (speculative decoding's verify segments)
     """
     cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
     cdef int S = <int>seg_start.shape[0] - 1, bs = block_size, KVH = n_kv_heads
@@ -246,6 +251,8 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if bs <= 0 or bs > ATTN_MAX_BS:
         raise ValueError(f"block_size must be in 1..{ATTN_MAX_BS}")
+    if decode_seqs is not None and decode_seqs.shape[0] != S:
+        raise ValueError("decode_seqs must have one entry per sequence")
     if N == 0 or S <= 0:
         return
     cdef int G = H // KVH
@@ -285,7 +292,8 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     if seq_lo == NULL:
         raise MemoryError()
     cdef int *seq_hi = seq_lo + S
-    cdef int *seq_rows = seq_hi + S  # 1: rows kernel
+    cdef int *seq_rows = seq_hi + S  # > 0: rows kernel
+    cdef const uint8_t *dec = &decode_seqs[0] if decode_seqs is not None else NULL
     cdef int *seq_c0 = seq_rows + S
     cdef int *seq_c1 = seq_c0 + S
     cdef long max_items = 0, max_toks = 0, n_tile_base = 0, n_row_items = 0
@@ -307,7 +315,8 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
             qmax = qp if qp > qmax else qmax
         seq_lo[s] = _key_lo(qmin, window) // bs
         seq_hi[s] = qmax // bs
-        seq_rows[s] = 1 if nq * G <= ROWS_MAX_QG else 0
+        # 2: rows kernel asked for (decode numerics), 1: few rows
+        seq_rows[s] = 2 if dec != NULL and dec[s] else (1 if nq * G <= ROWS_MAX_QG else 0)
         if seq_rows[s]:
             seq_c0[s] = seq_lo[s] // CH
             seq_c1[s] = seq_hi[s] // CH
@@ -326,7 +335,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     cdef int32_t *toks = <int32_t *>malloc(max(max_toks, 1) * sizeof(int32_t))
     cdef int32_t *tinfo = <int32_t *>malloc(3 * max(N, 1) * sizeof(int32_t))
     # rows-kernel grouping, per chunk: group representative, its block range and ids' hash
-    cdef int *grp_rep = <int *>malloc(4 * max(S, 1) * sizeof(int))
+    cdef int *grp_rep = <int *>malloc(5 * max(S, 1) * sizeof(int))
     cdef uint64_t *grp_hash = <uint64_t *>malloc(max(S, 1) * sizeof(uint64_t))
     cdef int *mem_next = <int *>malloc(max(S, 1) * sizeof(int))
     if items == NULL or toks == NULL or tinfo == NULL or grp_rep == NULL or grp_hash == NULL or mem_next == NULL:
@@ -335,6 +344,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     cdef int *grp_b0 = grp_rep + S
     cdef int *grp_b1 = grp_b0 + S
     cdef int *grp_last = grp_b1 + S
+    cdef int *grp_exact = grp_last + S  # a member asked for decode numerics
     cdef int32_t *slot_base = tinfo
     cdef int32_t *chunk0 = tinfo + N
     cdef int32_t *nparts = tinfo + 2 * N
@@ -426,10 +436,13 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
                 grp_b1[n_grp] = b1
                 grp_hash[n_grp] = hsh
                 grp_last[n_grp] = s
+                grp_exact[n_grp] = seq_rows[s] == 2
                 n_grp += 1
             else:
                 mem_next[grp_last[found]] = s
                 grp_last[found] = s
+                if seq_rows[s] == 2:
+                    grp_exact[found] = 1
         for gi in range(n_grp):
             # the group's tokens, member by member, in items of T_rows tokens
             tk0 = n_toks
@@ -439,10 +452,10 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
                     toks[n_toks] = t
                     n_toks += 1
                 m = mem_next[m]
-            # many rows per kv head (decodes sharing these blocks): tile items (rows in
-            # lanes); else all heads in one rows item when they fit (each block read front
-            # to back once), else rows items per kv head (or head chunk)
-            if (n_toks - tk0) * Gi >= ROWS_MAX_QG:
+            # many rows per kv head (decodes sharing these blocks, none asking for decode
+            # numerics): tile items (rows in lanes); else all heads in one rows item when
+            # they fit (each block read front to back once), else rows items per kv head
+            if (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]:
                 tk = tk0
                 while tk < n_toks:
                     for kvh in range(KVH):

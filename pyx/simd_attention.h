@@ -168,9 +168,11 @@ static inline void attn_emit(const attn_ctx *c, int t, int h, const float *o, fl
         f = m == -INFINITY ? 0.0f : attn_exp2(m - mf);
         l = l * f + attn_exp2(sk - mf);
     }
+    /* (o * f) / l as attn_merge rounds it: a row whose other chunks are empty (a verify
+     * segment's earlier tokens) gets the bits it gets here */
     float *dst = c->out + ((long)t * c->H + h) * Dv;
-    const float inv = l > 0.0f ? f / l : 0.0f;
-    for (int i = 0; i < Dv; i++) dst[i] = o[i] * inv;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int i = 0; i < Dv; i++) dst[i] = (o[i] * f) * inv;
 }
 
 /* out row (t, h) from its partials, combined in chunk order */

@@ -178,3 +178,30 @@ def test_large_scores_do_not_overflow():
     got, want = both(case, "f32", 40.0)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=5e-4)
+
+
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (4, 1, 32), (8, 8, 96)])
+def test_decode_seqs_give_each_token_its_one_token_decode_bits(kv_type, H, KVH, D):
+    # verify segments (17 and 40 tokens, one crossing a key chunk boundary) next to a plain
+    # decode and a prefill chunk: each marked token gets exactly the bits of decoding it
+    # alone at its position (the rows kernel whatever the row count), unmarked ones as before
+    n_q = [17, 1, 40, 60]
+    case = build_case(kv_type, seq_lens=[CHUNK_KEYS + 9, 300, 200, 150], n_q=n_q, H=H, KVH=KVH, D=D, bs=32,
+                      seed=37)
+    q, k_pool, v_pool, tables, seg, q_pos = case
+    dec = np.array([1, 0, 1, 0], np.uint8)
+    sinks = np.linspace(-1, 2, H).astype(np.float32)
+    for kw in (dict(), dict(window=100, sinks=sinks), dict(softcap=5.0)):
+        got = nn.attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, decode_seqs=dec, **kw)
+        assert_close(got, nn._ref_attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw))
+        plain = nn.attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw)
+        for s in (1, 3):
+            np.testing.assert_array_equal(got[seg[s]:seg[s + 1]], plain[seg[s]:seg[s + 1]])
+        for s in (0, 2):
+            for t in range(seg[s], seg[s + 1]):
+                alone = nn.attention(q[t:t + 1], k_pool, v_pool, kv_type, tables[s:s + 1],
+                                     np.array([0, 1], np.int32), q_pos[t:t + 1], 0.125, **kw)
+                np.testing.assert_array_equal(got[t], alone[0], err_msg=f"seq {s} token {t - seg[s]} {kw}")
+    with pytest.raises(ValueError, match="decode_seqs"):
+        nn.attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, decode_seqs=dec[:2])
