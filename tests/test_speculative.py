@@ -21,6 +21,30 @@ def test_drafter_proposes_what_followed_the_latest_earlier_occurrence():
     assert NgramDrafter(SpecParams(n_max=4, n_min=5)).draft([1, 2, 3, 1, 2]) == []
 
 
+def test_drafter_keeps_following_the_copy_it_drafts_from():
+    """Functions that differ only in a number: after the edit reaches a stretch all of them
+    share, the latest occurrence of the last n-gram is the function just written (the wrong
+    number); the drafter stays on the copy it has been following."""
+    common = [10, 11, 12, 13, 14, 15]
+
+    def fn(i):
+        return [1, 20 + i] + common + [30 + i]
+
+    seq = fn(1) + fn(2) + fn(3) + fn(1) + [1, 22]  # the file, then its copy so far
+    d = NgramDrafter(SpecParams(n_max=2, ngram_min=2, ngram_max=4))
+    assert d.draft(seq) == [10, 11]
+    seq += [10, 11, 12]  # both kept, then the model's own next token
+    d.record(2, 2)
+    assert d.draft(seq) == [13, 14]
+    seq += [13, 14, 15]
+    d.record(2, 2)
+    assert d.draft(seq) == [32, 1]  # a fresh lookup of [12, 13, 14, 15] would say [31, 1]
+    seq += [32, 1, 27]  # the copy is left (an edit): back to the index
+    d.record(2, 2)
+    assert d.draft(seq) == []  # [32, 1, 27] never occurred
+    assert d.draft(seq + [10, 11]) == [12, 13]
+
+
 def test_drafter_backs_off_when_nothing_is_accepted():
     d = NgramDrafter(SpecParams(n_max=2, ngram_min=1, ngram_max=1))
     seq = [1, 2, 1, 2, 1]
