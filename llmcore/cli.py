@@ -575,7 +575,7 @@ def generate(
                 raise LLMCoreError("this model has no chat template")
             text = eng.chat_template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
             ids = tok.encode(text, add_special=True, parse_special=True)
-            if len(ids) > 1 and ids[0] == ids[1] == getattr(tok, "bos_id", None):
+            if len(ids) > 1 and ids[0] == ids[1] == tok.bos_id:
                 ids = ids[1:]
         else:
             ids = tok.encode(prompt, add_special=True, parse_special=True)

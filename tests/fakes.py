@@ -45,7 +45,13 @@ class FakeTokenizer:
     eos_id = EOS
     eog_ids = frozenset({EOS})
     vocab_size = VOCAB
+    add_bos = True
+    fim = None
+    max_piece_bytes = 5  # "<unk>"
     _special = {"<unk>": 0, "<s>": BOS, "</s>": EOS}
+
+    def is_eog(self, tid: int) -> bool:
+        return tid in self.eog_ids
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         out = [BOS] if add_special else []

@@ -10,7 +10,7 @@ from llmcore.cache.pool import BlockRefcountError
 from llmcore.cache.prompt_cache import PromptCache
 from llmcore.engine import Engine, EngineConfig, GenParams
 from llmcore.engine.events import CacheSource
-from llmcore.engine.prefix import PrefixPolicy
+from llmcore.engine.prefix import SAVE_MIN_TAIL_TOKENS, PrefixPolicy
 from llmcore.engine.slot import Slot
 from llmcore.engine.stats import EngineCounters
 from llmcore.sampling import SamplingParams
@@ -74,6 +74,27 @@ def test_prepare_restores_from_ram_and_saves_the_slot_first():
     assert c.ram_hits == 1
     # the slot's old content went to the cache before it was replaced
     assert pol.pcache.best([7, 7, 7, 7])[1] == 3
+
+
+def test_chats_behind_one_system_prompt_keep_their_histories_in_ram():
+    """One slot, two conversations sharing a long system prompt: the slot keeps more than
+    half of A's tokens when B's turn trims it (llama-server would not save A then), but A's
+    history is a tail worth keeping, so A's next turn finds all of it in the RAM cache."""
+    pol, c = policy(cache_bytes=1 << 20)
+    system = list(range(1, 101))
+    a = system + list(range(1000, 1000 + SAVE_MIN_TAIL_TOKENS))
+    b = system + [5000, 5001]
+    s = slot_with(0, a)
+    n, src, _ = pol.prepare(s, b, True)
+    assert (n, src) == (100, CacheSource.SLOT)
+    a_next = a + [7000, 7001]
+    n, src, _ = pol.prepare(s, a_next, True)
+    assert (n, src) == (len(a), CacheSource.RAM) and c.ram_hits == 1
+    # a short tail is not worth an entry: the slot is only trimmed
+    pol2, _ = policy(cache_bytes=1 << 20)
+    s2 = slot_with(0, system + [1, 2, 3])
+    pol2.prepare(s2, b, True)
+    assert pol2.pcache.n_entries == 0
 
 
 def test_pinned_entry_survives_the_save_that_overflows_the_budget():

@@ -4,7 +4,7 @@ needs to probe what it holds."""
 import numpy as np
 
 from fakes import FakeModel, FakeTokenizer
-from fixtures import tiny_models  # noqa: F401
+from fixtures import built_model, tiny_models  # noqa: F401
 from llmcore.cache.pool import BlockPool
 from llmcore.cache.protocol import CacheState, Snapshot
 from llmcore.cache.recurrent import RecurrentState
@@ -32,6 +32,16 @@ def test_real_model_and_states_implement_the_protocols(tiny_models):
     fp = snap.footprint()
     assert fp.blocks["kv"].tolist() == st.caches["kv"].block_table.tolist()
     st.release_snapshot(snap)
+
+
+def test_real_tokenizer_implements_the_protocol(built_model):
+    from llmcore.loader import load_gguf
+
+    tok = load_gguf(built_model("chat")).tokenizer
+    assert isinstance(tok, TextTokenizer)
+    longest = max(len(tok.token_to_piece(i)) for i in range(tok.vocab_size))
+    assert tok.max_piece_bytes == longest
+    assert all(tok.is_eog(t) for t in tok.eog_ids)
 
 
 def test_every_cache_kind_is_a_cache_state():

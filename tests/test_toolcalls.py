@@ -500,3 +500,23 @@ def test_block_formats_stream_linearly():
         q.feed(text[i:i + 7])
     q.finish()
     assert time.perf_counter() - t0 < 5 and json.loads(q.calls[0].arguments)["cmd"] == body
+
+
+@pytest.mark.parametrize("pieces, expected", [
+    # a think block cut anywhere between events: the tokens from the one completing its
+    # start to the one before the one completing its end count
+    (["  <th", "ink>a", "b</th", "ink>", "answer"], 2),
+    (["<think>", "x" * 5000, "</think>", "y"], 2),
+    (["plain ", "<think>", "no"], 0),  # <think> not at the start: content
+    (["<|channel|>anal", "ysis<|message|>hm", "<|end|><|channel|>fin", "al<|message|>ok"], 2),
+])
+def test_collected_output_counts_reasoning_tokens_across_event_cuts(pieces, expected):
+    from llmcore.engine import TokenEvent
+    from llmcore.server.encoders.chat_output import ChatOutput
+    from llmcore.server.prompt import Prompt
+
+    out = ChatOutput(None, Prompt(tokens=[1]))
+    for p in pieces:
+        out.collect(TokenEvent(tokens=[0], text=p))
+    assert out.reasoning_tokens == expected
+    assert out.text == "".join(pieces)

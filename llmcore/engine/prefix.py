@@ -38,6 +38,9 @@ from .stats import EngineCounters
 
 log = logging.getLogger("llmcore.engine")
 
+# a slot that would lose at least this many tokens past the kept prefix saves them first
+SAVE_MIN_TAIL_TOKENS = 32
+
 
 def _strict(e: BaseException) -> None:
     """A freed block touched is a bug: in strict mode it fails the request (tests)."""
@@ -157,8 +160,11 @@ class PrefixPolicy:
                 self.c.ram_hits += 1
                 return got, CacheSource.RAM, n_ck
             n_slot = 0  # the restore failed and cleared the slot: cold
-        elif st.n_tokens and n_slot < 0.5 * st.n_tokens:
-            self.save(slot)  # it loses more than half: keep the whole in RAM
+        elif st.n_tokens and (n_slot < 0.5 * st.n_tokens or st.n_tokens - n_slot >= SAVE_MIN_TAIL_TOKENS):
+            # it loses more than half (llama-server's rule), or a tail long enough to be
+            # somebody's conversation (many chats behind one system prompt would otherwise
+            # overwrite each other's histories): keep the whole in RAM; blocks are shared
+            self.save(slot)
         got, used_ck = self.bring_to(slot, n_slot)
         if got > 0:
             self.c.slot_hits += 1

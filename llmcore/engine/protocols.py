@@ -6,7 +6,7 @@ the engine never asks which one it holds.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -114,6 +114,18 @@ class TextTokenizer(Protocol):
     bos_id: int | None
     eos_id: int | None
     eog_ids: frozenset[int]
+    add_bos: bool  # encode(add_special=True) starts with BOS
+    fim: Any  # llmcore.tokenizer.FimTokens (fill-in-the-middle tokens), or None
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """Byte length of the longest token's piece (special tokens included)."""
+        ...
+
+    def is_eog(self, tid: int) -> bool: ...
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 

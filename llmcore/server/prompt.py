@@ -294,7 +294,7 @@ def prompt_size(prompt) -> int:
 
 def dedupe_bos(engine: Engine, ids: list[int]) -> list[int]:
     """A template that writes BOS itself plus the tokenizer's BOS gives two: keep one."""
-    bos = getattr(engine.tokenizer, "bos_id", None)
+    bos = engine.tokenizer.bos_id
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
         return ids[1:]
     return ids
@@ -304,21 +304,8 @@ def dedupe_bos(engine: Engine, ids: list[int]) -> list[int]:
 
 
 def max_token_bytes(engine: Engine) -> int:
-    """Byte length of the longest token (special tokens included), cached on the tokenizer."""
-    tok = engine.tokenizer
-    n = getattr(tok, "_llmcore_max_piece", None)
-    if n is None:
-        n = 1
-        for i in range(int(getattr(tok, "vocab_size", 0) or 0)):
-            try:
-                n = max(n, len(tok.token_to_piece(i)))
-            except Exception:  # noqa: BLE001 - a token without a piece
-                continue
-        try:
-            tok._llmcore_max_piece = n
-        except AttributeError:
-            pass
-    return n
+    """Byte length of the longest token (special tokens included)."""
+    return engine.tokenizer.max_piece_bytes
 
 
 def fewest_tokens(engine: Engine, text: str) -> int:
@@ -347,7 +334,7 @@ def check_text_fits(engine: Engine, text: str) -> None:
 
 def fim_tokens(tokenizer):
     """The model's fill-in-the-middle tokens (llmcore.tokenizer.FimTokens), or None."""
-    return getattr(tokenizer, "fim", None)
+    return tokenizer.fim
 
 
 class NoInfillError(RequestError):
@@ -398,12 +385,12 @@ def build_infill_tokens(eng: Engine, body: dict, field: str = "input_prefix") ->
             extra += [fim.sep] + enc("filename\n")
     prefix, suffix = enc(body.get("input_prefix") or ""), enc(body.get("input_suffix") or "")
     typed = enc(body.get("prompt") or "") if isinstance(body.get("prompt"), str) else []
-    n_batch = max(4, int(getattr(eng.cfg, "n_batch", 2048) or 2048))
+    n_batch = max(4, int(eng.cfg.n_batch or 2048))
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(typed))))
     prefix = prefix[len(prefix) - n_prefix:]
     suffix = suffix[:n_suffix]
-    head = [tok.bos_id] if getattr(tok, "add_bos", False) and tok.bos_id is not None else []
+    head = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
     middle = [fim.pre] + prefix + typed + [fim.suf] + suffix + [fim.mid]
     room = int(eng.n_ctx_slot or 0)
     if room and len(head) + len(extra) + len(middle) >= room:  # the extra files give way first

@@ -160,6 +160,20 @@ class Tokenizer:
     def is_eog(self, tid: int) -> bool:
         return tid in self.eog_ids
 
+    @property
+    def max_piece_bytes(self) -> int:
+        """Byte length of the longest token's piece, special tokens included (computed once)."""
+        n = self.__dict__.get("_max_piece_bytes")
+        if n is None:
+            n = 1
+            for i in range(self.vocab_size):
+                try:
+                    n = max(n, len(self.token_to_piece(i)))
+                except Exception:  # noqa: BLE001 - a token without a piece: no length to count
+                    continue
+            self.__dict__["_max_piece_bytes"] = n
+        return n
+
     # --- encode ------------------------------------------------------------------------
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`. add_special adds BOS/EOS as the vocab says (add_bos/add_eos);

@@ -13,20 +13,21 @@ class _SpecialText:
 
     def __init__(self, tok):
         self.tok = tok
-        try:
-            self.dec = tok.stream_decoder(special=True)
-        except TypeError:
-            self.dec = tok.stream_decoder()
+        self.dec = tok.stream_decoder(special=True)
 
     def __call__(self, ev: TokenEvent) -> str:
-        is_eog = getattr(self.tok, "is_eog", None)
-        eog = getattr(self.tok, "eog_ids", ())
-        out = ""
-        for t in ev.tokens:
-            if (is_eog(t) if is_eog else t in eog):
-                continue
-            out += self.dec.feed(t)
-        return out
+        return "".join(self.dec.feed(t) for t in ev.tokens if not self.tok.is_eog(t))
+
+
+_OPENS = ("<|channel|>analysis",)
+_CLOSES = ("</think>", "<|channel|>final", "to=functions")
+_OVERLAP = max(len(m) for m in _OPENS + _CLOSES) - 1
+
+
+def _found(text: str, n_old: int, markers: tuple[str, ...]) -> bool:
+    """Whether a marker ends in text[n_old:] (text[:n_old] was searched before)."""
+    start = max(0, n_old - _OVERLAP)
+    return any(text.find(m, start) >= 0 for m in markers)
 
 
 class ChatOutput:
@@ -42,6 +43,9 @@ class ChatOutput:
         self._special = _SpecialText(tokenizer) if prompt.tool_format in NEEDS_SPECIAL else None
         self.text = ""  # collected so far (not streaming)
         self.reasoning_tokens = 0
+        self._reasoning_open = prompt.starts_in_reasoning  # collect(): seen a reasoning start
+        self._reasoning_closed = False  # ... and its end
+        self._think_decided = False  # whether the text starts with <think> is known
 
     def text_of(self, ev: TokenEvent) -> str:
         return self._special(ev) if self._special is not None else ev.text
@@ -57,13 +61,19 @@ class ChatOutput:
         return self.parser.finish()
 
     def collect(self, ev: TokenEvent) -> None:
-        """Keep the text; count reasoning tokens (cheap check on the text so far)."""
+        """Keep the text; count reasoning tokens. Markers are looked for in the new text
+        only (plus an overlap for one cut between events): linear in the output."""
+        n0 = len(self.text)
         self.text += self.text_of(ev)
-        seen = self.text
-        if self.prompt.starts_in_reasoning or seen.lstrip().startswith("<think>") \
-                or "<|channel|>analysis" in seen:
-            closed = "</think>" in seen or "<|channel|>final" in seen or "to=functions" in seen
-            if not closed:
+        if not self._reasoning_open:
+            if not self._think_decided:  # only while the text is whitespace and a few chars
+                head = self.text.lstrip()
+                self._reasoning_open = head.startswith("<think>")
+                self._think_decided = len(head) >= 7 or not "<think>".startswith(head)
+            self._reasoning_open = self._reasoning_open or _found(self.text, n0, _OPENS)
+        if self._reasoning_open and not self._reasoning_closed:
+            self._reasoning_closed = _found(self.text, n0, _CLOSES)
+            if not self._reasoning_closed:
                 self.reasoning_tokens += len(ev.tokens)
 
     def parse(self) -> OutputParser:
