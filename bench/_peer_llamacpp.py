@@ -227,6 +227,8 @@ def _run_child(args: list[str]) -> dict:
     env = dict(os.environ)
     if env.get("LLMCORE_SET_OMP_WAIT_POLICY") == "1":  # set by llmcore, not by the user
         env.pop("OMP_WAIT_POLICY", None)
+    if env.get("LLMCORE_SET_GOMP_SPINCOUNT") == "1":
+        env.pop("GOMP_SPINCOUNT", None)
     cmd = [sys.executable, os.path.abspath(__file__), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in res.stdout.splitlines():

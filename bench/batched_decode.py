@@ -61,6 +61,8 @@ def llamacpp_parallel(path: str, B: int, a) -> list[float]:
     env = dict(os.environ)
     if env.get("LLMCORE_SET_OMP_WAIT_POLICY") == "1":  # set by llmcore, not by the user
         env.pop("OMP_WAIT_POLICY", None)
+    if env.get("LLMCORE_SET_GOMP_SPINCOUNT") == "1":
+        env.pop("GOMP_SPINCOUNT", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(B), "--model-path", path,
            "-t", str(a.threads), "--ctx", str(a.ctx), "--steps", str(a.steps), "--reps", str(a.reps),
            "--seed", str(a.seed)]

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Per-op CPU time of one SmolLM2 decode step and one prefill (min over N runs).
 
-    python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20]
+    python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20] [--batch B]
+
+--batch B times a batched decode step: B sequences of --ctx tokens each advance one token.
 
 Times with the calling thread's CPU clock (robust to a loaded machine at -t 1); at -t 2
 the wall clock is reported too. Ops are wrapped at the Python level (nn.*, Linear.__call__
@@ -27,6 +29,7 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=128, help="context length before the decode step")
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("-n", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
     a = ap.parse_args(argv)
     from llmcore import _kernels, nn, quant, threads
     from llmcore.models import load_model
@@ -100,26 +103,31 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 30000, max(a.pp, a.ctx + 1)).astype(np.int32)
+    # distinct contexts per sequence of a batched step
+    prompts = [prompt] + [rng.integers(100, 30000, a.ctx + 1).astype(np.int32) for _ in range(a.batch - 1)]
 
     def run(kind):
         best = None
         for _ in range(a.n if kind == "decode" else max(2, a.n // 5)):
-            st = model.new_state()
+            sts = [model.new_state() for _ in (prompts if kind == "decode" else prompts[:1])]
             if kind == "decode":
-                model.forward([(st, prompt[: a.ctx])])
+                for st, p in zip(sts, prompts):
+                    model.forward([(st, p[: a.ctx])])
             acc.clear(); cnt.clear()
             t0, w0 = clock(), time.perf_counter_ns()
             if kind == "decode":
-                lg = model.forward([(st, prompt[a.ctx:a.ctx + 1])])
-                int(np.argmax(lg[0]))
+                lg = model.forward([(st, p[a.ctx:a.ctx + 1]) for st, p in zip(sts, prompts)])
+                np.argmax(lg, axis=1).tolist()
             else:
-                model.forward([(st, prompt[: a.pp])])
+                model.forward([(sts[0], prompt[: a.pp])])
             tot, wall = clock() - t0, time.perf_counter_ns() - w0
-            st.release()
+            for st in sts:
+                st.release()
             if best is None or tot < best[0]:
                 best = (tot, wall, dict(acc), dict(cnt))
         tot, wall, ac, cn = best
-        print(f"\n== {kind} ({'ctx %d' % a.ctx if kind == 'decode' else 'pp %d' % a.pp}), "
+        what = f"ctx {a.ctx}, {a.batch} sequence(s)" if kind == "decode" else f"pp {a.pp}"
+        print(f"\n== {kind} ({what}), "
               f"{a.threads} thread(s): total {tot / 1e6:.2f} ms (wall {wall / 1e6:.2f} ms)")
         other = tot - sum(ac.values())
         for k, v in sorted(ac.items(), key=lambda kv: -kv[1]):
@@ -127,7 +135,8 @@ def main(argv=None):
         print(f"  {'(python / other)':28s} {other / 1e6:8.3f} ms  {100 * other / tot:5.1f}%")
 
     run("decode")
-    run("prefill")
+    if a.batch == 1:
+        run("prefill")
 
 
 if __name__ == "__main__":

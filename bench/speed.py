@@ -2,12 +2,19 @@
 """Prompt processing and generation speed: llmcore vs llama.cpp, same model, same threads.
 
     python bench/speed.py [-m smollm2] [-t 2] [--pp 512] [--tg 128] [--reps 5]
+    python bench/speed.py --busy [-m smollm2] [-t 2] [--tg 128] [--reps 5]
 
 The two engines alternate rep by rep, so they see the same machine load; llama.cpp runs in a
 child process with its own OpenMP settings (llmcore makes its OpenMP threads sleep at
 barriers; llama.cpp's default is to spin, which is what its users get). Reports
 medians over --reps runs, the ratio llmcore / llama.cpp, and generation against the
 memory-bandwidth bound (bytes of weights read per token / measured read bandwidth).
+
+--busy: generation on a shared machine. One competing busy process (a Python busy loop)
+runs throughout; each rep times tg at 1 thread and at -t threads (decode steps choosing
+their thread count by measured speed, as the server's engine does), for both engines
+(llama.cpp at 1 and -t threads, its own default wait policy). On a 2-core machine -t 2 must
+stay at least as fast as 1 thread: a thread descheduled at a barrier must not stall the step.
 """
 from __future__ import annotations
 
@@ -74,6 +81,7 @@ class LLMCore:
         self.model = load_model(path, **cfg)
         self.path = path
         self.ub = ub
+        self.steps_at: dict[int, int] = {}  # decode steps run at each thread count
 
     def prefill(self, toks) -> float:
         from llmcore import threads
@@ -88,7 +96,9 @@ class LLMCore:
         st.release()
         return dt
 
-    def generate(self, toks, n: int) -> float:
+    def generate(self, toks, n: int, n_threads: int | None = None) -> float:
+        """Seconds for n greedy tokens after toks; n_threads fixes the thread count (default:
+        chosen per step by measured speed, up to the model's threads)."""
         st = self.model.new_state()
         logits = self.model.forward([(st, np.asarray(toks, dtype=np.int32))])
         t = int(np.argmax(logits[0]))
@@ -96,7 +106,8 @@ class LLMCore:
 
         t0 = time.perf_counter()
         for _ in range(n):
-            nt = self.adaptive.choose(1)
+            nt = self.adaptive.choose(1) if n_threads is None else n_threads
+            self.steps_at[nt] = self.steps_at.get(nt, 0) + 1
             threads.set_num_threads(nt)
             ts = time.perf_counter()
             logits = self.model.forward([(st, np.array([t], dtype=np.int32))])
@@ -118,7 +129,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tg", type=int, default=128, help="generated tokens")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--busy", action="store_true",
+                    help="generation at 1 and -t threads with one competing busy process")
     a = ap.parse_args(argv)
+    if a.busy:
+        return busy_main(a)
 
     from llmcore.pull import resolve_model
 
@@ -161,6 +176,49 @@ def main(argv=None) -> int:
         print(f"| llmcore / llama.cpp | {l['pp'] / p['pp']:.2f}x | {l['tg'] / p['tg']:.2f}x | |")
     else:
         print(f"(llama.cpp not measured: {why})")
+    return 0
+
+
+def busy_main(a) -> int:
+    """--busy (see the module docstring)."""
+    import subprocess
+
+    from llmcore.pull import resolve_model
+
+    path = str(resolve_model(a.model))
+    mine = LLMCore(path, a.threads)
+    rng = np.random.default_rng(0)
+    short = rng.integers(100, min(mine.model.n_vocab, 30000), 16).tolist()
+    why = "--no-peer" if a.no_peer else available()
+    nts = sorted({1, a.threads})
+    res = {(e, nt): [] for e in ("llmcore", "llama.cpp") for nt in nts}
+    mine.generate(short, 4)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        for r in range(a.reps):
+            for nt in (nts if r % 2 == 0 else nts[::-1]):  # alternate the order: same load for both
+                res[("llmcore", nt)].append(a.tg / mine.generate(short, a.tg, None if nt == a.threads else nt))
+                if why is None:
+                    res[("llama.cpp", nt)] += measure_in_subprocess(path, nt, 16, a.tg)["tg"]
+            print(f"rep {r + 1}/{a.reps}: " + ", ".join(
+                f"{e} {nt}t tg {v[-1]:.1f}" for (e, nt), v in res.items() if v), flush=True)
+    finally:
+        hog.terminate()
+        hog.wait()
+    print()
+    print(f"model {os.path.basename(path)}, tg{a.tg}, one competing busy process, median of {a.reps}; "
+          f"llmcore at {a.threads} threads chooses 1 or {a.threads} per step by measured speed "
+          f"(decode steps per thread count, all runs: {dict(sorted(mine.steps_at.items()))})")
+    print("| engine | " + " | ".join(f"tg{a.tg} {nt} thread{'s' if nt > 1 else ''} t/s" for nt in nts)
+          + f" | {a.threads} threads / 1 thread |")
+    print("|---" * (len(nts) + 2) + "|")
+    for e in ("llmcore", "llama.cpp"):
+        if not res[(e, 1)]:
+            print(f"| {e} | not measured: {why} |")
+            continue
+        med = [statistics.median(res[(e, nt)]) for nt in nts]
+        print(f"| {e} | " + " | ".join(f"{m:.1f}" for m in med) + f" | {med[-1] / med[0]:.2f}x |")
     return 0
 
 

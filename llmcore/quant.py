@@ -65,10 +65,12 @@ except ImportError:  # pragma: no cover - gguf is a hard dependency
 from . import _kernels
 from .threads import get_num_threads
 
-# A parallel region costs a wake-up of the other threads (a futex round trip with the
-# passive wait policy below, far more when the machine is oversubscribed): a decode matmul
-# that streams fewer bytes than this per thread runs on fewer threads.
-MIN_BYTES_PER_THREAD = int(os.environ.get("LLMCORE_MIN_BYTES_PER_THREAD", str(512 * 1024)))
+# A parallel region costs a wake-up of the other threads: a few microseconds while they
+# still spin (llmcore._kernels: the brief spin of the wait policy), a futex round trip once
+# they sleep, far more when the machine is oversubscribed. A decode matmul that streams
+# fewer bytes than this per thread runs on fewer threads.
+MIN_BYTES_PER_THREAD = int(os.environ.get("LLMCORE_MIN_BYTES_PER_THREAD",
+                                          str(64 * 1024 if _kernels.SPINNING else 512 * 1024)))
 
 
 def _threads_for(n_rows: int, nbytes: int) -> int:

@@ -43,27 +43,67 @@ def get_num_threads() -> int:
     return _n_threads
 
 
+def other_runnable() -> int | None:
+    """Threads of other processes running or waiting for a CPU right now (Linux: the
+    runnable count in /proc/loadavg minus this process's runnable threads); None where that
+    cannot be read."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+        mine = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                    mine += f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+            except (OSError, IndexError):
+                continue
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, running - max(1, mine))
+
+
 class AdaptiveThreads:
     """Thread count for memory-bound decode steps, chosen by measured step time.
 
-    A decode step is a chain of short parallel regions; with sleeping OpenMP waiters each
-    region pays a wake-up, and when another process holds a core a region waits for a
-    descheduled thread. Depending on the machine's load, one thread or all of them is
-    faster, and that changes while a server runs. So decode steps time both: the faster
-    count (per batch-size bucket, exponential moving average) is used, and the other one is
-    re-measured every `explore_every` steps.
+    A decode step is a chain of short parallel regions; when another process holds a core,
+    a region waits for a descheduled thread. Depending on the machine's load, one thread or
+    all of them is faster, and that changes while a server runs. So decode steps time both:
+    the faster count (per batch-size bucket, exponential moving average) is used, and the
+    other one is re-measured now and then (the fresh time replaces its old mean): after
+    `explore_every` steps, and each time it loses again twice as many steps later (at most
+    `max_backoff` times `explore_every`), because on a busy machine an exploring step can
+    cost several normal ones. A re-measured count that wins resets the interval. More
+    threads are not tried at all while other processes' runnable threads fill every CPU
+    (`busy()`, default :func:`other_runnable`): such a step waits for descheduled threads, so
+    there one thread is the choice without paying for the measurement (the check runs only
+    when a measurement of `n_max` is due). With fewer competitors (one busy process on two
+    cores) two threads can win, since they get a larger share of the CPUs: measured.
     """
 
-    def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5):
+    def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5, max_backoff: int = 8,
+                 busy=other_runnable, n_cpus: int | None = None):
         self.n_max = max(1, n_max)
+        self.busy = busy
+        self.n_cpus = available_cpus() if n_cpus is None else n_cpus
         self.explore_every = explore_every
+        self.max_every = explore_every * max(1, max_backoff)
         self.alpha = alpha
         self._ema: dict[tuple[int, int], float] = {}
         self._steps: dict[int, int] = {}
+        self._every: dict[int, int] = {}  # bucket -> current exploration interval
+        self._next: dict[int, int] = {}  # bucket -> step of the next exploration
+        self._exploring: dict[int, tuple[int, int]] = {}  # bucket -> (count, step) of an exploration
 
     @staticmethod
     def bucket(n_tokens: int) -> int:
         return 1 if n_tokens <= 1 else 4 if n_tokens <= 4 else 16 if n_tokens <= 16 else 64
+
+    def _crowded(self) -> bool:
+        others = self.busy() if self.busy is not None else None
+        return others is not None and others >= self.n_cpus
+
+    def _best(self, b: int) -> int:
+        return min((1, self.n_max), key=lambda n: self._ema[(b, n)])
 
     def choose(self, n_tokens: int) -> int:
         if self.n_max == 1:
@@ -74,13 +114,31 @@ class AdaptiveThreads:
         cands = (1, self.n_max)
         unmeasured = [n for n in cands if (b, n) not in self._ema]
         if unmeasured:
-            return unmeasured[0]
-        best = min(cands, key=lambda n: self._ema[(b, n)])
-        if step % self.explore_every == 0:
-            return cands[1] if best == cands[0] else cands[0]
+            n = unmeasured[0]
+            return 1 if n == self.n_max and self._crowded() else n
+        best = self._best(b)
+        if step >= self._next.setdefault(b, step + self.explore_every):
+            every = self._every.get(b, self.explore_every)
+            self._next[b] = step + every
+            other = cands[1] if best == cands[0] else cands[0]
+            if other == self.n_max and self._crowded():
+                return best  # not now: look again after the interval
+            self._exploring[b] = (other, step)
+            return other
         return best
 
     def record(self, n_tokens: int, n_threads: int, seconds: float) -> None:
-        key = (self.bucket(n_tokens), n_threads)
+        b = self.bucket(n_tokens)
+        key = (b, n_threads)
         old = self._ema.get(key)
-        self._ema[key] = seconds if old is None else old + self.alpha * (seconds - old)
+        count, step = self._exploring.pop(b, (0, 0))
+        exploring = count == n_threads
+        # an exploring step's measurement replaces the count's stale mean
+        self._ema[key] = seconds if old is None or exploring else old + self.alpha * (seconds - old)
+        if exploring:
+            if self._best(b) == n_threads:  # the re-measured count won: it is the choice now
+                self._every[b] = self.explore_every
+            else:
+                every = min(self._every.get(b, self.explore_every) * 2, self.max_every)
+                self._every[b] = every
+                self._next[b] = step + every

@@ -52,7 +52,11 @@ cdef extern from "simd_kquants.h" nogil:
         const int8_t *aq
         const float *ad
         const int32_t *as_ "as"
+        int no_amx
     int KQ_RP
+    int KQ_AMX_PAD
+    int kq_amx_init(int enable)
+    void kq_amx_set_min_tokens(int tile, int call)
     int kq_rp_supported(int t)
     int64_t kq_rp_group_bytes(int t, int64_t k)
     void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows, int64_t k,
@@ -62,6 +66,10 @@ cdef extern from "simd_kquants.h" nogil:
     void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
+# AMX int8 tiles for token tiles of Q4_K / Q5_K / Q6_K: built for a CPU that has them, in use
+# when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
+# bits as the VNNI kernel's)
+AMX = bool(kq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
 SIMD_LEVEL = kq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
 Q8K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
@@ -71,10 +79,14 @@ cdef enum:
     ROW_TILE = 8      # rows per work item of the GGUF-layout kernels
     BLOCK_CHUNK = 64  # blocks per work item of dequantize
     TOK_CHUNK = 64    # tokens per work item of the repacked kernels
+    AMX_TOK_CHUNK = 256  # the same where the AMX kernel takes them
     MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads
     MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
     MIN_PARALLEL_ROWS = 4        # get_rows: fewer rows run on one thread
     T_MXFP4 = 39
+    Q4_K_T = 12
+    Q5_K_T = 13
+    Q6_K_T = 14
 
 
 def block_info(int ggml_type):
@@ -214,6 +226,10 @@ cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups,
     return arr
 
 
+cdef inline bint ptype_amx(int t) noexcept nogil:
+    return t == Q4_K_T or t == Q5_K_T or t == Q6_K_T
+
+
 cdef inline int _cap_threads(int nt, int64_t weight_bytes, int64_t n) noexcept nogil:
     """A parallel region costs microseconds (much more when the cores are shared): give
     each thread at least MIN_WORK. Results do not depend on the thread count."""
@@ -229,8 +245,10 @@ cdef object _alloc_acts(int t, int64_t n, int64_t k, kq_act *act):
     cdef int8_t[:, ::1] aq
     cdef float[:, ::1] ad
     cdef int32_t[:, ::1] asv
+    act.no_amx = 0
     if t != MXFP4:
-        a = np.empty((n, (k // 256) * sizeof(kq_q8k)), dtype=np.uint8)
+        # KQ_AMX_PAD spare rows: the AMX kernel loads whole 16-token tiles
+        a = np.empty((n + KQ_AMX_PAD, (k // 256) * sizeof(kq_q8k)), dtype=np.uint8)
         av = a
         act.q8k = <const kq_q8k *>&av[0, 0]
         return a
@@ -271,7 +289,10 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
     cdef kq_act act
     keep = _alloc_acts(packed.ggml_type, n, k, &act)
     cdef const uint8_t[::1] pv = packed.buf
-    cdef int64_t ng = packed.ngroups, nchunks = (n + TOK_CHUNK - 1) // TOK_CHUNK
+    # AMX: longer token chunks, so that a group's unpacked weights serve more 16-token tiles
+    # and the weights stream once per chunk (the activations of a chunk stay in L2)
+    cdef int64_t chunk = AMX_TOK_CHUNK if AMX and ptype_amx(packed.ggml_type) else TOK_CHUNK
+    cdef int64_t ng = packed.ngroups, nchunks = (n + chunk - 1) // chunk
     cdef int64_t nitems = ng * nchunks, it, g, c, t0, t1
     cdef int t = packed.ggml_type
     cdef const uint8_t *pp = &pv[0]
@@ -285,8 +306,8 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
         for it in prange(nitems, schedule="static"):
             c = it // ng
             g = it - c * ng
-            t0 = c * TOK_CHUNK
-            t1 = min(t0 + TOK_CHUNK, n)
+            t0 = c * chunk
+            t1 = min(t0 + chunk, n)
             kq_rp_group(t, pp, k, rows, g, &act, t0, t1 - t0, yp + t0 * rows, rows)
     del keep
 
@@ -452,6 +473,13 @@ cdef int _matmul_gguf(const uint8_t[:, :] wv, int t, const float[:, ::1] xv, flo
                 free(qbuf)
                 free(dwbuf)
     return 0
+
+
+def _set_amx_min_tokens(int tile, int call=0):
+    """Tests and benchmarks: the fewest tokens of a tile (at most 16) and of a work item (a
+    16-row group x up to 256 tokens) the AMX kernel takes; tile > 16: never; 0, 0: the
+    built-in per-type thresholds."""
+    kq_amx_set_min_tokens(tile, call)
 
 
 def _set_prefetch(int nbytes):

@@ -907,11 +907,244 @@ kq_rp_kernel_mxfp4(const int NT, const uint8_t *G, int64_t nblk, const int8_t *c
 
 /* Activations of one matmul call: K-quants use q8k (n x nb), MXFP4 uses aq/ad/as. */
 typedef struct {
-    const kq_q8k *q8k;
+    const kq_q8k *q8k;  /* n + KQ_AMX_PAD rows (the AMX kernel reads whole 16-token tiles) */
     const int8_t *aq;
     const float *ad;
     const int32_t *as;
+    int no_amx;         /* 1: VNNI kernel only (tests compare the two) */
 } kq_act;
+
+/* ---------------------------------------------------------------- AMX (int8 tiles) */
+/* Builds for a CPU with AMX-INT8 (-march=native there) run token tiles of Q4_K / Q5_K / Q6_K
+ * on AMX tiles. A group's super-blocks are unpacked to VNNI chunks (chunk J: values
+ * 4J..4J+3 of each of the 16 rows, the VNNI kernel's wl/wh) once per work item, by its
+ * first tile block by block; per sub-block (32 values for Q4_K/Q5_K, 16 for Q6_K, one scale each) one TDPBSUD gives the
+ * 16 tokens x 16 rows integer dots (A: 16 activation rows of the sub-block, stride one q8_K
+ * row; B: its chunks). The integer sums (dot x scale, the mins, Q6_K's offset) are exact, so
+ * they equal the VNNI kernel's, and the float updates are the VNNI kernel's operation for
+ * operation: outputs are bit-identical, a token's result never depends on which path its
+ * tile took. A tile with fewer than 16 tokens reads the rows after them too (the activation
+ * buffer has KQ_AMX_PAD spare rows) and stores only its own. Linux grants the tile state per
+ * process (arch_prctl ARCH_REQ_XCOMP_PERM): kq_amx_init asks at module import; the VNNI
+ * kernel serves when it is refused, the CPU lacks AMX or LLMCORE_NO_AMX=1. */
+#define KQ_AMX_PAD 16
+#if SIMD_AVX512_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define KQ_AMX_BUILT 1
+#include <cpuid.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int kq_amx_on = 0;
+/* Fewest tokens of a tile worth the AMX kernel (below: the VNNI kernel, 4 tokens a call),
+ * and of a work item: a group's weights are unpacked for the tile unit once per work item,
+ * (the first tile unpacks as it goes, the tile unit working meanwhile), which pays off over
+ * one tile for Q5_K (whose VNNI kernel merges the high bits per 4-token call), over a
+ * nearly full one for Q4_K (an MoE expert's ~16 tokens: 1.2x) and a few for Q6_K (16
+ * sub-blocks a super-block). Measured on a Xeon with AMX (-t 1). kq_amx_min_tokens > 0
+ * overrides both (tests). */
+static int kq_amx_min_tokens = 0;
+static int kq_amx_min_call = 0;
+static inline int kq_amx_tile_min(int t) { return kq_amx_min_tokens ? kq_amx_min_tokens : t == KQ_Q5_K ? 10 : 12; }
+static inline int kq_amx_call_min(int t) {
+    return kq_amx_min_call ? kq_amx_min_call : t == KQ_Q5_K ? 10 : t == KQ_Q4_K ? 14 : 32;
+}
+
+static int kq_amx_init(int enable) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    kq_amx_on = 0;
+    if (!enable || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0; /* AMX-TILE, AMX-INT8 */
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return 0;
+    kq_amx_on = 1;
+    return 1;
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} kq_tilecfg;
+
+/* tiles 0/3: C (16 tokens x 16 int32), 1/4: A (16 tokens x sbv int8), 2/5: B (sbv/4 x 64) */
+static inline void kq_amx_config(int sbv) {
+    kq_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[3 * i] = 16; cfg.colsb[3 * i] = 64;
+        cfg.rows[3 * i + 1] = 16; cfg.colsb[3 * i + 1] = (uint16_t)sbv;
+        cfg.rows[3 * i + 2] = (uint8_t)(sbv / 4); cfg.colsb[3 * i + 2] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* one super-block tile's 64 VNNI chunks (4096 bytes) */
+static inline __attribute__((always_inline)) void kq_amx_unpack(const int t, const uint8_t *tile, uint8_t *U) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const uint8_t *qs = tile + 320, *qh = tile + 2368;
+    simd_prefetch_range(tile, (int)kq_rp_tile_bytes(t));
+    for (int j = 0; j < 32; j++) {
+        const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
+        __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        if (t == KQ_Q5_K) {
+            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
+            const int kl = j >> 3;
+            const __m512i b4 = _mm512_set1_epi8(0x10);
+            wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
+            wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
+        } else if (t == KQ_Q6_K) {
+            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
+            const __m512i b45 = _mm512_set1_epi8(0x30);
+            if (j < 16) {
+                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
+                wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
+            } else {
+                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
+                wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
+            }
+        }
+        _mm512_store_si512((void *)(U + j * 64), wl);
+        _mm512_store_si512((void *)(U + (32 + j) * 64), wh);
+    }
+}
+
+/* the integer dots of super-block b's sub-blocks for 16 tokens (A at the first token's
+ * q8_K row, row stride as bytes) -> cb[s] (16 tokens x 16 rows) */
+static inline __attribute__((always_inline)) void
+kq_amx_dots(const int nsb, const int sbv, const uint8_t *ub, const int8_t *qa, int64_t as, int32_t (*cb)[256]) {
+    for (int s = 0; s < nsb; s += 2) {
+        _tile_zero(0);
+        _tile_loadd(1, qa + s * sbv, as);
+        _tile_loadd(2, ub + s * sbv * 16, 64);
+        _tile_dpbsud(0, 1, 2);
+        _tile_zero(3);
+        _tile_loadd(4, qa + (s + 1) * sbv, as);
+        _tile_loadd(5, ub + (s + 1) * sbv * 16, 64);
+        _tile_dpbsud(3, 4, 5);
+        _tile_stored(0, cb[s], 64);
+        _tile_stored(3, cb[s + 1], 64);
+    }
+}
+
+/* one 16-row group (packed tiles G, unpacked chunks U) x 16 tokens from A (q8_K rows, row
+ * stride nb); stores the first ntok tokens' outputs at Y (row stride ldy). Software
+ * pipelined: the tile unit computes super-block b+1's dots while the vector units turn
+ * super-block b's into the float sums. */
+static inline __attribute__((always_inline)) void
+kq_amx_kernel(const int t, const uint8_t *G, uint8_t *U, int64_t nb, const kq_q8k *A, int ntok,
+              float *Y, int64_t ldy, __mmask16 store_mask, const int unpack) {
+    const int six = t == KQ_Q6_K;
+    const int nsb = six ? 16 : 8, sbv = six ? 16 : 32;
+    const int64_t tb = kq_rp_tile_bytes(t), as = nb * (int64_t)sizeof(kq_q8k);
+    __attribute__((aligned(64))) int32_t cbuf[2][16][256];
+    __m512 f[16];
+    for (int u = 0; u < 16; u++) f[u] = _mm512_setzero_ps();
+    if (unpack) kq_amx_unpack(t, G, U);
+    kq_amx_dots(nsb, sbv, U, A[0].qs, as, cbuf[0]);
+    for (int64_t b = 0; b < nb; b++) {
+        if (b + 1 < nb) {
+            if (unpack) kq_amx_unpack(t, G + (b + 1) * tb, U + (b + 1) * 4096);
+            kq_amx_dots(nsb, sbv, U + (b + 1) * 4096, A[b + 1].qs, as, cbuf[(b + 1) & 1]);
+        }
+        int32_t (*cb)[256] = cbuf[b & 1];
+        const uint8_t *tile = G + b * tb;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+        __m512i sc[16];
+        if (!six) {
+            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+            __m512i mn[4];
+            for (int p = 0; p < 4; p++) {
+                const __m512i pr = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64)));
+                sc[p] = _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16);
+                sc[p + 4] = _mm512_srai_epi32(pr, 16);
+                mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64 + 32)));
+            }
+            for (int u = 0; u < 16; u++) {
+                const kq_q8k *ab = (const kq_q8k *)((const uint8_t *)A + u * as) + b;
+                int32_t bp[4];
+                __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)ab->bsums),
+                                           _mm_loadu_si128((const __m128i *)(ab->bsums + 8)));
+                _mm_storeu_si128((__m128i *)bp, _mm_unpacklo_epi16(v, _mm_srli_si128(v, 8)));
+                __m512i ms = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) ms = _mm512_dpwssd_epi32(ms, mn[p], _mm512_set1_epi32(bp[p]));
+                const __m512 da = _mm512_set1_ps(ab->d);
+                f[u] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmv, da), f[u]);
+                __m512i is = _mm512_setzero_si512();
+                for (int s = 0; s < 8; s++)
+                    is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_load_si512((const void *)(cb[s] + 16 * u)), sc[s]));
+                f[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, da), f[u]);
+            }
+        } else {
+            __m512i scp[8];
+            for (int p = 0; p < 8; p++) {
+                scp[p] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)));
+                sc[p] = _mm512_srai_epi32(_mm512_slli_epi32(scp[p], 16), 16);
+                sc[p + 8] = _mm512_srai_epi32(scp[p], 16);
+            }
+            for (int u = 0; u < 16; u++) {
+                const kq_q8k *ab = (const kq_q8k *)((const uint8_t *)A + u * as) + b;
+                int32_t bp[8];
+                __m128i lo = _mm_loadu_si128((const __m128i *)ab->bsums);
+                __m128i hi = _mm_loadu_si128((const __m128i *)(ab->bsums + 8));
+                _mm_storeu_si128((__m128i *)bp, _mm_unpacklo_epi16(lo, hi));
+                _mm_storeu_si128((__m128i *)(bp + 4), _mm_unpackhi_epi16(lo, hi));
+                __m512i is = _mm512_setzero_si512();
+                for (int p = 0; p < 8; p++) is = _mm512_dpwssd_epi32(is, scp[p], _mm512_set1_epi32(bp[p]));
+                is = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(is, 5));
+                for (int s = 0; s < 16; s++)
+                    is = _mm512_add_epi32(is, _mm512_mullo_epi32(_mm512_load_si512((const void *)(cb[s] + 16 * u)), sc[s]));
+                f[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dv, _mm512_set1_ps(ab->d)), f[u]);
+            }
+        }
+    }
+    for (int u = 0; u < ntok; u++) _mm512_mask_storeu_ps(Y + u * ldy, store_mask, f[u]);
+}
+
+/* a thread's buffer for one group's unpacked super-blocks */
+static __thread uint8_t *kq_amx_ubuf = NULL;
+static __thread size_t kq_amx_ucap = 0;
+
+/* Group g for tokens [0, n) of A (the group's Y at Y): the tiles of at least
+ * kq_amx_min_tokens tokens on AMX. Returns the tokens done (0 when the unpack buffer cannot
+ * be had); the rest are the caller's. */
+static int64_t kq_amx_group(const int t, const uint8_t *G, int64_t nb, const kq_q8k *A, int64_t n,
+                            float *Y, int64_t ldy, __mmask16 store_mask) {
+    const int min_tile = kq_amx_tile_min(t);
+    if (n < kq_amx_call_min(t) || n < min_tile) return 0;
+    const size_t need = (size_t)nb * 4096;
+    if (need > kq_amx_ucap) {
+        free(kq_amx_ubuf);
+        kq_amx_ubuf = (uint8_t *)aligned_alloc(64, need);
+        kq_amx_ucap = kq_amx_ubuf ? need : 0;
+        if (!kq_amx_ubuf) return 0;
+    }
+    kq_amx_config(t == KQ_Q6_K ? 16 : 32);
+    int64_t j = 0;
+    while (j < n && n - j >= min_tile) {
+        const int nt = n - j >= 16 ? 16 : (int)(n - j);
+        const kq_q8k *a = (const kq_q8k *)((const uint8_t *)A + j * nb * (int64_t)sizeof(kq_q8k));
+        const int first = j == 0; /* the first tile unpacks the group as it goes */
+        if (t == KQ_Q4_K) kq_amx_kernel(KQ_Q4_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        else if (t == KQ_Q5_K) kq_amx_kernel(KQ_Q5_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        else kq_amx_kernel(KQ_Q6_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        j += nt;
+    }
+    _tile_release();
+    return j;
+}
+#else
+#define KQ_AMX_BUILT 0
+static int kq_amx_on = 0;
+static int kq_amx_min_tokens = 0;
+static int kq_amx_min_call = 0;
+static int kq_amx_init(int enable) { (void)enable; return 0; }
+#endif
+
+static inline void kq_amx_set_min_tokens(int tile, int call) {
+    kq_amx_min_tokens = tile < 0 ? 0 : tile;
+    kq_amx_min_call = call < 0 ? 0 : call;
+}
 
 /* Y[tok, g*16 + lane] for tokens tok0 + [0, n) of the activations, one 16-row group.
  * ldy: Y row stride; rows: valid rows of the weight (for the last group's mask). */
@@ -948,7 +1181,12 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
     }
     const int64_t nb = k / KQ_QK;
     const kq_q8k *a[4];
-    for (int64_t j = 0; j < n;) {
+    int64_t j = 0;
+#if KQ_AMX_BUILT
+    if (kq_amx_on && !act->no_amx)
+        j = kq_amx_group(t, G, nb, act->q8k + tok0 * nb, n, Y + g * KQ_RP, ldy, m);
+#endif
+    for (; j < n;) {
         const int64_t nt = n - j >= 4 ? 4 : n - j;
         for (int u = 0; u < nt; u++) {
             a[u] = act->q8k + (tok0 + j + u) * nb;

@@ -601,8 +601,63 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
 #endif
 
 /* ---------------------------------------------------------------- float kernels */
+#if defined(__AVX512F__)
+/* RR rows x T tokens of a float weight: each output is one 16-lane fma chain over k, then
+ * reduce_add (the same operations for any RR and T: results do not depend on the batch);
+ * RR rows at once read each activation vector once for RR rows (a router's 512-token
+ * prefill is load-bound otherwise) */
+static inline __attribute__((always_inline)) void
+lq_float_block(const lq_packed *P, const int RR, const int T, int64_t r, const float *x, float *y, int64_t t0) {
+    const int64_t K = P->cols, R = P->rows;
+    __m512 acc[4][4];
+    for (int i = 0; i < RR; i++)
+        for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        __m512 w[4], xv[4];
+        for (int i = 0; i < RR; i++) {
+            if (P->fmt == LQ_FMT_F32) w[i] = _mm512_maskz_loadu_ps(mk, (const float *)P->data + (r + i) * K + k);
+            else {
+                __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)P->data + (r + i) * K + k);
+                if (P->fmt == LQ_FMT_F16) w[i] = _mm512_cvtph_ps(h);
+                else w[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            }
+        }
+        for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(mk, x + (t0 + t) * K + k);
+        for (int i = 0; i < RR; i++)
+            for (int t = 0; t < T; t++) acc[i][t] = _mm512_fmadd_ps(w[i], xv[t], acc[i][t]);
+    }
+    for (int i = 0; i < RR; i++)
+        for (int t = 0; t < T; t++) y[(t0 + t) * R + r + i] = _mm512_reduce_add_ps(acc[i][t]);
+}
+#endif
+
 static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n) {
     const int64_t K = P->cols, R = P->rows;
+#if defined(__AVX512F__)
+    for (int64_t t0 = 0; t0 < n; t0 += 4) {
+        const int T = (int)(n - t0 < 4 ? n - t0 : 4);
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) {
+            switch (T) {
+            case 4: lq_float_block(P, 4, 4, r, x, y, t0); break;
+            case 3: lq_float_block(P, 4, 3, r, x, y, t0); break;
+            case 2: lq_float_block(P, 4, 2, r, x, y, t0); break;
+            default: lq_float_block(P, 4, 1, r, x, y, t0); break;
+            }
+        }
+        for (; r < r1; r++) {
+            switch (T) {
+            case 4: lq_float_block(P, 1, 4, r, x, y, t0); break;
+            case 3: lq_float_block(P, 1, 3, r, x, y, t0); break;
+            case 2: lq_float_block(P, 1, 2, r, x, y, t0); break;
+            default: lq_float_block(P, 1, 1, r, x, y, t0); break;
+            }
+        }
+    }
+    (void)K; (void)R;
+    return;
+#endif
     for (int64_t r = r0; r < r1; r++) {
         for (int64_t t0 = 0; t0 < n; t0 += 4) {
             int T = (int)(n - t0 < 4 ? n - t0 : 4);

@@ -303,6 +303,35 @@ def test_repacked_threads_and_batch_invariant(qt):
 
 
 @needs_repack
+@pytest.mark.skipif(not kq.AMX, reason="the AMX tile kernel is not in use on this machine")
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_amx_tiles_give_the_vnni_bits(qt):
+    """Token tiles on the AMX kernel (whole and partial 16-token tiles, more than one work
+    item, a masked last row group) give the VNNI kernel's bits, in matmul and matmul_grouped."""
+    rng = np.random.default_rng(61)
+    rows, cols = 53, 768
+    w = rand_weight(rng, qt, rows, cols)
+    p = kq.pack(w, int(qt))
+    x = rng.standard_normal((300, cols)).astype(np.float32)
+    counts = [7, 16, 0, 21, 40]
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    try:
+        kq._set_amx_min_tokens(1000)  # VNNI only
+        ref = _mm(p, x, 2)
+        refg = np.empty((int(offs[-1]), rows), np.float32)
+        kq.matmul_grouped([p] * len(counts), offs, x[:len(refg)], refg, 2)
+        for tile, call in ((1, 1), (6, 1), (0, 0)):  # every tile on AMX; partial tiles; the defaults
+            kq._set_amx_min_tokens(tile, call)
+            for n in (5, 16, 300):
+                np.testing.assert_array_equal(_mm(p, x[:n], 2), ref[:n])
+            yg = np.empty_like(refg)
+            kq.matmul_grouped([p] * len(counts), offs, x[:len(refg)], yg, 1)
+            np.testing.assert_array_equal(yg, refg)
+    finally:
+        kq._set_amx_min_tokens(0, 0)
+
+
+@needs_repack
 def test_repacked_row_subset_and_env(monkeypatch):
     rng = np.random.default_rng(43)
     raw3 = rand_weight(rng, QT.Q6_K, 3 * 20, 512).reshape(3, 20, -1)

@@ -234,3 +234,26 @@ def test_expert_linear_grouped_equals_per_expert(qt):
     for e, a, b in zip(ids, offs[:-1], offs[1:]):
         if b > a:
             np.testing.assert_allclose(y[a:b], lin(x[a:b], e), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_combine_sums_each_tokens_rows_in_slot_order(k):
+    """combine reads each token's k expert rows in place from the expert-sorted rows and sums
+    them with the routing weights, slot by slot (the same bits for a token alone or in a batch)."""
+    rng = np.random.default_rng(7)
+    n, d = 70, 48
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(n)]).astype(np.int32)
+    w = rng.random((n, k)).astype(np.float32)
+    g = M.group_by_expert(ids, E)
+    y = rng.standard_normal((n * k, d)).astype(np.float32)
+    out = M.combine(y, g, w)
+    unsorted = np.empty_like(y)
+    unsorted[g.order] = y
+    ref = np.zeros((n, d), np.float32)
+    for j in range(k):
+        ref = ref + w[:, j:j + 1] * unsorted.reshape(n, k, d)[:, j]
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    for t in (0, 33, 69):  # token t alone
+        g1 = M.group_by_expert(ids[t:t + 1], E)
+        y1 = unsorted.reshape(n, k, d)[t][np.asarray(g1.order)]
+        np.testing.assert_array_equal(M.combine(np.ascontiguousarray(y1), g1, w[t:t + 1])[0], out[t])

@@ -1,4 +1,4 @@
-from llmcore.threads import AdaptiveThreads, resolve
+from llmcore.threads import AdaptiveThreads, other_runnable, resolve
 
 
 def test_resolve():
@@ -14,22 +14,56 @@ def _drive(at, cost, steps, n_tokens=1):
     return used
 
 
+def quiet():
+    return 0
+
+
 def test_adaptive_prefers_the_faster_count_and_keeps_exploring():
-    at = AdaptiveThreads(2, explore_every=8)
+    at = AdaptiveThreads(2, explore_every=8, busy=quiet, n_cpus=2)
     used = _drive(at, {1: 1.0, 2: 3.0}, 64)  # one thread is faster (a busy machine)
     assert used.count(1) > 50 and 2 in used[8:]  # mostly 1, but 2 is re-measured now and then
-    # the machine goes quiet: two threads become faster, and the choice follows
-    used = _drive(at, {1: 1.0, 2: 0.4}, 64)
-    assert used[-20:].count(2) >= 17
+    # the machine goes quiet: two threads become faster, and the choice follows (at the
+    # next exploration: at most max_backoff * explore_every = 64 steps away)
+    used = _drive(at, {1: 1.0, 2: 0.4}, 96)
+    assert used[-20:].count(2) >= 19
+
+
+def test_adaptive_explores_less_often_while_the_other_count_keeps_losing():
+    at = AdaptiveThreads(2, explore_every=8, max_backoff=8, busy=quiet, n_cpus=2)
+    used = _drive(at, {1: 1.0, 2: 5.0}, 512)  # a busy machine: an exploring step costs 5
+    explored = [i for i, n in enumerate(used) if n == 2]  # [0]: the first measurement
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert gaps[0] <= 9 and gaps[1:4] == [16, 32, 64] and set(gaps[4:]) == {64}  # doubling, capped
+    # a win resets the interval: after the machine goes quiet, 2 threads stay chosen
+    used = _drive(at, {1: 1.0, 2: 0.4}, 128)
+    assert used[-64:].count(2) >= 63
 
 
 def test_adaptive_buckets_and_single_thread():
-    at = AdaptiveThreads(2, explore_every=4)
+    at = AdaptiveThreads(2, explore_every=4, busy=quiet, n_cpus=2)
     _drive(at, {1: 1.0, 2: 2.0}, 16, n_tokens=1)
     _drive(at, {1: 2.0, 2: 1.0}, 16, n_tokens=8)
     # each bucket keeps its own measurements: 1 thread for single tokens, 2 for 8-token
-    # steps (one explore step in every 4 picks the other count)
+    # steps (an explore step now and then picks the other count)
     picks1 = [at.choose(1) for _ in range(8)]
     picks8 = [at.choose(8) for _ in range(8)]
-    assert picks1.count(1) == 6 and picks8.count(2) == 6
+    assert picks1.count(1) >= 6 and picks8.count(2) >= 6
     assert AdaptiveThreads(1).choose(5) == 1
+
+
+def test_adaptive_does_not_try_more_threads_while_other_processes_fill_the_cpus():
+    others = [2]
+    at = AdaptiveThreads(2, explore_every=8, busy=lambda: others[0], n_cpus=2)
+    used = _drive(at, {1: 1.0, 2: 0.4}, 40)  # 2 would be faster, but every CPU is taken
+    assert used == [1] * 40
+    others[0] = 1  # one CPU free again: 2 threads are measured, and win
+    used = _drive(at, {1: 1.0, 2: 0.4}, 40)
+    assert used[-30:].count(2) >= 27  # (1 thread is re-measured now and then)
+    others[0] = 3  # crowded again: 2 threads get slow, 1 is re-measured, and wins
+    used = _drive(at, {1: 1.0, 2: 5.0}, 80)
+    assert used[-30:] == [1] * 30
+
+
+def test_other_runnable_reads_the_machine():
+    n = other_runnable()
+    assert n is None or n >= 0

@@ -16,7 +16,8 @@ One call, for all tokens of a batched step:
    (gate and up fused into one ExpertLinear when they share a type), ``act(g, u)``
    (``"silu"``, ``"gelu"`` or a callable, e.g. gpt-oss's clamped SwiGLU), then down.
    Optional per-expert biases (gpt-oss) are added per row.
-4. weighted scatter-add back to token order (each token's k rows summed).
+4. :func:`combine`: each token's k rows summed with its routing weights, read in place from
+   the sorted rows (one kernel pass: ``llmcore._kernels.moe``).
 5. optional shared expert (``shared(x)``, gated by ``sigmoid(x @ shared_gate)`` if given).
 
 Experts that no token selected are never computed: :class:`MoEStats` counts experts
@@ -30,8 +31,11 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from .. import nn, quant
+from .. import _kernels, nn, quant
 from ..gguf_file import Tensor
+from ..threads import get_num_threads
+
+_moe = _kernels.load("moe") if _kernels.ENABLED else None
 
 # ----------------------------------------------------------------------------------------------
 # routers: (logits float32 (n, E), k) -> (ids int32 (n, k), weights float32 (n, k))
@@ -131,6 +135,22 @@ def group_by_expert(ids: np.ndarray, n_expert: int) -> Grouping:
     row_expert = np.repeat(active, counts[active]).astype(np.int32)
     return Grouping(order=order, token=order // k, expert_ids=active, offsets=offsets,
                     row_expert=row_expert)
+
+
+def combine(y: np.ndarray, g: Grouping, w: np.ndarray) -> np.ndarray:
+    """Each token's expert outputs summed with its routing weights, in slot order:
+    ``y`` (n*k, d) rows sorted as ``g``, ``w`` (n, k) -> float32 (n, d)."""
+    n, k = w.shape
+    if _moe is not None:
+        row_of = np.empty(n * k, dtype=np.int64)
+        row_of[g.order] = np.arange(n * k, dtype=np.int64)
+        out = np.empty((n, y.shape[1]), dtype=np.float32)
+        _moe.combine(y, row_of, np.ascontiguousarray(w, dtype=np.float32).reshape(-1), out, get_num_threads())
+        return out
+    y = y * w.reshape(-1)[g.order][:, None]
+    unsorted = np.empty_like(y)
+    unsorted[g.order] = y
+    return np.ascontiguousarray(unsorted.reshape(n, k, -1).sum(axis=1, dtype=np.float32))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,11 +307,7 @@ class MoE:
         g = group_by_expert(ids, self.n_expert)
         self.stats.record(n, g, self.n_expert)
         y = self.experts(x, g)
-        y *= w.reshape(-1)[g.order][:, None]
-        unsorted = np.empty_like(y)
-        unsorted[g.order] = y
-        out = unsorted.reshape(n, k, -1).sum(axis=1, dtype=np.float32) if k > 1 else unsorted
-        out = np.ascontiguousarray(out, dtype=np.float32)
+        out = combine(y, g, w)
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
@@ -300,5 +316,5 @@ class MoE:
         return out
 
 
-__all__ = ["MoE", "MoEStats", "Grouping", "group_by_expert", "ROUTERS", "ACTS", "route_softmax",
+__all__ = ["MoE", "MoEStats", "Grouping", "group_by_expert", "combine", "ROUTERS", "ACTS", "route_softmax",
            "route_softmax_norm", "route_softmax_weight", "route_sigmoid_norm"]
