@@ -25,7 +25,7 @@ def available() -> str | None:
 
 class LlamaCpp:
     def __init__(self, path: str, n_threads: int, n_ctx: int = 4096, n_batch: int = 512, n_seq: int = 1,
-                 kv_unified: bool = True):
+                 kv_unified: bool = True, flash_attn: str = "auto"):
         import llama_cpp as L
 
         self.L = L
@@ -55,6 +55,9 @@ class LlamaCpp:
         cp.n_threads = n_threads
         cp.n_threads_batch = n_threads
         cp.no_perf = True
+        # "auto" is llama.cpp's default (on for the CPU); "on" / "off" force it
+        cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError("llama.cpp failed to create a context")
@@ -81,6 +84,28 @@ class LlamaCpp:
         for i in range(0, len(toks), self.n_batch):
             self.decode(toks[i:i + self.n_batch])
         return time.perf_counter() - t0
+
+    def depth(self, toks, n: int) -> dict:
+        """bench/depth.py's rep: prefill `toks` from an empty cache (per-ubatch times), then n
+        greedy tokens behind them."""
+        self.clear()
+        chunks = []
+        c0, t0 = time.process_time(), time.perf_counter()
+        for i in range(0, len(toks), self.n_batch):
+            ts = time.perf_counter()
+            self.decode(toks[i:i + self.n_batch])
+            chunks.append(time.perf_counter() - ts)
+        pp, pp_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t = int(np.argmax(self.logits()))
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            self.decode([t])
+            t = int(np.argmax(self.logits()))
+        tg, tg_cpu = time.perf_counter() - t0, time.process_time() - c0
+        # *_cpu: t/s per CPU-second of the process (with 1 thread: what the work costs, whatever
+        # else runs on the machine; with more, llama.cpp's spinning threads count too)
+        return {"pp": len(toks) / pp, "pp_last": min(self.n_batch, len(toks)) / chunks[-1], "tg": n / tg,
+                "pp_cpu": len(toks) / pp_cpu, "tg_cpu": n / tg_cpu}
 
     def generate(self, toks, n: int) -> float:
         """Seconds to generate n tokens greedily after prefilling `toks` (not timed)."""
@@ -150,7 +175,22 @@ def _main(argv=None) -> int:
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--depth", type=int, default=0, help="bench/depth.py mode: prefill of DEPTH tokens, tg behind it")
+    ap.add_argument("--ub", type=int, default=512)
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     a = ap.parse_args(argv)
+    if a.depth:
+        m = LlamaCpp(a.model, a.threads, n_ctx=a.depth + a.tg + 64, n_batch=a.ub, flash_attn=a.flash_attn)
+        rng = np.random.default_rng(a.seed)
+        prompt = rng.integers(100, min(m.n_vocab, 30000), a.depth).tolist()
+        m.depth(prompt[:1024], 2)  # warm-up
+        out: dict = {}
+        for _ in range(a.reps):
+            for k, v in m.depth(prompt, a.tg).items():
+                out.setdefault(k, []).append(v)
+        m.close()
+        print("RESULT " + json.dumps(out), flush=True)
+        return 0
     m = LlamaCpp(a.model, a.threads, n_ctx=a.pp + a.tg + 64)
     rng = np.random.default_rng(a.seed)
     prompt = rng.integers(100, min(m.n_vocab, 30000), a.pp).tolist()
@@ -168,6 +208,18 @@ def _main(argv=None) -> int:
 def measure_in_subprocess(model: str, threads: int, pp: int, tg: int, reps: int = 1, seed: int = 0) -> dict:
     """Run `_main` in a fresh interpreter with the parent's environment minus llmcore's
     OpenMP wait policy; returns {"pp": [t/s...], "tg": [t/s...]}."""
+    return _run_child([model, "-t", str(threads), "--pp", str(pp), "--tg", str(tg), "--reps", str(reps),
+                       "--seed", str(seed)])
+
+
+def measure_depth_in_subprocess(model: str, threads: int, depth: int, tg: int, reps: int = 1, seed: int = 0,
+                                ub: int = 512, flash_attn: str = "auto") -> dict:
+    """bench/depth.py's measurement in a child process: {"pp", "pp_last", "tg": [t/s...]}."""
+    return _run_child([model, "-t", str(threads), "--depth", str(depth), "--tg", str(tg), "--reps", str(reps),
+                       "--seed", str(seed), "--ub", str(ub), "--flash-attn", flash_attn])
+
+
+def _run_child(args: list[str]) -> dict:
     import json
     import os
     import subprocess
@@ -177,8 +229,7 @@ def measure_in_subprocess(model: str, threads: int, pp: int, tg: int, reps: int 
         env.pop("OMP_WAIT_POLICY", None)
     if env.get("LLMCORE_SET_GOMP_SPINCOUNT") == "1":
         env.pop("GOMP_SPINCOUNT", None)
-    cmd = [sys.executable, os.path.abspath(__file__), model, "-t", str(threads), "--pp", str(pp),
-           "--tg", str(tg), "--reps", str(reps), "--seed", str(seed)]
+    cmd = [sys.executable, os.path.abspath(__file__), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -28,15 +28,17 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
   seg_start=(S+1,))`` stores rows seg_start[s]:seg_start[s+1] with table s.
 - ``attention(q (N, H, D), k_pool, v_pool, kv_type, block_tables int32 (S, max_blocks),
   seg_start int32 (S+1,), q_pos int32 (N,), scale, window=0, softcap=0.0, sinks=None,
-  out=None) -> (N, H, Dv)``: rows seg_start[s]:seg_start[s+1] belong to sequence s; query
+  out=None, decode_seqs=None) -> (N, H, Dv)``: rows seg_start[s]:seg_start[s+1] belong to sequence s; query
   i sees key positions j with j <= q_pos[i] and (window == 0 or q_pos[i] - j < window).
   GQA: head h uses kv head h // (H // n_kv_heads). sinks (H,): an extra logit per head
   that takes part in the softmax with no value (gpt-oss). softcap > 0: scores become
   softcap * tanh(score / softcap) (after scaling). Block-table entries of -1 (freed
-  blocks) are never read; a query that sees no key gets zeros. With an f16 cache the
-  roundings of llama.cpp (flash attention off) are reproduced: q rounded to f16 before the
-  K.Q products, scale applied to the products, probabilities normalised then rounded to
-  f16 before the V products.
+  blocks) are never read; a query that sees no key gets zeros. With an f16 cache q is
+  rounded to f16 before the K.Q products (llama.cpp's K.Q takes q as f16, with flash
+  attention on or off); everything else is f32 (an online softmax over the KV blocks: sums
+  in another order than llama.cpp's, agreement within float rounding). decode_seqs uint8
+  (S,): the sequences marked get, token by token, the bits a one-token decode gets (the
+  decode kernel, whatever their row count: speculative decoding's verify segments).
 
 Kernels: pyx/norms.pyx, rope.pyx, activations.pyx, kv_rows.pyx and attention.pyx (built into
 llmcore._kernels). With LLMCORE_NO_KERNELS=1 the NumPy reference versions (``_ref_*``, also
@@ -269,7 +271,7 @@ def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
 
 
 def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
-              window=0, softcap=0.0, sinks=None, out=None):
+              window=0, softcap=0.0, sinks=None, out=None, decode_seqs=None):
     if not _kernels.ENABLED:
         return _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
                               window, softcap, sinks)
@@ -299,7 +301,8 @@ def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
     o = np.empty((N, H, Dv), dtype=np.float32) if out is None else out
     _attention.attention(q, _pool_bytes(k_pool), _pool_bytes(v_pool), _KV_CODE[kv_type], bs, kvh,
                  kv_row_bytes(kv_type, D), kv_row_bytes(kv_type, Dv), Dv, tables, seg, pos,
-                 float(scale), int(window or 0), float(softcap or 0.0), sk, o, get_num_threads())
+                 float(scale), int(window or 0), float(softcap or 0.0), sk, o, get_num_threads(),
+                 None if decode_seqs is None else np.ascontiguousarray(decode_seqs, dtype=np.uint8))
     return o
 
 
@@ -409,8 +412,8 @@ def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, s
         k = _ref_kv_load(k_pool, kv_type, block_tables[s], n)  # (n, KVH, D)
         v = _ref_kv_load(v_pool, kv_type, block_tables[s], n)
         j = np.arange(n)
-        # F16 cache: llama.cpp (flash attention off) rounds q to f16 for the K.Q matmul and
-        # the normalised probabilities to f16 for the V matmul
+        # F16 cache: q rounded to f16 for the K.Q products (as llama.cpp takes it, with or
+        # without flash attention); probabilities in f32
         r16 = (lambda a: a.astype(np.float16).astype(np.float32)) if kv_type == KV_F16 else (lambda a: a)
         for i in range(r0, r1):
             p = q_pos[i]
@@ -430,5 +433,5 @@ def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, s
                     continue
                 e = np.exp(sc - m)
                 z = e.sum() + (np.exp(sinks[h] - m) if sinks is not None else 0.0)
-                out[i, h] = r16((e * np.float32(1.0 / z)).astype(np.float32)) @ v[:, kh, :]
+                out[i, h] = (e * np.float32(1.0 / z)).astype(np.float32) @ v[:, kh, :]
     return out

@@ -1,53 +1,71 @@
 # cython: freethreading_compatible=True
 """Attention over the paged KV cache: the two kernels of an attention layer after its fused
 q/k/v projection. ``qkv_post`` normalises and rotates q and k and writes k and v into their
-cache slots; ``attention`` computes softmax(q k^T * scale) v over each sequence's blocks.
+cache slots; ``attention`` computes softmax(q k^T * scale) v over each sequence's blocks,
+blocked (flash-style): each K/V block is read once per work item of up to 48 query rows
+with an online softmax.
 
 Called through llmcore/nn.py (and the fused path of llmcore/models/layers.py), which own
 the API contract and the thread count. KV pools are bytes, shape (n_blocks, block_size *
 n_kv_heads * row_nbytes): row (token t of a block, kv head h) starts at byte
-(t * n_kv_heads + h) * row_nbytes of its block (formats in kv_rows.pxd). The micro-kernels
-are in simd_attention.h.
+(t * n_kv_heads + h) * row_nbytes of its block (formats in kv_rows.pxd). The work items
+(single-threaded) are in simd_attention.h; this module plans them and runs them in parallel.
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, expf, powf, tanhf
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memcmp, memcpy
 
 import numpy as np
 
-from kv_rows cimport T_F16, load_row, store_row
+from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q8_0, store_row
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
-from simd cimport simd_dot, simd_f16_round_row
 
 cdef extern from "simd_attention.h" nogil:
-    void attn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
-                     float scale, float *s, int ldS)
-    void attn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes)
-    void attn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv)
-    float attn_max_sumexp(const float *s, int n, double *sum)
-    void attn_probs(const float *s, float *p, int n, float m, float inv, int r16)
-    int attn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                             float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes, int vd)
-    float *attn_lane_scratch(size_t nfloats)
-    int attn_have_pv_lanes(int Dv)
-    void attn_pv_lanes_f16(float *accl, int R, int NL, const float *p, int ldp, const uint16_t *v,
-                           long vstride, int n, int Dv, long pos0)
-    void attn_pv_lanes_reduce(const float *accl, int R, int NL, int Dv, float *acc, int ldacc)
-    int attn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
-                         long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes)
+    int ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0
+    int ATTN_TILE_ROWS, ATTN_MAX_ROWS, ATTN_MAX_BS
+    ctypedef struct attn_ctx:
+        const float *q
+        float *out
+        const uint8_t *k
+        const uint8_t *v
+        long k_bstride, v_bstride
+        int k_row, v_row
+        int kv_type, bs, KVH, H, G, D, Dv
+        const int32_t *tables
+        int max_blocks
+        const int32_t *q_pos
+        float scale, softcap
+        int window
+        const float *sinks
+        const int32_t *toks
+        const int32_t *slot_base
+        const int32_t *chunk0
+        const int32_t *nparts
+        float *partial
+    ctypedef struct attn_item:
+        int32_t kind, seq, h0, h1, tok0, tok1, b0, b1, chunk
+    long attn_scratch_floats(int D, int Dv, int bs)
+    void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf)
+    void attn_merge(const attn_ctx *c, int t, int h)
 
-# rows per attention work item (queries x heads of one kv head); K/V blocks are read once
-# per tile. Partial-sum splits along the keys keep decode of a few long sequences parallel.
+if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8_0, T_Q4_0):
+    raise ImportError("simd_attention.h and kv_rows.pxd disagree on the KV type codes")
+
 cdef enum:
-    TILE_ROWS = 48
+    # a sequence with at most this many query rows per kv head (query tokens x GQA group)
+    # takes the rows kernel (decode); more take the tile kernel (prefill). Decodes that
+    # share blocks take the tile kernel there when together they have this many rows.
+    ROWS_MAX_QG = 16
+    # rows items cover chunks of this many keys at fixed positions (0, CHUNK_KEYS, ...), so
+    # a sequence's result does not depend on the batch it is decoded in
+    CHUNK_KEYS = 1024
+    # tile items are split along the keys when a call has fewer items than this
     SPLIT_MIN_ITEMS = 32
     SPLIT_MIN_BLOCKS = 8
-    SMALL_R = 8
     MIN_PARALLEL_KV_BYTES = 256 * 1024
-    PF_BLOCKS = 2  # K/V blocks prefetched ahead of the one being read
 
 
 def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_pool, uint8_t[:, ::1] v_pool,
@@ -142,318 +160,60 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
 
 # ---- attention ---------------------------------------------------------------------------
 #
-# Exact softmax in two passes, like ggml with flash attention off: scores of a row for all
-# its keys first (scaled after the dot product, soft-capped, masked), then the probabilities
-# p = exp(s - max) * (1 / sum) -- rounded to f16 for an F16 cache, as ggml's V matmul
-# converts them -- and P.V. For an F16 cache the query is rounded to f16 too (the f32
-# operand of ggml's f16 K.Q matmul). Work items are (sequence, kv head, query tile, key
-# split); a split item stores its scores in a shared arena, the row max / sum are combined
-# over the splits, then each split accumulates its part of P.V and the parts are summed.
+# Work items (simd_attention.h): a set of query rows of one kv head (tokens x heads of its
+# group) and a range of K/V blocks. Prefill tokens of a sequence form tiles of up to 96 rows
+# over the keys the tile sees (split along the keys, at block boundaries, when the call has
+# few items). Decode tokens (few rows) form items per fixed key chunk; decode sequences whose
+# blocks in a chunk are the same (a shared prefix) are one item, so each shared block is read
+# once per step for all of them (with the rows kernel while they are few: each sequence gets
+# the bits it gets alone; with the tile kernel when they have 16 or more rows per kv head).
+# A row covered by several items ends as partials (o, m, l), merged in chunk order. Items
+# depend on the shapes and tables only, never on the thread count. Sequences marked in
+# decode_seqs (speculative decoding's verify segments) take rows items whatever their row
+# count, never tiles: each token gets the bits a one-token decode at its position gets.
 
-ctypedef struct AttnArgs:
-    const float *q          # (N, H, D)
-    float *out              # (N, H, Dv)
-    const uint8_t *k        # pools, bytes
-    const uint8_t *v
-    Py_ssize_t k_bstride    # bytes per block
-    Py_ssize_t v_bstride
-    int k_row, v_row        # bytes per (token, kv head) row
-    int kv_type, bs, KVH, H, G, D, Dv
-    const int32_t *tables   # (S, max_blocks)
-    int max_blocks
-    const int32_t *q_pos    # (N,)
-    float scale, softcap
-    int window
-    const float *sinks      # (H,) or NULL
-    float *partial          # per split slot: R_max * Dv acc, R_max max, R_max sum
-    float *arena            # split slots' scores
-    const int64_t *slot_off # (n_slots,) offset of a slot's scores in arena
-    float *gstat            # per group: R_max max, R_max 1/sum
-    const int32_t *slot_grp # (n_slots,) group of a slot
-    int R_max
-    Py_ssize_t loc_len      # per-thread scores buffer (floats) for unsplit items
-    int vd                  # 1-token batch: llama.cpp's vec_dot_f16 summation order, else tinyBLAS's
+cdef int _cmp_cost(const void *a, const void *b) noexcept nogil:
+    """qsort: costlier items first (rows x blocks), ties in plan order."""
+    cdef const attn_item *x = <const attn_item *>a
+    cdef const attn_item *y = <const attn_item *>b
+    cdef long cx = <long>(x.tok1 - x.tok0) * (x.h1 - x.h0) * (x.b1 - x.b0)
+    cdef long cy = <long>(y.tok1 - y.tok0) * (y.h1 - y.h0) * (y.b1 - y.b0)
+    if cx != cy:
+        return -1 if cx > cy else 1
+    return -1 if x.chunk < y.chunk else (1 if x.chunk > y.chunk else 0)
 
 
-cdef inline void _row_range(const AttnArgs *a, int qp, int k0, int *jlo, int *jhi) noexcept nogil:
-    cdef int lo = (qp - a.window + 1 - k0) if a.window > 0 else 0
-    cdef int hi = qp - k0
-    if lo < 0:
-        lo = 0
-    if hi > a.bs - 1:
-        hi = a.bs - 1
-    jlo[0] = lo
-    jhi[0] = hi
+cdef inline int _key_lo(int qp, int window) noexcept nogil:
+    cdef int lo = qp - window + 1 if window > 0 else 0
+    return lo if lo > 0 else 0
 
 
-cdef inline void _fill_ninf(float *Sb, int R, int ldS, int j0, int j1) noexcept nogil:
-    cdef int rr, j
-    for rr in range(R):
-        for j in range(j0, j1):
-            Sb[rr * ldS + j] = -INFINITY
+cdef inline uint64_t _hash_ids(const int32_t *ids, int n) noexcept nogil:
+    cdef uint64_t h = 1469598103934665603ULL
+    cdef int i
+    for i in range(n):
+        h = (h ^ <uint32_t>ids[i]) * 1099511628211ULL
+    return h
 
 
-cdef inline void _scores_block(const AttnArgs *a, const float *Qt, int R, int blk, int kvh, int lo, int hi,
-                               float *tmp, float *Kt, float *Sb, int ldS) noexcept nogil:
-    """Scores of keys lo..hi of one block (R < SMALL_R: dots; else: Kt filled for attn_scores)."""
-    cdef int j, rr, c, D = a.D, bs = a.bs
-    cdef const uint8_t *row
-    for j in range(lo, hi + 1):
-        row = a.k + blk * a.k_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.k_row
-        load_row(row, a.kv_type, tmp, D)
-        if R < SMALL_R:
-            for rr in range(R):
-                Sb[rr * ldS + j] = simd_dot(Qt + rr * D, tmp, D) * a.scale
-        else:
-            for c in range(D):
-                Kt[c * bs + j] = tmp[c]
-
-
-cdef void _item_scores(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS) noexcept nogil:
-    """Scores of the item's rows for keys [kb0*bs, kb1*bs): S[rr*ldS + j - kb0*bs], -inf where
-    masked. buf: per-thread scratch (Qt, Kt, tmp)."""
-    cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5]
-    cdef int G = a.G, D = a.D, bs = a.bs, R = (t1 - t0) * G
-    cdef float *Qt = buf
-    cdef float *Kt = Qt + a.R_max * D
-    cdef float *tmp = Kt + D * bs
-    cdef float *Sb
-    cdef int rr, t, h, j, b, blk, k0, jlo, jhi, lo_all, hi_all, nxt, c
-    cdef bint fast
-    cdef const uint8_t *pf = NULL
-    cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
-    cdef const uint8_t *row
-    cdef float sc = a.softcap
-    for rr in range(R):
-        t = t0 + rr // G
-        h = kvh * G + rr % G
-        if a.kv_type == T_F16:
-            simd_f16_round_row(a.q + (<Py_ssize_t>t * a.H + h) * D, Qt + rr * D, D)
-        else:
-            memcpy(Qt + rr * D, a.q + (<Py_ssize_t>t * a.H + h) * D, D * sizeof(float))
-    for b in range(kb0, kb1):
-        Sb = S + (b - kb0) * bs
-        blk = table[b]
-        if blk < 0:
-            _fill_ninf(Sb, R, ldS, 0, bs)
-            continue  # freed block (outside every window): never read
-        k0 = b * bs
-        fast = R < SMALL_R and a.kv_type == T_F16
-        for c in range(1 if b == kb0 else PF_BLOCKS, PF_BLOCKS + 1):  # PF_BLOCKS blocks ahead
-            nxt = table[b + c] if b + c < kb1 else -1
-            pf = NULL
-            if nxt >= 0:
-                pf = a.k + nxt * a.k_bstride + kvh * a.k_row
-                if not fast or c < PF_BLOCKS:
-                    attn_prefetch_rows(pf, a.KVH * a.k_row, bs, a.k_row)
-                    pf = NULL
-        lo_all = bs
-        hi_all = -1
-        for t in range(t0, t1):
-            _row_range(a, a.q_pos[t], k0, &jlo, &jhi)
-            if jhi >= jlo:
-                if jlo < lo_all:
-                    lo_all = jlo
-                if jhi > hi_all:
-                    hi_all = jhi
-        if hi_all < lo_all:
-            _fill_ninf(Sb, R, ldS, 0, bs)
-            continue
-        # f16 keys read in place, for every R: each score is a 16-lane fma chain over the head
-        # dim reduced in _mm512_reduce_add_ps order, the order of llama.cpp's f16 K.Q matmul
-        # (tinyBLAS), so scores (and the near-ties of the f16-rounded probabilities) are
-        # bit-identical to llama.cpp's in prefill as in decode
-        if (a.kv_type == T_F16 and attn_scores_f16_rows(
-                Qt, R, <const uint16_t *>(a.k + blk * a.k_bstride + (<Py_ssize_t>lo_all * a.KVH + kvh) * a.k_row),
-                a.KVH * (a.k_row // 2), hi_all - lo_all + 1, D, a.scale, Sb + lo_all, ldS,
-                pf, a.KVH * a.k_row, a.k_row, a.vd)):
-            pass
-        else:
-            _scores_block(a, Qt, R, blk, kvh, lo_all, hi_all, tmp, Kt, Sb, ldS)
-            if R >= SMALL_R:
-                attn_scores(Qt, D, R, Kt, D, bs, a.scale, Sb, ldS)
-        for rr in range(R):
-            _row_range(a, a.q_pos[t0 + rr // G], k0, &jlo, &jhi)
-            if jhi < jlo:
-                _fill_ninf(Sb + rr * ldS, 1, ldS, 0, bs)
-                continue
-            _fill_ninf(Sb + rr * ldS, 1, ldS, 0, jlo)
-            _fill_ninf(Sb + rr * ldS, 1, ldS, jhi + 1, bs)
-            if sc > 0:
-                for j in range(jlo, jhi + 1):
-                    Sb[rr * ldS + j] = sc * tanhf(Sb[rr * ldS + j] / sc)
-
-
-cdef void _item_pv(const AttnArgs *a, const int32_t *it, float *buf, float *S, int ldS,
-                   const float *M, const float *inv, float *acc) noexcept nogil:
-    """acc[rr*Dv:...] = sum_j p[rr, j] v_j over the item's keys; p from S (overwritten)."""
-    cdef int s = it[0], kvh = it[1], t0 = it[2], t1 = it[3], kb0 = it[4], kb1 = it[5]
-    cdef int G = a.G, Dv = a.Dv, bs = a.bs, R = (t1 - t0) * G
-    cdef float *Vb = buf + a.R_max * a.D + a.D * bs + a.D + a.Dv
-    cdef float *Sb
-    cdef int rr, j, b, blk, nxt, lo, hi, c
-    cdef bint fast
-    cdef const uint8_t *pf = NULL
-    cdef int r16 = a.kv_type == T_F16
-    cdef const int32_t *table = a.tables + <Py_ssize_t>s * a.max_blocks
-    cdef Py_ssize_t n = (kb1 - kb0) * bs
-    # f16 V: per-lane partial sums in llama.cpp's order (see attn_pv_lanes_f16), combined at the end
-    cdef int NL = 64 if a.vd else 16
-    cdef float *accl = NULL
-    if r16 and attn_have_pv_lanes(Dv):
-        accl = attn_lane_scratch(<size_t>R * NL * Dv)
-    for rr in range(R):
-        for j in range(Dv):
-            acc[rr * Dv + j] = 0.0
-        if M[rr] == -INFINITY:
-            for j in range(n):
-                S[rr * ldS + j] = 0.0
-        else:
-            attn_probs(S + rr * ldS, S + rr * ldS, <int>n, M[rr], inv[rr], r16)
-    for b in range(kb0, kb1):
-        blk = table[b]
-        if blk < 0:
-            continue
-        fast = R < SMALL_R and r16
-        for c in range(1 if b == kb0 else PF_BLOCKS, PF_BLOCKS + 1):
-            nxt = table[b + c] if b + c < kb1 else -1
-            pf = NULL
-            if nxt >= 0:
-                pf = a.v + nxt * a.v_bstride + kvh * a.v_row
-                if not fast or c < PF_BLOCKS:
-                    attn_prefetch_rows(pf, a.KVH * a.v_row, bs, a.v_row)
-                    pf = NULL
-        Sb = S + (b - kb0) * bs
-        # keys of this block with a non-zero probability in some row
-        lo = bs
-        hi = -1
-        for rr in range(R):
-            j = 0
-            while j < lo and Sb[rr * ldS + j] == 0.0:
-                j += 1
-            if j < lo:
-                lo = j
-            j = bs - 1
-            while j > hi and Sb[rr * ldS + j] == 0.0:
-                j -= 1
-            if j > hi:
-                hi = j
-        if hi < lo:
-            continue
-        if accl != NULL:
-            attn_pv_lanes_f16(accl, R, NL, Sb + lo, ldS,
-                            <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
-                            a.KVH * (a.v_row // 2), hi - lo + 1, Dv, <long>b * bs + lo)
-            continue
-        if (fast and attn_pv_f16_rows(
-                acc, Dv, R, Sb + lo, ldS,
-                <const uint16_t *>(a.v + blk * a.v_bstride + (<Py_ssize_t>lo * a.KVH + kvh) * a.v_row),
-                a.KVH * (a.v_row // 2), hi - lo + 1, Dv, pf, a.KVH * a.v_row, a.v_row)):
-            continue  # decode: f16 values read in place
-        for j in range(lo, hi + 1):
-            load_row(a.v + blk * a.v_bstride + (<Py_ssize_t>j * a.KVH + kvh) * a.v_row, a.kv_type,
-                      Vb + j * Dv, Dv)
-        for rr in range(R):
-            attn_pv(acc + rr * Dv, 1.0, Sb + rr * ldS + lo, Vb + lo * Dv, hi - lo + 1, Dv)
-    if accl != NULL:
-        attn_pv_lanes_reduce(accl, R, NL, Dv, acc, Dv)
-
-
-cdef inline void _softmax_stats(const AttnArgs *a, int h, float m, double l, float *M, float *inv) noexcept nogil:
-    """Row max M and 1/sum over all keys (and the sink of head h, if any)."""
-    cdef float sk
-    if a.sinks != NULL:
-        sk = a.sinks[h]
-        if sk > m:
-            l = l * expf(m - sk) if m != -INFINITY else 0.0
-            m = sk
-        l = l + expf(sk - m)
-    M[0] = m
-    inv[0] = <float>(1.0 / <double>l) if l > 0 else 0.0
-
-
-cdef void _run_item(const AttnArgs *a, const int32_t *it, float *buf, float *S) noexcept nogil:
-    """An unsplit item, start to end: scores, softmax, P.V, written to out."""
-    cdef int t0 = it[2], t1 = it[3], kvh = it[1], G = a.G, R = (t1 - t0) * G, rr, t, h
-    cdef int ldS = (it[5] - it[4]) * a.bs
-    cdef float *acc = buf + a.R_max * a.D + a.D * a.bs + a.D + a.Dv + a.bs * a.Dv
-    cdef float *M = acc + a.R_max * a.Dv
-    cdef float *inv = M + a.R_max
-    cdef double l
-    _item_scores(a, it, buf, S, ldS)
-    for rr in range(R):
-        h = kvh * G + rr % G
-        M[rr] = attn_max_sumexp(S + rr * ldS, ldS, &l)
-        _softmax_stats(a, h, M[rr], l, M + rr, inv + rr)
-    _item_pv(a, it, buf, S, ldS, M, inv, acc)
-    for rr in range(R):
-        t = t0 + rr // G
-        h = kvh * G + rr % G
-        memcpy(a.out + (<Py_ssize_t>t * a.H + h) * a.Dv, acc + rr * a.Dv, a.Dv * sizeof(float))
-
-
-cdef void _split_scores(const AttnArgs *a, const int32_t *it, float *buf) noexcept nogil:
-    cdef int slot = it[6], R = (it[3] - it[2]) * a.G, rr
-    cdef int ldS = (it[5] - it[4]) * a.bs
-    cdef float *S = a.arena + a.slot_off[slot]
-    cdef float *st = a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2) + a.R_max * a.Dv
-    cdef double l
-    _item_scores(a, it, buf, S, ldS)
-    for rr in range(R):
-        st[rr] = attn_max_sumexp(S + rr * ldS, ldS, &l)
-        st[a.R_max + rr] = <float>l
-
-
-cdef void _split_stats(const AttnArgs *a, const int32_t *grp, int gi) noexcept nogil:
-    """Combine the splits' (max, sum) of group gi = [kvh, t0, t1, slot0, n]."""
-    cdef int kvh = grp[0], slot0 = grp[3], ns = grp[4], R = (grp[2] - grp[1]) * a.G, rr, k
-    cdef Py_ssize_t stride = <Py_ssize_t>a.R_max * (a.Dv + 2)
-    cdef float m, l, mk
-    cdef const float *st
-    cdef float *gs = a.gstat + <Py_ssize_t>gi * 2 * a.R_max
-    for rr in range(R):
-        m = -INFINITY
-        for k in range(ns):
-            mk = a.partial[(slot0 + k) * stride + a.R_max * a.Dv + rr]
-            if mk > m:
-                m = mk
-        l = 0.0
-        if m != -INFINITY:
-            for k in range(ns):
-                st = a.partial + (slot0 + k) * stride + a.R_max * a.Dv
-                if st[rr] != -INFINITY:
-                    l = l + st[a.R_max + rr] * expf(st[rr] - m)
-        _softmax_stats(a, kvh * a.G + rr % a.G, m, l, gs + rr, gs + a.R_max + rr)
-
-
-cdef void _split_pv(const AttnArgs *a, const int32_t *it, float *buf) noexcept nogil:
-    cdef int slot = it[6]
-    cdef int ldS = (it[5] - it[4]) * a.bs
-    cdef const float *gs = a.gstat + <Py_ssize_t>a.slot_grp[slot] * 2 * a.R_max
-    _item_pv(a, it, buf, a.arena + a.slot_off[slot], ldS, gs, gs + a.R_max,
-             a.partial + <Py_ssize_t>slot * a.R_max * (a.Dv + 2))
-
-
-cdef void _split_sum(const AttnArgs *a, const int32_t *grp) noexcept nogil:
-    cdef int kvh = grp[0], t0 = grp[1], t1 = grp[2], slot0 = grp[3], ns = grp[4]
-    cdef int G = a.G, Dv = a.Dv, R = (t1 - t0) * G, rr, k, c, t, h
-    cdef Py_ssize_t stride = <Py_ssize_t>a.R_max * (Dv + 2)
-    cdef float *dst
-    for rr in range(R):
-        t = t0 + rr // G
-        h = kvh * G + rr % G
-        dst = a.out + (<Py_ssize_t>t * a.H + h) * Dv
-        memcpy(dst, a.partial + slot0 * stride + rr * Dv, Dv * sizeof(float))
-        for k in range(1, ns):
-            for c in range(Dv):
-                dst[c] = dst[c] + a.partial[(slot0 + k) * stride + rr * Dv + c]
+cdef inline void _rows_item(attn_item *it, int seq, int h0, int h1, long tok0, long tok1, int b0, int b1,
+                            int chunk) noexcept nogil:
+    it.kind = 1
+    it.seq = seq
+    it.h0 = h0
+    it.h1 = h1
+    it.tok0 = <int32_t>tok0
+    it.tok1 = <int32_t>tok1
+    it.b0 = b0
+    it.b1 = b1
+    it.chunk = chunk
 
 
 def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint8_t[:, ::1] v_pool,
               int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
               const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] q_pos,
               float scale, int window, float softcap, const float[::1] sinks, float[:, :, ::1] out,
-              int n_threads=1):
+              int n_threads=1, const uint8_t[::1] decode_seqs=None):
     """out = softmax(q k^T * scale, masked) v for each query row, over its sequence's blocks.
 
     q : float32 (N, H, D); rows seg_start[s]:seg_start[s+1] belong to sequence s
@@ -466,188 +226,303 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     sinks : float32 (H,) or None: an extra logit per head in the softmax, with no value
     out : float32 (N, H, Dv), written; a query that sees no key gets zeros
     n_threads : OpenMP threads over work items; results do not depend on it
+    decode_seqs : uint8 (S,) or None: sequences marked take the rows (decode) kernel whatever
+        their row count, so each of their tokens gets the bits it gets decoded alone after the
+        tokens before it (speculative decoding's verify segments)
     """
     cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
-    cdef int S = <int>seg_start.shape[0] - 1, bs = block_size
-    cdef int G = H // n_kv_heads
+    cdef int S = <int>seg_start.shape[0] - 1, bs = block_size, KVH = n_kv_heads
+    cdef int MB = <int>block_tables.shape[1]
     cdef Py_ssize_t x, y
     # checks (cheap C loops; nn.py leaves these to the kernel)
-    if S != block_tables.shape[0] or seg_start[0] != 0 or seg_start[S] != N:
+    if S != block_tables.shape[0] or S < 0 or seg_start[0] != 0 or seg_start[S] != N:
         raise ValueError("seg_start must be non-decreasing from 0 to N with one entry per block table + 1")
     for x in range(S):
         if seg_start[x + 1] < seg_start[x]:
             raise ValueError("seg_start must be non-decreasing from 0 to N with one entry per block table + 1")
     for x in range(N):
-        if q_pos[x] < 0 or q_pos[x] >= block_tables.shape[1] * bs:
+        if q_pos[x] < 0 or q_pos[x] >= MB * bs:
             raise ValueError("q_pos outside the range covered by the block tables")
     for x in range(block_tables.shape[0]):
-        for y in range(block_tables.shape[1]):
+        for y in range(MB):
             if block_tables[x, y] >= k_pool.shape[0]:
                 raise ValueError("block id out of range of the pool")
+    if KVH <= 0 or H % KVH:
+        raise ValueError("n_heads must be a multiple of n_kv_heads")
+    if bs <= 0 or bs > ATTN_MAX_BS:
+        raise ValueError(f"block_size must be in 1..{ATTN_MAX_BS}")
+    if decode_seqs is not None and decode_seqs.shape[0] != S:
+        raise ValueError("decode_seqs must have one entry per sequence")
     if N == 0 or S <= 0:
         return
-    cdef AttnArgs a
-    a.q = &q[0, 0, 0]
-    a.out = &out[0, 0, 0]
-    a.k = &k_pool[0, 0] if k_pool.shape[0] > 0 else NULL
-    a.v = &v_pool[0, 0] if v_pool.shape[0] > 0 else NULL
-    a.k_bstride = k_pool.strides[0]
-    a.v_bstride = v_pool.strides[0]
-    a.k_row = k_row
-    a.v_row = v_row
-    a.kv_type = kv_type
-    a.bs = bs
-    a.KVH = n_kv_heads
-    a.H = H
-    a.G = G
-    a.D = D
-    a.Dv = Dv
-    a.tables = &block_tables[0, 0] if block_tables.shape[1] > 0 else NULL
-    a.max_blocks = <int>block_tables.shape[1]
-    a.q_pos = &q_pos[0]
-    a.scale = scale
-    a.softcap = softcap
-    a.window = window
-    a.sinks = &sinks[0] if sinks is not None else NULL
-    cdef int T = TILE_ROWS // G if G < TILE_ROWS else 1
-    a.R_max = T * G
-    a.vd = 1 if N == 1 else 0
+    cdef int G = H // KVH
+    cdef attn_ctx c
+    c.q = &q[0, 0, 0]
+    c.out = &out[0, 0, 0]
+    c.k = &k_pool[0, 0] if k_pool.shape[0] > 0 else NULL
+    c.v = &v_pool[0, 0] if v_pool.shape[0] > 0 else NULL
+    c.k_bstride = k_pool.strides[0]
+    c.v_bstride = v_pool.strides[0]
+    c.k_row = k_row
+    c.v_row = v_row
+    c.kv_type = kv_type
+    c.bs = bs
+    c.KVH = KVH
+    c.H = H
+    c.G = G
+    c.D = D
+    c.Dv = Dv
+    c.tables = &block_tables[0, 0] if MB > 0 else NULL
+    c.max_blocks = MB
+    c.q_pos = &q_pos[0]
+    c.scale = scale
+    c.softcap = softcap
+    c.window = window
+    c.sinks = &sinks[0] if sinks is not None else NULL
 
-    # ---- work items: (seq, kvh, tile, key split). The split count depends only on the
-    # shapes, never on the thread count, so results are identical for any n_threads.
-    cdef int s, r0, r1, t0, t1, t, lo, hi, qp, kb0, kb1, nb, kvh, k, ns, n_tiles = 0
-    cdef int max_items = 0
+    # ---- the plan ------------------------------------------------------------------------
+    # rows of an item: T tokens x Gi heads; a group larger than an item takes head chunks
+    cdef int Gi = G if G <= ATTN_MAX_ROWS else ATTN_MAX_ROWS
+    cdef int n_gc = (G + Gi - 1) // Gi
+    cdef int T_tile = ATTN_TILE_ROWS // Gi if Gi <= ATTN_TILE_ROWS else 1
+    cdef int T_rows = ATTN_MAX_ROWS // Gi if Gi <= ATTN_MAX_ROWS else 1
+    cdef int CH = CHUNK_KEYS // bs if bs < CHUNK_KEYS else 1
+    cdef int s, r0, r1, t, qp, qmin, qmax, kb_lo, kb_hi, nq, k, ns, nb, gc, kvh, g0, g1, b0, b1, ch
+    cdef int *seq_lo = <int *>malloc(5 * max(S, 1) * sizeof(int))
+    if seq_lo == NULL:
+        raise MemoryError()
+    cdef int *seq_hi = seq_lo + S
+    cdef int *seq_rows = seq_hi + S  # > 0: rows kernel
+    cdef const uint8_t *dec = &decode_seqs[0] if decode_seqs is not None else NULL
+    cdef int *seq_c0 = seq_rows + S
+    cdef int *seq_c1 = seq_c0 + S
+    cdef long max_items = 0, max_toks = 0, n_tile_base = 0, n_row_items = 0
+    cdef int c_max = -1
     for s in range(S):
         r0 = seg_start[s]
         r1 = seg_start[s + 1]
-        if r1 > r0:
-            n_tiles += (r1 - r0 + T - 1) // T
-    cdef int base_items = n_tiles * n_kv_heads
-    cdef int want = (SPLIT_MIN_ITEMS + base_items - 1) // base_items if base_items > 0 else 1
-    max_items = base_items * (want if want > 1 else 1)
-    it_np = np.empty((max(1, max_items), 7), dtype=np.int32)
-    gr_np = np.empty((max(1, base_items), 5), dtype=np.int32)
-    so_np = np.empty(max(1, max_items), dtype=np.int64)
-    sg_np = np.empty(max(1, max_items), dtype=np.int32)
-    cdef int32_t[:, ::1] it_arr = it_np
-    cdef int32_t[:, ::1] gr_arr = gr_np
-    cdef int64_t[::1] slot_off = so_np
-    cdef int32_t[::1] slot_grp = sg_np
-    cdef Py_ssize_t n_items = 0, n_groups = 0, i, loc_len = 0, arena_len = 0, ln
-    cdef int n_slots = 0, slot
+        nq = r1 - r0
+        seq_rows[s] = 0
+        seq_lo[s] = 0
+        seq_hi[s] = -1
+        if nq == 0:
+            continue
+        qmin = q_pos[r0]
+        qmax = q_pos[r0]
+        for t in range(r0, r1):
+            qp = q_pos[t]
+            qmin = qp if qp < qmin else qmin
+            qmax = qp if qp > qmax else qmax
+        seq_lo[s] = _key_lo(qmin, window) // bs
+        seq_hi[s] = qmax // bs
+        # 2: rows kernel asked for (decode numerics), 1: few rows
+        seq_rows[s] = 2 if dec != NULL and dec[s] else (1 if nq * G <= ROWS_MAX_QG else 0)
+        if seq_rows[s]:
+            seq_c0[s] = seq_lo[s] // CH
+            seq_c1[s] = seq_hi[s] // CH
+            if seq_c1[s] > c_max:
+                c_max = seq_c1[s]
+            max_toks += <long>nq * (seq_c1[s] - seq_c0[s] + 1)
+            n_row_items += (<long>(nq + T_rows - 1) // T_rows) * (seq_c1[s] - seq_c0[s] + 1) * n_gc * KVH
+        else:
+            n_tile_base += (<long>(nq + T_tile - 1) // T_tile) * n_gc * KVH
+            max_toks += nq
+    # split tile items along the keys when there are few items in all
+    cdef long base_items = n_tile_base + n_row_items
+    cdef int want = <int>((SPLIT_MIN_ITEMS + base_items - 1) // base_items) if 0 < base_items < SPLIT_MIN_ITEMS else 1
+    max_items = n_tile_base * want + n_row_items
+    cdef attn_item *items = <attn_item *>malloc(max(max_items, 1) * sizeof(attn_item))
+    cdef int32_t *toks = <int32_t *>malloc(max(max_toks, 1) * sizeof(int32_t))
+    cdef int32_t *tinfo = <int32_t *>malloc(3 * max(N, 1) * sizeof(int32_t))
+    # rows-kernel grouping, per chunk: group representative, its block range and ids' hash
+    cdef int *grp_rep = <int *>malloc(5 * max(S, 1) * sizeof(int))
+    cdef uint64_t *grp_hash = <uint64_t *>malloc(max(S, 1) * sizeof(uint64_t))
+    cdef int *mem_next = <int *>malloc(max(S, 1) * sizeof(int))
+    if items == NULL or toks == NULL or tinfo == NULL or grp_rep == NULL or grp_hash == NULL or mem_next == NULL:
+        free(seq_lo); free(items); free(toks); free(tinfo); free(grp_rep); free(grp_hash); free(mem_next)
+        raise MemoryError()
+    cdef int *grp_b0 = grp_rep + S
+    cdef int *grp_b1 = grp_b0 + S
+    cdef int *grp_last = grp_b1 + S
+    cdef int *grp_exact = grp_last + S  # a member asked for decode numerics
+    cdef int32_t *slot_base = tinfo
+    cdef int32_t *chunk0 = tinfo + N
+    cdef int32_t *nparts = tinfo + 2 * N
+    cdef long n_items = 0, n_toks = 0, n_slots = 0, tk0, tk, i, kv_bytes = 0
+    cdef int n_grp, gi, m, found
+    cdef uint64_t hsh
+    cdef attn_item *it
+    for t in range(N):
+        nparts[t] = 1
+        slot_base[t] = 0
+        chunk0[t] = 0
+    # tile items
     for s in range(S):
+        if seq_rows[s] or seg_start[s + 1] == seg_start[s]:
+            continue
         r0 = seg_start[s]
         r1 = seg_start[s + 1]
-        t0 = r0
-        while t0 < r1:
-            t1 = t0 + T if t0 + T < r1 else r1
-            lo = 1 << 30
-            hi = -1
-            for t in range(t0, t1):
-                qp = q_pos[t]
-                if qp > hi:
-                    hi = qp
-                qp = qp - window + 1 if window > 0 else 0
-                if qp < lo:
-                    lo = qp
-            if lo < 0:
-                lo = 0
-            kb0 = lo // bs
-            kb1 = hi // bs + 1
-            if kb1 > a.max_blocks:
-                kb1 = a.max_blocks
-            nb = kb1 - kb0
+        t = r0
+        while t < r1:
+            tk0 = n_toks
+            qmin = q_pos[t]
+            qmax = q_pos[t]
+            for k in range(t, min(t + T_tile, r1)):
+                toks[n_toks] = k
+                n_toks += 1
+                qmin = q_pos[k] if q_pos[k] < qmin else qmin
+                qmax = q_pos[k] if q_pos[k] > qmax else qmax
+            b0 = _key_lo(qmin, window) // bs
+            b1 = qmax // bs + 1
+            if b1 > MB:
+                b1 = MB
+            nb = b1 - b0
             ns = min(want, nb // SPLIT_MIN_BLOCKS) if want > 1 else 1
             if ns < 1:
                 ns = 1
-            if ns == 1:
-                for kvh in range(n_kv_heads):
-                    it_arr[n_items, 0] = s
-                    it_arr[n_items, 1] = kvh
-                    it_arr[n_items, 2] = t0
-                    it_arr[n_items, 3] = t1
-                    it_arr[n_items, 4] = kb0
-                    it_arr[n_items, 5] = kb1
-                    it_arr[n_items, 6] = -1
-                    n_items += 1
-                    ln = <Py_ssize_t>a.R_max * nb * bs
-                    if ln > loc_len:
-                        loc_len = ln
-            else:
-                # one group (kv head) owns slots slot0..slot0+ns-1; items run split by split
-                # with the kv heads innermost, so the heads of one key range (interleaved in
-                # the same cache pages) are read back to back
-                for kvh in range(n_kv_heads):
-                    gr_arr[n_groups + kvh, 0] = kvh
-                    gr_arr[n_groups + kvh, 1] = t0
-                    gr_arr[n_groups + kvh, 2] = t1
-                    gr_arr[n_groups + kvh, 3] = n_slots + kvh * ns
-                    gr_arr[n_groups + kvh, 4] = ns
-                for k in range(ns):
-                    for kvh in range(n_kv_heads):
-                        slot = n_slots + kvh * ns + k
-                        it_arr[n_items, 0] = s
-                        it_arr[n_items, 1] = kvh
-                        it_arr[n_items, 2] = t0
-                        it_arr[n_items, 3] = t1
-                        it_arr[n_items, 4] = kb0 + nb * k // ns
-                        it_arr[n_items, 5] = kb0 + nb * (k + 1) // ns
-                        it_arr[n_items, 6] = slot
-                        slot_off[slot] = arena_len
-                        slot_grp[slot] = <int32_t>(n_groups + kvh)
-                        arena_len += <Py_ssize_t>((t1 - t0) * G) * (it_arr[n_items, 5] - it_arr[n_items, 4]) * bs
+            for tk in range(tk0, n_toks):
+                nparts[toks[tk]] = ns
+                chunk0[toks[tk]] = 0
+                slot_base[toks[tk]] = <int32_t>n_slots
+                if ns > 1:
+                    n_slots += ns
+            for k in range(ns):
+                for kvh in range(KVH):
+                    for gc in range(n_gc):
+                        it = &items[n_items]
+                        it.kind = 0
+                        it.seq = s
+                        it.h0 = kvh * G + gc * Gi
+                        it.h1 = kvh * G + min(G, (gc + 1) * Gi)
+                        it.tok0 = <int32_t>tk0
+                        it.tok1 = <int32_t>n_toks
+                        it.b0 = b0 + nb * k // ns
+                        it.b1 = b0 + nb * (k + 1) // ns
+                        it.chunk = k
                         n_items += 1
-                n_slots += ns * n_kv_heads
-                n_groups += n_kv_heads
-            t0 = t1
-    a.loc_len = loc_len
-    cdef float[::1] pv, ar, gs
-    if n_slots > 0:
-        partial = np.empty(n_slots * a.R_max * (Dv + 2), dtype=np.float32)
-        arena = np.empty(max(1, arena_len), dtype=np.float32)
-        gstat = np.empty(n_groups * 2 * a.R_max, dtype=np.float32)
-        pv = partial
-        ar = arena
-        gs = gstat
-        a.partial = &pv[0]
-        a.arena = &ar[0]
-        a.gstat = &gs[0]
-        a.slot_off = &slot_off[0]
-        a.slot_grp = &slot_grp[0]
-    # per-thread scratch: Qt, Kt, tmp (D + Dv), Vb, acc, M, inv, then the local scores
-    cdef Py_ssize_t fixed = (<Py_ssize_t>a.R_max * (D + Dv + 2) + <Py_ssize_t>D * bs
-                             + <Py_ssize_t>bs * Dv + D + Dv + 64)
-    cdef Py_ssize_t buf_len = fixed + loc_len
+            t += T_tile
+    # rows items: chunk by chunk, sequences with the same blocks in the chunk grouped
+    for s in range(S):
+        if not seq_rows[s]:
+            continue
+        ns = seq_c1[s] - seq_c0[s] + 1
+        for t in range(seg_start[s], seg_start[s + 1]):
+            nparts[t] = ns
+            chunk0[t] = seq_c0[s]
+            slot_base[t] = <int32_t>n_slots
+            if ns > 1:
+                n_slots += ns
+    for ch in range(c_max + 1):
+        n_grp = 0
+        for s in range(S):
+            if not seq_rows[s] or ch < seq_c0[s] or ch > seq_c1[s]:
+                continue
+            b0 = max(seq_lo[s], ch * CH)
+            b1 = min(seq_hi[s], ch * CH + CH - 1) + 1
+            if b1 > MB:
+                b1 = MB
+            hsh = _hash_ids(&block_tables[s, 0] + b0, b1 - b0) if b1 > b0 else 0
+            found = -1
+            for gi in range(n_grp):
+                if (grp_hash[gi] == hsh and grp_b0[gi] == b0 and grp_b1[gi] == b1
+                        and memcmp(&block_tables[grp_rep[gi], 0] + b0, &block_tables[s, 0] + b0,
+                                   (b1 - b0) * sizeof(int32_t)) == 0):
+                    found = gi
+                    break
+            mem_next[s] = -1
+            if found < 0:
+                grp_rep[n_grp] = s
+                grp_b0[n_grp] = b0
+                grp_b1[n_grp] = b1
+                grp_hash[n_grp] = hsh
+                grp_last[n_grp] = s
+                grp_exact[n_grp] = seq_rows[s] == 2
+                n_grp += 1
+            else:
+                mem_next[grp_last[found]] = s
+                grp_last[found] = s
+                if seq_rows[s] == 2:
+                    grp_exact[found] = 1
+        for gi in range(n_grp):
+            # the group's tokens, member by member, in items of T_rows tokens
+            tk0 = n_toks
+            m = grp_rep[gi]
+            while m >= 0:
+                for t in range(seg_start[m], seg_start[m + 1]):
+                    toks[n_toks] = t
+                    n_toks += 1
+                m = mem_next[m]
+            # many rows per kv head (decodes sharing these blocks, none asking for decode
+            # numerics): tile items (rows in lanes); else all heads in one rows item when
+            # they fit (each block read front to back once), else rows items per kv head
+            if (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]:
+                tk = tk0
+                while tk < n_toks:
+                    for kvh in range(KVH):
+                        for gc in range(n_gc):
+                            _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
+                                       kvh * G + min(G, (gc + 1) * Gi), tk, min(tk + T_tile, n_toks),
+                                       grp_b0[gi], grp_b1[gi], ch)
+                            items[n_items].kind = 0
+                            n_items += 1
+                    tk += T_tile
+            elif (n_toks - tk0) * H <= ATTN_MAX_ROWS:
+                _rows_item(&items[n_items], grp_rep[gi], 0, H, tk0, n_toks, grp_b0[gi], grp_b1[gi], ch)
+                n_items += 1
+            else:
+                tk = tk0
+                while tk < n_toks:
+                    for kvh in range(KVH):
+                        for gc in range(n_gc):
+                            _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
+                                       kvh * G + min(G, (gc + 1) * Gi), tk, min(tk + T_rows, n_toks),
+                                       grp_b0[gi], grp_b1[gi], ch)
+                            n_items += 1
+                    tk += T_rows
+            kv_bytes += <long>(grp_b1[gi] - grp_b0[gi]) * bs * (k_row + v_row) * KVH
+    free(seq_lo)
+    free(grp_rep)
+    free(grp_hash)
+    free(mem_next)
+    for i in range(n_items):
+        if items[i].kind == 0 and items[i].h0 % G == 0:
+            kv_bytes += <long>(items[i].b1 - items[i].b0) * bs * (k_row + v_row)
+    qsort(items, n_items, sizeof(attn_item), _cmp_cost)
+    c.toks = toks
+    c.slot_base = slot_base
+    c.chunk0 = chunk0
+    c.nparts = nparts
+    c.partial = <float *>malloc(max(n_slots * H * (Dv + 2), 1) * sizeof(float))
+    if c.partial == NULL:
+        free(items); free(toks); free(tinfo)
+        raise MemoryError()
+
+    # ---- run ------------------------------------------------------------------------------
+    cdef long buf_len = attn_scratch_floats(D, Dv, bs)
     cdef float *buf = NULL
     cdef int nt = n_threads if n_threads > 0 else 1
     # a small decode (few short sequences) is not worth waking the other threads
-    cdef Py_ssize_t kv_bytes = 0
-    for i in range(n_items):
-        kv_bytes += <Py_ssize_t>(it_arr[i, 5] - it_arr[i, 4]) * bs * (k_row + v_row)
     if N * H <= 64 and kv_bytes < MIN_PARALLEL_KV_BYTES:
         nt = 1
     if nt > n_items:
         nt = <int>n_items
     if nt < 1:
         nt = 1
+    cdef long n_merge = 0
+    for t in range(N):
+        if nparts[t] > 1:
+            n_merge += 1
     with nogil, parallel(num_threads=nt):
         buf = <float *>malloc(buf_len * sizeof(float))
         for i in prange(n_items, schedule='dynamic'):
-            if it_arr[i, 6] < 0:
-                _run_item(&a, &it_arr[i, 0], buf, buf + fixed)
-            else:
-                _split_scores(&a, &it_arr[i, 0], buf)
+            attn_run_item(&c, &items[i], buf)
         free(buf)
-    if n_groups == 0:
-        return
-    nt = n_threads if n_threads > 0 else 1
-    with nogil, parallel(num_threads=nt):
-        buf = <float *>malloc(fixed * sizeof(float))
-        for i in prange(n_groups, schedule='static'):
-            _split_stats(&a, &gr_arr[i, 0], <int>i)
-        for i in prange(n_items, schedule='dynamic'):
-            if it_arr[i, 6] >= 0:
-                _split_pv(&a, &it_arr[i, 0], buf)
-        for i in prange(n_groups, schedule='static'):
-            _split_sum(&a, &gr_arr[i, 0])
-        free(buf)
+    if n_merge:
+        with nogil:
+            for x in prange(<Py_ssize_t>N * H, num_threads=nt, schedule='static'):
+                if nparts[x // H] > 1:
+                    attn_merge(&c, <int>(x // H), <int>(x % H))
+    free(c.partial)
+    free(items)
+    free(toks)
+    free(tinfo)

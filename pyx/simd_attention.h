@@ -1,394 +1,807 @@
-/* Attention micro-kernels for pyx/attention.pyx: scores of a query tile against a key block,
- * P.V accumulation, the softmax statistics and probabilities, and the decode fast path that
- * reads f16 K/V rows in place in llama.cpp's summation orders (flash attention off), so an
- * f16 cache gives llama.cpp's attention output bit for bit on AVX-512 builds.
+/* Attention work items for pyx/attention.pyx: blocked (flash-style) attention over the KV
+ * block pool with an online softmax, single-threaded (the .pyx runs items in parallel).
  *
- * Every function has a plain C fallback; the f16 fast paths report (return 0) when this
- * build has none, and the caller takes the generic path. */
+ * An item is a set of query rows that share one kv head (query tokens x the heads of its
+ * GQA group, possibly of several sequences that share the blocks) and a range of KV blocks.
+ * Each K/V block is read (and converted to f32) once per item, the rows' running max m,
+ * sum l and output accumulator o are updated block by block:
+ *
+ *     m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  l' = l * exp(m - m') + sum_j p_j,
+ *     o' = o * exp(m - m') + sum_j p_j v_j
+ *
+ * and the item ends with o / l, or with (o, m, l) as a partial that attn_merge combines with
+ * the item's other key ranges. Two kernels:
+ *
+ * - tile (prefill, many query rows): rows in vector lanes. Q^T (D x rows) is transposed once
+ *   per item; S^T = K Q^T is an 8 keys x 48 rows register tile (two passes for 96 rows), the
+ *   softmax statistics are per lane, P.V an (up to) 6 rows x 64 values register tile.
+ * - rows (decode, few rows per sequence): keys in vector lanes. Each score is one fma chain
+ *   over the head dim reduced by simd_hsum16x16, P.V accumulates rows x 64 values. Every
+ *   row's arithmetic is independent of the other rows of the item and of the keys the item
+ *   reads beyond the row's own range, so a sequence decoded in a batch (sharing blocks with
+ *   a few others) gets the bits it gets alone; many decode rows sharing blocks take the
+ *   tile kernel.
+ *
+ * Scores are (q * scale) . k, q rounded to f16 first for an f16 cache (llama.cpp's K.Q takes
+ * q as f16). Every function has a plain C fallback (LLMCORE_PORTABLE=1 builds it). */
 #ifndef LLMCORE_SIMD_ATTENTION_H
 #define LLMCORE_SIMD_ATTENTION_H
 
+#include <limits.h>
 #include "simd.h"
+#include "simd_kv_rows.h"
 
-/* Prefetch n rows of row_bytes each, stride bytes apart (the next key block of a kv head:
- * its rows are spread over several 4 KiB pages, where hardware prefetch stops). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define ATTN_AVX512 1
+#else
+#define ATTN_AVX512 0
+#endif
+
+/* storage type codes: kv_rows.pxd's T_* (attention.pyx checks they agree) */
+enum { ATTN_KV_F32 = 0, ATTN_KV_F16 = 1, ATTN_KV_Q8_0 = 2, ATTN_KV_Q4_0 = 3 };
+
+enum {
+    ATTN_TILE_ROWS = 96,   /* rows of a tile item: 6 vectors of 16 lanes */
+    ATTN_MAX_ROWS = 96,    /* rows of any item */
+    ATTN_MAX_BS = 256,     /* largest block size the scratch layout takes */
+};
+
+/* Everything an item reads or writes, fixed for one attention call. */
+typedef struct {
+    const float *q;            /* (N, H, D) */
+    float *out;                /* (N, H, Dv) */
+    const uint8_t *k, *v;      /* pools, bytes: row (token t, kv head h) of block b at
+                                  b * bstride + (t * KVH + h) * row */
+    long k_bstride, v_bstride;
+    int k_row, v_row;
+    int kv_type, bs, KVH, H, G, D, Dv;
+    const int32_t *tables;     /* (S, max_blocks), -1: freed */
+    int max_blocks;
+    const int32_t *q_pos;      /* (N,) */
+    float scale, softcap;
+    int window;
+    const float *sinks;        /* (H,) or NULL */
+    const int32_t *toks;       /* the items' token lists */
+    const int32_t *slot_base;  /* (N,) first partial slot of a token */
+    const int32_t *chunk0;     /* (N,) chunk index of that slot */
+    const int32_t *nparts;     /* (N,) partials of a token (1: items write out directly) */
+    float *partial;            /* (slots, H, Dv + 2): o, m, l */
+} attn_ctx;
+
+/* kind 0: tile, 1: rows. Rows r = hi * nt + ti (nt = tok1 - tok0): token toks[tok0 + ti],
+ * head h0 + hi, so the rows of one kv head are consecutive; a tile's heads belong to one kv
+ * head, a rows item's may span several (each block is then read once, front to back).
+ * Blocks [b0, b1) of sequence seq's table; chunk names the partial. */
+typedef struct {
+    int32_t kind, seq, h0, h1, tok0, tok1, b0, b1, chunk;
+} attn_item;
+
+/* floats of per-thread scratch an item needs */
+static inline long attn_scratch_floats(int D, int Dv, int bs) {
+    const long ldS = (bs + 15) & ~15;
+    return (long)ATTN_MAX_ROWS * D + (long)ATTN_MAX_ROWS * Dv + (long)bs * D + (long)bs * Dv
+         + ldS * ATTN_MAX_ROWS + (long)ATTN_MAX_ROWS * (16 + 4) + 64;
+}
+
+/* Prefetch n rows of row_bytes each, stride bytes apart (the next block of a kv head: its
+ * rows are spread over several 4 KiB pages, where hardware prefetch stops). */
 static inline void attn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes) {
     for (int j = 0; j < n; j++, p += stride)
         for (int c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c, 0, 3);
 }
 
-/* ---- attention micro-kernels ------------------------------------------------------------ */
+static inline void attn_load_row(const uint8_t *src, int kv_type, float *y, int n) {
+    switch (kv_type) {
+        case ATTN_KV_F16: simd_f16_to_f32_row((const uint16_t *)src, y, n); break;
+        case ATTN_KV_Q8_0: kv_dequant_q8_0(src, y, n); break;
+        case ATTN_KV_Q4_0: kv_dequant_q4_0(src, y, n); break;
+        default: memcpy(y, src, (size_t)n * sizeof(float));
+    }
+}
 
-/* s[r*ldS + j] = scale * sum_d q[r*ldq + d] * kt[d*bs + j] for r < R, j < bs.
- * kt is the key block transposed (D, bs), so 16 keys are scored per FMA without any
- * horizontal reduction; four query rows share each key-vector load. */
-static void attn_scores(const float *q, int ldq, int R, const float *kt, int D, int bs,
-                        float scale, float *s, int ldS) {
-#if defined(__AVX512F__)
-    const __m512 vs = _mm512_set1_ps(scale);
-    int r = 0;
-    for (; r + 4 <= R; r += 4) {
-        const float *q0 = q + (size_t)r * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
-        for (int j = 0; j < bs; j += 16) {
-            __mmask16 k = simd_mask16(bs - j);
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int d = 0; d < D; d++) {
-                __m512 kv = _mm512_maskz_loadu_ps(k, kt + (size_t)d * bs + j);
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), kv, a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), kv, a1);
-                a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), kv, a2);
-                a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), kv, a3);
+/* rows j0..j1-1 of a block (one kv head) as f32 rows of n values, ld apart */
+static inline void attn_load_rows(const uint8_t *p, long stride, int kv_type, int j0, int j1, int n, float *y, int ld) {
+#if ATTN_AVX512
+    if (kv_type == ATTN_KV_F16 && n % 16 == 0) {
+        for (int j = j0; j < j1; j++) {
+            const uint16_t *src = (const uint16_t *)(p + (long)j * stride);
+            float *dst = y + (long)j * ld;
+            for (int d = 0; d < n; d += 16)
+                _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
+        }
+        return;
+    }
+#endif
+    for (int j = j0; j < j1; j++) attn_load_row(p + (long)j * stride, kv_type, y + (long)j * ld, n);
+}
+
+/* ---- exp and tanh ------------------------------------------------------------------------ */
+
+/* Scores are kept in log2 units (q is scaled by scale * log2(e)), so probabilities are
+ * 2^(s - m): one roundscale, a degree-5 polynomial (max relative error 2.4e-7 on [-1/2,
+ * 1/2]) and a scalef. Inputs are <= 0 here (s - running max); below -125 (and -inf, NaN)
+ * the result is 0, never a denormal. */
+#define ATTN_LOG2E 1.44269504088896340736f
+static inline float attn_exp2(float x) { return x >= -125.0f ? exp2f(x) : 0.0f; }
+
+#if ATTN_AVX512
+static inline __m512 attn_exp2_16(__m512 x) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(0x1.5c08b6p-10f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.3d0c4ap-7f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c6b6e6p-5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ebf918p-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e428p-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.000002p+0f));
+    return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+/* softcap * tanh(x / softcap); tanh(y) = 1 - 2 / (exp(2y) + 1) (saturates to +-1) */
+static inline __m512 attn_softcap16(__m512 x, float softcap) {
+    const __m512 c = _mm512_set1_ps(softcap);
+    const __m512 e = simd_exp_f32x16(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / softcap)));
+    const __m512 t = _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    return _mm512_mul_ps(c, t);
+}
+#endif
+
+static inline float attn_softcap1(float x, float softcap) { return softcap * tanhf(x / softcap); }
+
+/* ---- results: final rows and partials ---------------------------------------------------- */
+
+/* Row (token t, head h) done over the item's keys: o (Dv), max m, sum l. */
+static inline void attn_emit(const attn_ctx *c, int t, int h, const float *o, float m, float l, int chunk) {
+    const int Dv = c->Dv;
+    if (c->nparts[t] > 1) {
+        float *p = c->partial + ((long)(c->slot_base[t] + chunk - c->chunk0[t]) * c->H + h) * (Dv + 2);
+        memcpy(p, o, (size_t)Dv * sizeof(float));
+        p[Dv] = m;
+        p[Dv + 1] = l;
+        return;
+    }
+    float f = 1.0f;
+    if (c->sinks) {  /* an extra logit with no value (m and l are in log2 units) */
+        const float sk = c->sinks[h] * ATTN_LOG2E;
+        const float mf = m > sk ? m : sk;
+        f = m == -INFINITY ? 0.0f : attn_exp2(m - mf);
+        l = l * f + attn_exp2(sk - mf);
+    }
+    /* (o * f) / l as attn_merge rounds it: a row whose other chunks are empty (a verify
+     * segment's earlier tokens) gets the bits it gets here */
+    float *dst = c->out + ((long)t * c->H + h) * Dv;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int i = 0; i < Dv; i++) dst[i] = (o[i] * f) * inv;
+}
+
+/* out row (t, h) from its partials, combined in chunk order */
+static void attn_merge(const attn_ctx *c, int t, int h) {
+    const int Dv = c->Dv, np = c->nparts[t];
+    const float *p0 = c->partial + ((long)c->slot_base[t] * c->H + h) * (Dv + 2);
+    const long stride = (long)c->H * (Dv + 2);
+    float M = -INFINITY;
+    const float sk = c->sinks ? c->sinks[h] * ATTN_LOG2E : -INFINITY;
+    for (int k = 0; k < np; k++) M = p0[k * stride + Dv] > M ? p0[k * stride + Dv] : M;
+    M = sk > M ? sk : M;
+    float *dst = c->out + ((long)t * c->H + h) * Dv;
+    for (int i = 0; i < Dv; i++) dst[i] = 0.0f;
+    float L = 0.0f;
+    if (M != -INFINITY) {
+        for (int k = 0; k < np; k++) {
+            const float *p = p0 + k * stride;
+            if (p[Dv] == -INFINITY) continue;
+            const float w = attn_exp2(p[Dv] - M);
+            L += p[Dv + 1] * w;
+            for (int i = 0; i < Dv; i++) dst[i] += p[i] * w;
+        }
+        if (c->sinks) L += attn_exp2(sk - M);
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int i = 0; i < Dv; i++) dst[i] *= inv;
+}
+
+/* ---- tile kernel: rows in lanes ----------------------------------------------------------- */
+
+/* st[j*ldq + r] = sum_d k[j*ldk + d] * qt[d*ldq + r], j < nk, r < 16*nv */
+#if ATTN_AVX512
+/* NK keys x NV lane vectors of accumulators (NK * NV <= 24 registers) */
+static inline __attribute__((always_inline)) void attn_tile_scores_nv(
+        const int NV, const int NK, const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st) {
+    int j0 = 0;
+    for (; j0 + NK <= nk; j0 += NK) {
+        __m512 a[16][4];
+        for (int jj = 0; jj < NK; jj++)
+            for (int v = 0; v < NV; v++) a[jj][v] = _mm512_setzero_ps();
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) {
+            __m512 qv[4];
+            for (int v = 0; v < NV; v++) qv[v] = _mm512_loadu_ps(qt + (long)d * ldq + 16 * v);
+            for (int jj = 0; jj < NK; jj++) {
+                const __m512 kb = _mm512_set1_ps(kr[jj * ldk + d]);
+                for (int v = 0; v < NV; v++) a[jj][v] = _mm512_fmadd_ps(kb, qv[v], a[jj][v]);
             }
-            _mm512_mask_storeu_ps(s + (size_t)r * ldS + j, k, _mm512_mul_ps(a0, vs));
-            _mm512_mask_storeu_ps(s + (size_t)(r + 1) * ldS + j, k, _mm512_mul_ps(a1, vs));
-            _mm512_mask_storeu_ps(s + (size_t)(r + 2) * ldS + j, k, _mm512_mul_ps(a2, vs));
-            _mm512_mask_storeu_ps(s + (size_t)(r + 3) * ldS + j, k, _mm512_mul_ps(a3, vs));
+        }
+        for (int jj = 0; jj < NK; jj++)
+            for (int v = 0; v < NV; v++) _mm512_storeu_ps(st + (long)(j0 + jj) * ldq + 16 * v, a[jj][v]);
+    }
+    for (; j0 < nk; j0++) {
+        __m512 a[4];
+        for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) {
+            const __m512 kb = _mm512_set1_ps(kr[d]);
+            for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(kb, _mm512_loadu_ps(qt + (long)d * ldq + 16 * v), a[v]);
+        }
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(st + (long)j0 * ldq + 16 * v, a[v]);
+    }
+}
+#endif
+
+static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st) {
+#if ATTN_AVX512
+    /* passes of up to 4 lane vectors (K read again from L1 per pass): 4, 3 | 2, 3 | 3 */
+    for (int v0 = 0; v0 < nv;) {
+        const int left = nv - v0, w = left == 4 ? 4 : left >= 3 ? 3 : left;
+        const float *q = qt + 16 * v0;
+        float *o = st + 16 * v0;
+        switch (w) {
+            case 1: attn_tile_scores_nv(1, 16, q, ldq, k, ldk, nk, D, o); break;
+            case 2: attn_tile_scores_nv(2, 12, q, ldq, k, ldk, nk, D, o); break;
+            case 3: attn_tile_scores_nv(3, 8, q, ldq, k, ldk, nk, D, o); break;
+            default: attn_tile_scores_nv(4, 6, q, ldq, k, ldk, nk, D, o); break;
+        }
+        v0 += w;
+    }
+#else
+    const int R = 16 * nv;
+    for (int j = 0; j < nk; j++) {
+        float *s = st + (long)j * ldq;
+        for (int r = 0; r < R; r++) s[r] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float kd = k[(long)j * ldk + d];
+            const float *q = qt + (long)d * ldq;
+            for (int r = 0; r < R; r++) s[r] += kd * q[r];
         }
     }
-    for (; r < R; r++) {
-        const float *q0 = q + (size_t)r * ldq;
-        for (int j = 0; j < bs; j += 16) {
-            __mmask16 k = simd_mask16(bs - j);
-            __m512 a0 = _mm512_setzero_ps();
-            for (int d = 0; d < D; d++)
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), _mm512_maskz_loadu_ps(k, kt + (size_t)d * bs + j), a0);
-            _mm512_mask_storeu_ps(s + (size_t)r * ldS + j, k, _mm512_mul_ps(a0, vs));
+#endif
+}
+
+/* Scores st (nk keys at positions kpos0.., lanes r < 16*nv) -> probabilities, and the
+ * online-softmax update of m, l; alpha = exp(m_old - m_new) per lane. With need_mask, keys a
+ * lane does not see (kpos > qpos, or outside the window) are dropped. */
+static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask, const int32_t *qpos,
+                              int kpos0, int window, float softcap, float *m, float *l, float *alpha) {
+#if ATTN_AVX512
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int v = 0; v < nv; v++) {
+        const __m512i qp = _mm512_loadu_si512((const void *)(qpos + 16 * v));
+        __m512 bm = ninf;
+        for (int j = 0; j < nk; j++) {
+            float *s = st + (long)j * ldq + 16 * v;
+            __m512 x = _mm512_loadu_ps(s);
+            if (softcap > 0.0f) x = attn_softcap16(x, softcap);
+            if (need_mask) {
+                const __m512i kp = _mm512_set1_epi32(kpos0 + j);
+                __mmask16 ok = _mm512_cmple_epi32_mask(kp, qp);
+                if (window > 0)
+                    ok &= _mm512_cmplt_epi32_mask(_mm512_sub_epi32(qp, kp), _mm512_set1_epi32(window));
+                x = _mm512_mask_blend_ps(ok, ninf, x);
+            }
+            if (softcap > 0.0f || need_mask) _mm512_storeu_ps(s, x);
+            bm = _mm512_max_ps(bm, x);
+        }
+        const __m512 mo = _mm512_loadu_ps(m + 16 * v);
+        const __m512 mn = _mm512_max_ps(mo, bm);
+        /* a lane that has seen no key yet: p = exp(-inf) = 0 against 0 */
+        const __m512 mu = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
+        const __m512 a = attn_exp2_16(_mm512_sub_ps(mo, mu));
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            float *s0 = st + (long)j * ldq + 16 * v, *s1 = s0 + ldq;
+            const __m512 p0 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s0), mu));
+            const __m512 p1 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s1), mu));
+            _mm512_storeu_ps(s0, p0);
+            _mm512_storeu_ps(s1, p1);
+            sum0 = _mm512_add_ps(sum0, p0);
+            sum1 = _mm512_add_ps(sum1, p1);
+        }
+        if (j < nk) {
+            float *s0 = st + (long)j * ldq + 16 * v;
+            const __m512 p0 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s0), mu));
+            _mm512_storeu_ps(s0, p0);
+            sum0 = _mm512_add_ps(sum0, p0);
+        }
+        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, _mm512_add_ps(sum0, sum1)));
+        _mm512_storeu_ps(m + 16 * v, mn);
+        _mm512_storeu_ps(alpha + 16 * v, a);
+    }
+#else
+    const int R = 16 * nv;
+    for (int r = 0; r < R; r++) {
+        float bm = -INFINITY;
+        for (int j = 0; j < nk; j++) {
+            float *s = st + (long)j * ldq + r;
+            float x = *s;
+            if (softcap > 0.0f) x = attn_softcap1(x, softcap);
+            if (need_mask) {
+                const int kp = kpos0 + j;
+                if (kp > qpos[r] || (window > 0 && qpos[r] - kp >= window)) x = -INFINITY;
+            }
+            *s = x;
+            bm = x > bm ? x : bm;
+        }
+        const float mn = m[r] > bm ? m[r] : bm;
+        const float mu = mn == -INFINITY ? 0.0f : mn;
+        const float a = attn_exp2(m[r] - mu);
+        float sum = 0.0f;
+        for (int j = 0; j < nk; j++) {
+            float *s = st + (long)j * ldq + r;
+            *s = attn_exp2(*s - mu);
+            sum += *s;
+        }
+        l[r] = l[r] * a + sum;
+        m[r] = mn;
+        alpha[r] = a;
+    }
+#endif
+}
+
+/* o[r*Dv + c] = o * alpha[r] + sum_j pt[j*ldp + r] * v[j*ldv + c], r < R, j < nk */
+#if ATTN_AVX512
+/* RB rows x NV vectors of values c0.. (the last one masked by kl): accumulators in registers */
+static inline __attribute__((always_inline)) void attn_tile_pv_rb(
+        const int RB, const int NV, float *o, int Dv, const float *pt, int ldp, const float *v, long ldv, int nk,
+        const float *alpha, __mmask16 kl) {
+    __m512 acc[6][4];
+    __mmask16 km[4];
+    for (int i = 0; i < NV; i++) km[i] = i == NV - 1 ? kl : (__mmask16)0xFFFF;
+    for (int r = 0; r < RB; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int i = 0; i < NV; i++) acc[r][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(km[i], o + (long)r * Dv + 16 * i), a);
+    }
+    for (int j = 0; j < nk; j++) {
+        __m512 vv[4];
+        const float *vr = v + (long)j * ldv;
+        for (int i = 0; i < NV; i++) vv[i] = _mm512_maskz_loadu_ps(km[i], vr + 16 * i);
+        const float *pr = pt + (long)j * ldp;
+        for (int r = 0; r < RB; r++) {
+            const __m512 pb = _mm512_set1_ps(pr[r]);
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm512_fmadd_ps(pb, vv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NV; i++) _mm512_mask_storeu_ps(o + (long)r * Dv + 16 * i, km[i], acc[r][i]);
+}
+
+#define ATTN_PV_NV(RB, nv, ...)                                        \
+    do {                                                               \
+        switch (nv) {                                                  \
+            case 1: attn_tile_pv_rb(RB, 1, __VA_ARGS__); break;        \
+            case 2: attn_tile_pv_rb(RB, 2, __VA_ARGS__); break;        \
+            case 3: attn_tile_pv_rb(RB, 3, __VA_ARGS__); break;        \
+            default: attn_tile_pv_rb(RB, 4, __VA_ARGS__); break;       \
+        }                                                              \
+    } while (0)
+#endif
+
+static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, const float *v, long ldv, int nk,
+                         const float *alpha) {
+#if ATTN_AVX512
+    for (int c0 = 0; c0 < Dv; c0 += 64) {
+        const int w = Dv - c0 < 64 ? Dv - c0 : 64, nv = (w + 15) / 16;
+        const __mmask16 kl = simd_mask16(w - 16 * (nv - 1));
+        float *oc = o + c0;
+        const float *vc = v + c0;
+        int r = 0;
+        for (; r + 6 <= R; r += 6) ATTN_PV_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl);
+        switch (R - r) {
+            case 1: ATTN_PV_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
+            case 2: ATTN_PV_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
+            case 3: ATTN_PV_NV(3, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
+            case 4: ATTN_PV_NV(4, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
+            case 5: ATTN_PV_NV(5, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
+            default: break;
         }
     }
 #else
     for (int r = 0; r < R; r++) {
-        float *sr = s + (size_t)r * ldS;
-        for (int j = 0; j < bs; j++) sr[j] = 0.0f;
-        for (int d = 0; d < D; d++) {
-            const float qd = q[(size_t)r * ldq + d];
-            const float *kd = kt + (size_t)d * bs;
-            for (int j = 0; j < bs; j++) sr[j] += qd * kd[j];
+        float *orow = o + (long)r * Dv;
+        for (int c = 0; c < Dv; c++) orow[c] *= alpha[r];
+        for (int j = 0; j < nk; j++) {
+            const float p = pt[(long)j * ldp + r];
+            const float *vr = v + (long)j * ldv;
+            for (int c = 0; c < Dv; c++) orow[c] += p * vr[c];
         }
-        for (int j = 0; j < bs; j++) sr[j] *= scale;
     }
 #endif
 }
 
-/* acc[0:Dv] = acc * f + sum_j p[j] * v[j*Dv + 0:Dv] over j < n (v row-major (n, Dv)). */
-static void attn_pv(float *acc, float f, const float *p, const float *v, int n, int Dv) {
-#if defined(__AVX512F__)
-    const __m512 vf = _mm512_set1_ps(f);
-    int c = 0;
-    for (; c + 64 <= Dv; c += 64) {
-        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + c), vf);
-        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 16), vf);
-        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 32), vf);
-        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 48), vf);
-        for (int j = 0; j < n; j++) {
-            if (p[j] == 0.0f) continue;
-            const float *vj = v + (size_t)j * Dv + c;
-            const __m512 pj = _mm512_set1_ps(p[j]);
-            a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
-            a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
-            a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
-            a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+/* the lowest key position row (token position qp) sees */
+static inline int attn_key_lo(int qp, int window) {
+    const int lo = window > 0 ? qp - window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
+    const int D = c->D, Dv = c->Dv, bs = c->bs, KVH = c->KVH, kvh = it->h0 / c->G;
+    const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
+    const int nv = (R + 15) / 16, ldq = 16 * nv;
+    float *qt = buf;                                  /* D x ldq */
+    float *o = qt + (long)ATTN_MAX_ROWS * D;          /* R x Dv */
+    float *kf = o + (long)ATTN_MAX_ROWS * Dv;         /* bs x D */
+    float *vf = kf + (long)bs * D;                    /* bs x Dv */
+    float *st = vf + (long)bs * Dv;                   /* bs x ldq */
+    float *m = st + (long)bs * ATTN_MAX_ROWS;
+    float *l = m + ATTN_MAX_ROWS, *alpha = l + ATTN_MAX_ROWS;
+    int32_t *qp = (int32_t *)(alpha + ATTN_MAX_ROWS);
+    const int r16 = c->kv_type == ATTN_KV_F16;
+    const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
+    int min_qp = INT_MAX, max_qp = -1, lo_all = INT_MAX;
+    for (int r = 0; r < ldq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        if (r >= R) {  /* padding lanes: no query, every key masked */
+            qp[r] = -1;
+            for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = 0.0f;
+            continue;
         }
-        _mm512_storeu_ps(acc + c, a0);
-        _mm512_storeu_ps(acc + c + 16, a1);
-        _mm512_storeu_ps(acc + c + 32, a2);
-        _mm512_storeu_ps(acc + c + 48, a3);
+        const int t = c->toks[it->tok0 + r % nt], h = it->h0 + r / nt;
+        const float *src = c->q + ((long)t * c->H + h) * D;
+        for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = (r16 ? simd_f16_round(src[d]) : src[d]) * qscale;
+        qp[r] = c->q_pos[t];
+        min_qp = qp[r] < min_qp ? qp[r] : min_qp;
+        max_qp = qp[r] > max_qp ? qp[r] : max_qp;
+        const int lo = attn_key_lo(qp[r], c->window);
+        lo_all = lo < lo_all ? lo : lo_all;
     }
-    for (; c < Dv; c += 16) {
-        __mmask16 k = simd_mask16(Dv - c);
-        __m512 a0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, acc + c), vf);
-        for (int j = 0; j < n; j++) {
-            if (p[j] == 0.0f) continue;
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(k, v + (size_t)j * Dv + c), a0);
+    memset(o, 0, (size_t)R * Dv * sizeof(float));
+    const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
+    const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
+    for (int b = it->b0; b < it->b1; b++) {
+        const int blk = table[b];
+        if (blk < 0) continue;  /* freed (outside every window): never read */
+        const int k0 = b * bs;
+        int jlo = lo_all - k0, jhi = max_qp - k0;
+        if (jlo < 0) jlo = 0;
+        if (jhi > bs - 1) jhi = bs - 1;
+        if (jhi < jlo) continue;
+        const int nk = jhi - jlo + 1;
+        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, while this one is computed */
+            attn_prefetch_rows(c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row, ks, bs, c->k_row);
+            attn_prefetch_rows(c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row, vs, bs, c->v_row);
         }
-        _mm512_mask_storeu_ps(acc + c, k, a0);
+        const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
+        const uint8_t *vb = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
+        const float *kp, *vp;
+        long ldk, ldv;
+        if (c->kv_type == ATTN_KV_F32) {
+            kp = (const float *)(kb + jlo * ks);
+            vp = (const float *)(vb + jlo * vs);
+            ldk = ks / 4;
+            ldv = vs / 4;
+        } else {
+            attn_load_rows(kb, ks, c->kv_type, jlo, jhi + 1, D, kf, D);
+            kp = kf + (long)jlo * D;
+            ldk = D;
+            vp = NULL;
+            ldv = Dv;
+        }
+        attn_tile_scores(qt, ldq, nv, kp, ldk, nk, D, st);
+        const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
+        attn_tile_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha);
+        if (c->kv_type != ATTN_KV_F32) {
+            attn_load_rows(vb, vs, c->kv_type, jlo, jhi + 1, Dv, vf, Dv);
+            vp = vf + (long)jlo * Dv;
+        }
+        attn_tile_pv(o, Dv, R, st, ldq, vp, ldv, nk, alpha);
     }
-#else
-    for (int c = 0; c < Dv; c++) acc[c] *= f;
-    for (int j = 0; j < n; j++) {
-        if (p[j] == 0.0f) continue;
-        const float pj = p[j];
-        const float *vj = v + (size_t)j * Dv;
-        for (int c = 0; c < Dv; c++) acc[c] += pj * vj[c];
-    }
-#endif
+    for (int r = 0; r < R; r++)
+        attn_emit(c, c->toks[it->tok0 + r % nt], it->h0 + r / nt, o + (long)r * Dv, m[r], l[r], it->chunk);
 }
 
+/* ---- rows kernel: keys in lanes ------------------------------------------------------------ */
 
-/* Max of s[0:n] and sum(exp(s - max)) (entries of -INFINITY contribute 0), summed like
- * ggml's soft_max: 16-lane chunks from s[0] reduced in float, chunk sums added in double. */
-static inline float attn_max_sumexp(const float *s, int n, double *sum) {
-    float m = -INFINITY;
-    int i = 0;
-#if defined(__AVX512F__)
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    for (; i + 16 <= n; i += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + i));
-    m = _mm512_reduce_max_ps(vm);
-#endif
-    for (; i < n; i++) m = s[i] > m ? s[i] : m;
-    if (m == -INFINITY) { *sum = 0.0; return m; }
-    double acc = 0.0;
-    i = 0;
-#if defined(__AVX512F__)
-    __m512 mm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
-    for (; i < n; i += 16) {
-        __mmask16 k = simd_mask16(n - i);
-        __m512 v = _mm512_maskz_loadu_ps(k, s + i);
-        __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
-        acc += (double)_mm512_reduce_add_ps(_mm512_maskz_mov_ps(live, simd_exp_f32x16(_mm512_sub_ps(v, mm))));
-    }
-#else
-    for (; i < n; i++) acc += s[i] == -INFINITY ? 0.0 : (double)expf(s[i] - m);
-#endif
-    *sum = acc;
-    return m;
+#if ATTN_AVX512
+/* 16 values of a K/V row: f32 at k + off, or f16 (converted) */
+static inline __m512 attn_kvec(const void *k, const int F16, long off, __mmask16 msk) {
+    if (F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(msk, (const uint16_t *)k + off));
+    return _mm512_maskz_loadu_ps(msk, (const float *)k + off);
 }
 
-/* p[i] = exp(s[i] - m) * inv (0 where s is -INFINITY), rounded to f16 when r16
- * (ggml: soft_max writes normalised f32 probabilities, the V matmul converts them to f16). */
-static inline void attn_probs(const float *s, float *p, int n, float m, float inv, int r16) {
-    int i = 0;
-#if defined(__AVX512F__)
-    const __m512 mm = _mm512_set1_ps(m), vi = _mm512_set1_ps(inv), ninf = _mm512_set1_ps(-INFINITY);
-    for (; i < n; i += 16) {
-        __mmask16 k = simd_mask16(n - i);
-        __m512 v = _mm512_maskz_loadu_ps(k, s + i);
-        __mmask16 live = _mm512_mask_cmp_ps_mask(k, v, ninf, _CMP_NEQ_OQ);
-        __m512 e = _mm512_maskz_mov_ps(live, _mm512_mul_ps(simd_exp_f32x16(_mm512_sub_ps(v, mm)), vi));
-        if (r16) e = _mm512_cvtph_ps(_mm512_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm512_mask_storeu_ps(p + i, k, e);
-    }
-#else
-    for (; i < n; i++) {
-        float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m) * inv;
-        p[i] = r16 ? simd_f16_round(e) : e;
-    }
-#endif
-}
-
-/* ---- decode fast path: few query rows against f16 K/V rows read in place ------------------ */
-
-#if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void attn_scores_f16_R(
-        const int R, const int VD, const float *q, const uint16_t *k, long kstride, int n, int D, float scale,
-        float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes) {
-    __m512 tmp[4][16];
-    const __m512 vs = _mm512_set1_ps(scale);
-    for (int j0 = 0; j0 < n; j0 += 16) {
-        const int m = (n - j0) < 16 ? (n - j0) : 16;
-        for (int jj = 0; jj < m; jj++) {
-            const uint16_t *kr = k + (size_t)(j0 + jj) * kstride;
-            if (pf) /* a later block's row, one per key: prefetches spread over the loop */
-                for (int c = 0; c < pfbytes; c += 64) __builtin_prefetch(pf + (size_t)(j0 + jj) * pfstride + c, 0, 3);
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            if (VD) {
-                /* ggml_vec_dot_f16 order (llama.cpp's K.Q for a 1-token batch): 4 accumulators
-                 * over 64-wide steps, combined (c0 + c2) + (c1 + c3); needs D % 64 == 0 */
-                __m512 c[4][4];
-                for (int r = 0; r < 4; r++)
-                    for (int u = 0; u < 4; u++) c[r][u] = _mm512_setzero_ps();
-                for (int d = 0; d < D; d += 64)
-                    for (int u = 0; u < 4; u++) {
-                        const int du = d + 16 * u;
-                        const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + du)));
-                        c[0][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + du), kv, c[0][u]);
-                        if (R > 1) c[1][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + D + du), kv, c[1][u]);
-                        if (R > 2) c[2][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + du), kv, c[2][u]);
-                        if (R > 3) c[3][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + du), kv, c[3][u]);
+/* s[r*ldS + j] = q_r . k_j for r < RB and keys j of [j0, j1) (16-key groups from j0 & ~15;
+ * keys of a group outside [j0, j1) get 0). Each score: one fma chain over d, reduced by
+ * simd_hsum16x16, so it depends on its row and key only. ND > 0: D == 16 * ND, the rows'
+ * q held in registers; ND == 0: any D (masked tail). */
+static inline __attribute__((always_inline)) void attn_rows_scores_nd(
+        const int RB, const int F16, const int ND, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        float *s, int ldS) {
+    __m512 qv[4][4];
+    if (ND > 0)
+        for (int r = 0; r < RB; r++)
+            for (int i = 0; i < ND; i++) qv[r][i] = _mm512_loadu_ps(q + (long)r * D + 16 * i);
+    for (int jb = j0 & ~15; jb < j1; jb += 16) {
+        __m512 tmp[4][16];
+        for (int jj = 0; jj < 16; jj++) {
+            const int j = jb + jj, slot = 4 * (jj & 3) + (jj >> 2);  /* simd_hsum16x16's order */
+            __m512 a[4];
+            for (int r = 0; r < RB; r++) a[r] = _mm512_setzero_ps();
+            if (j >= j0 && j < j1) {
+                if (ND > 0) {
+                    for (int i = 0; i < ND; i++) {
+                        const __m512 kv = attn_kvec(k, F16, (long)j * ldk + 16 * i, (__mmask16)0xFFFF);
+                        for (int r = 0; r < RB; r++) a[r] = _mm512_fmadd_ps(qv[r][i], kv, a[r]);
                     }
-#define ATTN_VD_SUM(r) _mm512_add_ps(_mm512_add_ps(c[r][0], c[r][2]), _mm512_add_ps(c[r][1], c[r][3]))
-                a0 = ATTN_VD_SUM(0);
-                if (R > 1) a1 = ATTN_VD_SUM(1);
-                if (R > 2) a2 = ATTN_VD_SUM(2);
-                if (R > 3) a3 = ATTN_VD_SUM(3);
-#undef ATTN_VD_SUM
-            } else {
-                /* tinyBLAS order (llama.cpp's K.Q for batches of >= 2 tokens): one chain */
-                for (int d = 0; d < D; d += 16) {
-                    const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, a0);
-                    if (R > 1) a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + D + d), kv, a1);
-                    if (R > 2) a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 2 * D + d), kv, a2);
-                    if (R > 3) a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 3 * D + d), kv, a3);
+                } else {
+                    for (int d = 0; d < D; d += 16) {
+                        const __mmask16 msk = simd_mask16(D - d);
+                        const __m512 kv = attn_kvec(k, F16, (long)j * ldk + d, msk);
+                        for (int r = 0; r < RB; r++)
+                            a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, q + (long)r * D + d), kv, a[r]);
+                    }
                 }
             }
-            const int slot = 4 * (jj & 3) + (jj >> 2);  /* transposed order for simd_hsum16x16 */
-            tmp[0][slot] = a0;
-            if (R > 1) tmp[1][slot] = a1;
-            if (R > 2) tmp[2][slot] = a2;
-            if (R > 3) tmp[3][slot] = a3;
+            for (int r = 0; r < RB; r++) tmp[r][slot] = a[r];
         }
-        for (int r = 0; r < R; r++) {
-            for (int jj = m; jj < 16; jj++) tmp[r][4 * (jj & 3) + (jj >> 2)] = _mm512_setzero_ps();
-            const __mmask16 km = simd_mask16(m);
-            _mm512_mask_storeu_ps(s + (size_t)r * ldS + j0, km, _mm512_mul_ps(simd_hsum16x16(tmp[r]), vs));
-        }
+        for (int r = 0; r < RB; r++) _mm512_storeu_ps(s + (long)r * ldS + jb, simd_hsum16x16(tmp[r]));
     }
 }
 
-static inline __attribute__((always_inline)) void attn_pv_f16_R(
-        const int R, float *acc, int ldacc, const float *p, int ldp, const uint16_t *v, long vstride,
-        int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes) {
-    if (pf)
-        for (int j = 0; j < n; j++)
-            for (int c = 0; c < pfbytes; c += 64) __builtin_prefetch(pf + (size_t)j * pfstride + c, 0, 3);
-    for (int c = 0; c < Dv; c += 64) {
-        const int w = (Dv - c) < 64 ? (Dv - c) : 64;   /* multiple of 16 */
-        const int nv = w / 16;
-        __m512 a[4][4];
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < 4; i++)
-                a[r][i] = i < nv ? _mm512_loadu_ps(acc + (size_t)r * ldacc + c + 16 * i) : _mm512_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            const uint16_t *vr = v + (size_t)j * vstride + c;
-            __m512 vv[4];
-            for (int i = 0; i < 4; i++)
-                vv[i] = i < nv ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * i))) : _mm512_setzero_ps();
-            for (int r = 0; r < R; r++) {
-                const __m512 pj = _mm512_set1_ps(p[(size_t)r * ldp + j]);
-                for (int i = 0; i < 4; i++) a[r][i] = _mm512_fmadd_ps(pj, vv[i], a[r][i]);
-            }
-        }
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < nv; i++) _mm512_storeu_ps(acc + (size_t)r * ldacc + c + 16 * i, a[r][i]);
+static inline __attribute__((always_inline)) void attn_rows_scores_rb(
+        const int RB, const int F16, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        float *s, int ldS) {
+    switch (D) {  /* the common head dims with q in registers (same sums as the loop) */
+        case 64: attn_rows_scores_nd(RB, F16, 4, q, D, k, ldk, j0, j1, s, ldS); break;
+        case 32: attn_rows_scores_nd(RB, F16, 2, q, D, k, ldk, j0, j1, s, ldS); break;
+        default: attn_rows_scores_nd(RB, F16, 0, q, D, k, ldk, j0, j1, s, ldS); break;
     }
 }
-#define ATTN_HAVE_F16_ROWS 1
-#else
-#define ATTN_HAVE_F16_ROWS 0
+
+#define ATTN_RB_SWITCH(fn, n, f16, ...)                          \
+    do {                                                         \
+        if (f16) switch (n) {                                    \
+            case 1: fn(1, 1, __VA_ARGS__); break;                \
+            case 2: fn(2, 1, __VA_ARGS__); break;                \
+            case 3: fn(3, 1, __VA_ARGS__); break;                \
+            default: fn(4, 1, __VA_ARGS__); break;               \
+        } else switch (n) {                                      \
+            case 1: fn(1, 0, __VA_ARGS__); break;                \
+            case 2: fn(2, 0, __VA_ARGS__); break;                \
+            case 3: fn(3, 0, __VA_ARGS__); break;                \
+            default: fn(4, 0, __VA_ARGS__); break;               \
+        }                                                        \
+    } while (0)
+
+/* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c] for r < RB, over NV
+ * vectors of values from c0 (the last masked by kl) */
+static inline __attribute__((always_inline)) void attn_rows_pv_rb(
+        const int RB, const int F16, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
+        int c0, int j0, int j1, const float *alpha, __mmask16 kl) {
+    __m512 acc[4][4];
+    __mmask16 km[4];
+    for (int i = 0; i < NV; i++) km[i] = i == NV - 1 ? kl : (__mmask16)0xFFFF;
+    for (int r = 0; r < RB; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int i = 0; i < NV; i++)
+            acc[r][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(km[i], o + (long)r * Dv + c0 + 16 * i), a);
+    }
+    for (int j = j0; j < j1; j++) {
+        __m512 vv[4];
+        for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, F16, (long)j * ldv + c0 + 16 * i, km[i]);
+        for (int r = 0; r < RB; r++) {
+            const __m512 pb = _mm512_set1_ps(p[(long)r * ldS + j]);
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm512_fmadd_ps(pb, vv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NV; i++) _mm512_mask_storeu_ps(o + (long)r * Dv + c0 + 16 * i, km[i], acc[r][i]);
+}
+
+#define ATTN_ROWS_PV(RB, F16, nv, ...)                                   \
+    do {                                                                 \
+        switch (nv) {                                                    \
+            case 1: attn_rows_pv_rb(RB, F16, 1, __VA_ARGS__); break;     \
+            case 2: attn_rows_pv_rb(RB, F16, 2, __VA_ARGS__); break;     \
+            case 3: attn_rows_pv_rb(RB, F16, 3, __VA_ARGS__); break;     \
+            default: attn_rows_pv_rb(RB, F16, 4, __VA_ARGS__); break;    \
+        }                                                                \
+    } while (0)
+
+/* RB rows: every 64-value chunk of the outputs */
+static inline __attribute__((always_inline)) void attn_rows_pv_all(
+        const int RB, const int F16, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
+        int j0, int j1, const float *alpha) {
+    for (int c0 = 0; c0 < Dv; c0 += 64) {
+        const int w = Dv - c0 < 64 ? Dv - c0 : 64, nv = (w + 15) / 16;
+        const __mmask16 kl = simd_mask16(w - 16 * (nv - 1));
+        ATTN_ROWS_PV(RB, F16, nv, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, kl);
+    }
+}
 #endif
 
-#define attn_scores_f16_R_vd(R, vd, ...) \
-    ((vd) ? attn_scores_f16_R(R, 1, __VA_ARGS__) : attn_scores_f16_R(R, 0, __VA_ARGS__))
-
-/* s[r*ldS + j] = scale * q_r . k_j for r < R, j < n; q (R, D) contiguous, key j = f16 row at
- * k + j*kstride (elements). Needs D % 16 == 0; rows are done 4 at a time. Returns 0 (and
- * does nothing) when this build has no fast path. */
-static int attn_scores_f16_rows(const float *q, int R, const uint16_t *k, long kstride, int n, int D,
-                                float scale, float *s, int ldS, const uint8_t *pf, long pfstride, int pfbytes, int vd) {
-#if ATTN_HAVE_F16_ROWS
-    if (D % 16) return 0;
-    if (D % 64) vd = 0;
-    for (int r = 0; r < R; r += 4) {
-        const float *qr = q + (size_t)r * D;
-        float *sr = s + (size_t)r * ldS;
-        switch (R - r) {
-            case 1: attn_scores_f16_R_vd(1, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-            case 2: attn_scores_f16_R_vd(2, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-            case 3: attn_scores_f16_R_vd(3, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-            default: attn_scores_f16_R_vd(4, vd, qr, k, kstride, n, D, scale, sr, ldS, r ? NULL : pf, pfstride, pfbytes); break;
-        }
-    }
-    return 1;
+/* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block: f32 rows (f16 = 0, k
+ * floats, ldk floats apart) or f16 rows (f16 = 1, elements) */
+static void attn_rows_scores(const float *q, int R, int D, const void *k, int f16, long ldk, int j0, int j1,
+                             float *s, int ldS) {
+#if ATTN_AVX512
+    for (int r = 0; r < R; r += 4)
+        ATTN_RB_SWITCH(attn_rows_scores_rb, R - r, f16, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS);
 #else
-    (void)q; (void)R; (void)k; (void)kstride; (void)n; (void)D; (void)scale; (void)s; (void)ldS; (void)pf; (void)pfstride; (void)pfbytes; (void)vd;
-    return 0;
-#endif
-}
-
-/* ---- llama.cpp's P.V summation order (f16 V) ---------------------------------------------
- * llama.cpp computes each output element of P.V as a dot product over key positions: for a
- * 1-token batch ggml_vec_dot_f16 (4 accumulators x 16 float lanes, position p in lane p % 64,
- * combined (c0 + c2) + (c1 + c3)), for larger batches tinyBLAS (16 lanes, position p in lane
- * p % 16); the lanes are then summed in _mm512_reduce_add_ps order. attn_pv_lanes_f16 adds keys
- * into per-lane partial sums accl (R, NL, Dv), NL = 64 or 16, and attn_pv_lanes_reduce combines
- * them the same way, so the attention output is bit-identical to llama.cpp's. */
-static __thread float *attn_lane_buf = NULL;
-static __thread size_t attn_lane_cap = 0;
-
-/* zeroed per-thread (R, NL, Dv) lane sums, or NULL */
-static float *attn_lane_scratch(size_t nfloats) {
-    if (nfloats > attn_lane_cap) {
-        free(attn_lane_buf);
-        size_t cap = (nfloats + 15) & ~(size_t)15;
-        attn_lane_buf = (float *)aligned_alloc(64, cap * sizeof(float));
-        attn_lane_cap = attn_lane_buf ? cap : 0;
-        if (!attn_lane_buf) return NULL;
-    }
-    memset(attn_lane_buf, 0, nfloats * sizeof(float));
-    return attn_lane_buf;
-}
-
-static inline int attn_have_pv_lanes(int Dv) {
-#if ATTN_HAVE_F16_ROWS
-    return Dv % 16 == 0 && Dv <= 512;
-#else
-    (void)Dv;
-    return 0;
-#endif
-}
-
-/* accl[(r*NL + (pos0+j) % NL)*Dv + c] += p[r*ldp + j] * v_j[c], j < n (v_j: f16 row at v + j*vstride) */
-static void attn_pv_lanes_f16(float *accl, int R, int NL, const float *p, int ldp, const uint16_t *v,
-                              long vstride, int n, int Dv, long pos0) {
-#if ATTN_HAVE_F16_ROWS
-    __m512 vv[32];
-    const int nv = Dv / 16;
-    for (int j = 0; j < n; j++) {
-        int any = 0;
-        for (int r = 0; r < R; r++) any |= p[(size_t)r * ldp + j] != 0.0f;
-        if (!any) continue;  /* fma(0, v, acc) == acc */
-        const uint16_t *vr = v + (size_t)j * vstride;
-        for (int i = 0; i < nv; i++) vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * i)));
-        const int lane = (int)((pos0 + j) % NL);
-        for (int r = 0; r < R; r++) {
-            const float pj = p[(size_t)r * ldp + j];
-            if (pj == 0.0f) continue;
-            float *a = accl + ((size_t)r * NL + lane) * Dv;
-            const __m512 pv = _mm512_set1_ps(pj);
-            for (int i = 0; i < nv; i++)
-                _mm512_storeu_ps(a + 16 * i, _mm512_fmadd_ps(pv, vv[i], _mm512_loadu_ps(a + 16 * i)));
-        }
-    }
-#else
-    (void)accl; (void)R; (void)NL; (void)p; (void)ldp; (void)v; (void)vstride; (void)n; (void)Dv; (void)pos0;
-#endif
-}
-
-/* acc[r*ldacc + c] = the lanes of accl combined in llama.cpp's order */
-static void attn_pv_lanes_reduce(const float *accl, int R, int NL, int Dv, float *acc, int ldacc) {
-#if ATTN_HAVE_F16_ROWS
     for (int r = 0; r < R; r++)
-        for (int d = 0; d < Dv; d += 16) {
-            __m512 x[16];
-            const float *b = accl + (size_t)r * NL * Dv + d;
-            for (int l = 0; l < 16; l++) {
-                if (NL == 64)
-                    x[l] = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(b + (size_t)l * Dv), _mm512_loadu_ps(b + (size_t)(32 + l) * Dv)),
-                                         _mm512_add_ps(_mm512_loadu_ps(b + (size_t)(16 + l) * Dv), _mm512_loadu_ps(b + (size_t)(48 + l) * Dv)));
-                else
-                    x[l] = _mm512_loadu_ps(b + (size_t)l * Dv);
+        for (int j = j0; j < j1; j++) {
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) {
+                const float kd = f16 ? simd_h2f(((const uint16_t *)k)[(long)j * ldk + d]) : ((const float *)k)[(long)j * ldk + d];
+                acc += q[(long)r * D + d] * kd;
             }
-            for (int l = 0; l < 8; l++) x[l] = _mm512_add_ps(x[l], x[l + 8]);
-            for (int l = 0; l < 4; l++) x[l] = _mm512_add_ps(x[l], x[l + 4]);
-            for (int l = 0; l < 2; l++) x[l] = _mm512_add_ps(x[l], x[l + 2]);
-            _mm512_storeu_ps(acc + (size_t)r * ldacc + d, _mm512_add_ps(x[0], x[1]));
+            s[(long)r * ldS + j] = acc;
         }
-#else
-    (void)accl; (void)R; (void)NL; (void)Dv; (void)acc; (void)ldacc;
 #endif
 }
 
-/* acc[r*ldacc + c] += sum_j p[r*ldp + j] * v_j[c] for r < R, c < Dv; value j = f16 row at
- * v + j*vstride. Needs Dv % 16 == 0. Returns 0 when this build has no fast path. */
-static int attn_pv_f16_rows(float *acc, int ldacc, int R, const float *p, int ldp, const uint16_t *v,
-                            long vstride, int n, int Dv, const uint8_t *pf, long pfstride, int pfbytes) {
-#if ATTN_HAVE_F16_ROWS
-    if (Dv % 16) return 0;
-    for (int r = 0; r < R; r += 4) {
-        float *ar = acc + (size_t)r * ldacc;
-        const float *pr = p + (size_t)r * ldp;
-        switch (R - r) {
-            case 1: attn_pv_f16_R(1, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
-            case 2: attn_pv_f16_R(2, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
-            case 3: attn_pv_f16_R(3, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
-            default: attn_pv_f16_R(4, ar, ldacc, pr, ldp, v, vstride, n, Dv, r ? NULL : pf, pfstride, pfbytes); break;
+static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const void *v, int f16, long ldv,
+                         int j0, int j1, const float *alpha) {
+#if ATTN_AVX512
+    for (int r = 0; r < R; r += 4)
+        ATTN_RB_SWITCH(attn_rows_pv_all, R - r, f16, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r);
+#else
+    for (int r = 0; r < R; r++) {
+        float *orow = o + (long)r * Dv;
+        for (int cc = 0; cc < Dv; cc++) orow[cc] *= alpha[r];
+        for (int j = j0; j < j1; j++) {
+            const float pj = p[(long)r * ldS + j];
+            for (int cc = 0; cc < Dv; cc++) {
+                const float vj = f16 ? simd_h2f(((const uint16_t *)v)[(long)j * ldv + cc]) : ((const float *)v)[(long)j * ldv + cc];
+                orow[cc] += pj * vj;
+            }
         }
     }
-    return 1;
-#else
-    (void)acc; (void)ldacc; (void)R; (void)p; (void)ldp; (void)v; (void)vstride; (void)n; (void)Dv; (void)pf; (void)pfstride; (void)pfbytes;
-    return 0;
 #endif
+}
+
+/* Row r's scores s[0:ldS] (keys of one block; it sees keys [jlo, jhi]) -> probabilities
+ * (0 elsewhere), online update of m and the per-lane sums l16 (16,); returns alpha. */
+static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float softcap, float *m, float *l16) {
+    if (jhi < jlo) {  /* sees nothing here: unchanged */
+        for (int j = 0; j < ldS; j++) s[j] = 0.0f;
+        return 1.0f;
+    }
+#if ATTN_AVX512
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 bm = ninf;
+    for (int j = 0; j < ldS; j += 16) {
+        const int a = jlo - j, b = jhi - j;  /* lanes [a, b] live */
+        __mmask16 live = 0;
+        if (b >= 0 && a <= 15) {
+            const int lo = a > 0 ? a : 0, hi = b < 15 ? b : 15;
+            live = (__mmask16)(((1u << (hi + 1)) - 1u) & ~((1u << lo) - 1u));
+        }
+        __m512 x = _mm512_loadu_ps(s + j);
+        if (softcap > 0.0f) x = attn_softcap16(x, softcap);
+        x = _mm512_mask_blend_ps(live, ninf, x);
+        _mm512_storeu_ps(s + j, x);
+        bm = _mm512_max_ps(bm, x);
+    }
+    const float mo = *m, bmax = _mm512_reduce_max_ps(bm);
+    const float mn = mo > bmax ? mo : bmax;
+    const float alpha = attn_exp2(mo - mn);  /* mo = -inf: 0 */
+    const __m512 mm = _mm512_set1_ps(mn);
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
+    for (int j = 0; j < ldS; j += 16) {
+        const __m512 p = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mm));
+        _mm512_storeu_ps(s + j, p);
+        acc = _mm512_add_ps(acc, p);
+    }
+    _mm512_storeu_ps(l16, acc);
+    *m = mn;
+    return alpha;
+#else
+    float bm = -INFINITY;
+    for (int j = 0; j < ldS; j++) {
+        float x = s[j];
+        if (softcap > 0.0f) x = attn_softcap1(x, softcap);
+        if (j < jlo || j > jhi) x = -INFINITY;
+        s[j] = x;
+        bm = x > bm ? x : bm;
+    }
+    const float mo = *m, mn = mo > bm ? mo : bm;
+    const float alpha = attn_exp2(mo - mn);
+    for (int i = 0; i < 16; i++) l16[i] *= alpha;
+    for (int j = 0; j < ldS; j++) {
+        s[j] = attn_exp2(s[j] - mn);
+        l16[j % 16] += s[j];
+    }
+    *m = mn;
+    return alpha;
+#endif
+}
+
+static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
+    const int D = c->D, Dv = c->Dv, bs = c->bs, G = c->G, KVH = c->KVH;
+    const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
+    const int ldS = (bs + 15) & ~15;
+    float *q = buf;                                   /* R x D */
+    float *o = q + (long)ATTN_MAX_ROWS * D;           /* R x Dv */
+    float *kf = o + (long)ATTN_MAX_ROWS * Dv;         /* bs x D */
+    float *vf = kf + (long)bs * D;                    /* bs x Dv */
+    float *s = vf + (long)bs * Dv;                    /* R x ldS */
+    float *m = s + (long)ldS * ATTN_MAX_ROWS;
+    float *alpha = m + ATTN_MAX_ROWS, *l16 = alpha + ATTN_MAX_ROWS;  /* R x 16 */
+    int32_t *lo = (int32_t *)(l16 + 16 * ATTN_MAX_ROWS), *hi = lo + ATTN_MAX_ROWS;
+    const int r16 = c->kv_type == ATTN_KV_F16;
+    const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
+    int lo_all = INT_MAX, hi_all = -1;
+    for (int r = 0; r < R; r++) {
+        const int t = c->toks[it->tok0 + r % nt], h = it->h0 + r / nt;
+        const float *src = c->q + ((long)t * c->H + h) * D;
+        for (int d = 0; d < D; d++) q[(long)r * D + d] = (r16 ? simd_f16_round(src[d]) : src[d]) * qscale;
+        hi[r] = c->q_pos[t];
+        lo[r] = attn_key_lo(hi[r], c->window);
+        lo_all = lo[r] < lo_all ? lo[r] : lo_all;
+        hi_all = hi[r] > hi_all ? hi[r] : hi_all;
+        m[r] = -INFINITY;
+        for (int i = 0; i < 16; i++) l16[r * 16 + i] = 0.0f;
+    }
+    memset(o, 0, (size_t)R * Dv * sizeof(float));
+    const int kv0 = it->h0 / G, kv1 = (it->h1 - 1) / G;
+    const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
+    const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
+    /* the item's kv heads are adjacent rows of each (token) slot: prefetch that span */
+    const int pf_k = (kv1 - kv0 + 1) * c->k_row, pf_v = (kv1 - kv0 + 1) * c->v_row;
+    for (int b = it->b0; b < it->b1; b++) {
+        const int blk = table[b];
+        if (blk < 0) continue;
+        const int k0 = b * bs;
+        int j0 = lo_all - k0, j1 = hi_all - k0 + 1;
+        if (j0 < 0) j0 = 0;
+        if (j1 > bs) j1 = bs;
+        if (j1 <= j0) continue;
+        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, while this one is computed */
+            attn_prefetch_rows(c->k + table[b + 1] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
+            attn_prefetch_rows(c->v + table[b + 1] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
+        }
+        for (int kvh = kv0; kvh <= kv1; kvh++) {
+            /* rows of this kv head: heads [ha, hb) */
+            const int ha = kvh * G > it->h0 ? kvh * G : it->h0, hb = (kvh + 1) * G < it->h1 ? (kvh + 1) * G : it->h1;
+            const int ra = (ha - it->h0) * nt, rn = (hb - ha) * nt;
+            const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
+            const uint8_t *vb = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
+            const void *kp, *vp;
+            int f16 = 0;
+            long ldk, ldv;
+            if (c->kv_type == ATTN_KV_F32) {
+                kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
+            } else if (r16 && rn <= 4) {  /* few rows read f16 K/V in place; more convert once */
+                kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; f16 = 1;
+            } else {
+                attn_load_rows(kb, ks, c->kv_type, j0, j1, D, kf, D);
+                attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
+                kp = kf; vp = vf; ldk = D; ldv = Dv;
+            }
+            attn_rows_scores(q + (long)ra * D, rn, D, kp, f16, ldk, j0, j1, s + (long)ra * ldS, ldS);
+            for (int r = ra; r < ra + rn; r++) {
+                const int a = lo[r] - k0, z = hi[r] - k0;
+                alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
+                                             cap, m + r, l16 + 16 * r);
+            }
+            attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, f16, ldv, j0, j1, alpha + ra);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float l = 0.0f;
+#if ATTN_AVX512
+        l = _mm512_reduce_add_ps(_mm512_loadu_ps(l16 + 16 * r));
+#else
+        for (int i = 0; i < 16; i++) l += l16[16 * r + i];
+#endif
+        attn_emit(c, c->toks[it->tok0 + r % nt], it->h0 + r / nt, o + (long)r * Dv, m[r], l, it->chunk);
+    }
+}
+
+static void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf) {
+    if (it->kind == 0) attn_tile_item(c, it, buf);
+    else attn_rows_item(c, it, buf);
 }
 
 #endif /* LLMCORE_SIMD_ATTENTION_H */

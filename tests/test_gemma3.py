@@ -7,7 +7,7 @@ import pytest
 import reference_archs as R
 from fixtures import GEMMA3, N_VOCAB, check_batched_equals_alone, model_loader, rand_tokens
 from fixtures import rel_err as _rel
-from oracle import PROMPTS, check, load_oracle, oracle_prompt
+from oracle import PROMPTS, check, check_within_own_variation, load_oracle, oracle_prompt
 
 from llmcore.cache.swa import SWAKVCacheState
 from llmcore.models import load_model
@@ -206,4 +206,5 @@ def gemma3_270m(conformance, gemma3_path):
 def test_gemma3_270m_oracle(gemma3_270m, name):
     model, oracle = gemma3_270m
     p, ref = oracle_prompt(oracle, name)
-    check(model, p, ref, max_rel_std=0.06, noise=1.0)
+    last = check(model, p, ref, max_rel_std=0.06, noise=1.0)
+    check_within_own_variation(last, p, ref)

@@ -21,6 +21,30 @@ def test_drafter_proposes_what_followed_the_latest_earlier_occurrence():
     assert NgramDrafter(SpecParams(n_max=4, n_min=5)).draft([1, 2, 3, 1, 2]) == []
 
 
+def test_drafter_keeps_following_the_copy_it_drafts_from():
+    """Functions that differ only in a number: after the edit reaches a stretch all of them
+    share, the latest occurrence of the last n-gram is the function just written (the wrong
+    number); the drafter stays on the copy it has been following."""
+    common = [10, 11, 12, 13, 14, 15]
+
+    def fn(i):
+        return [1, 20 + i] + common + [30 + i]
+
+    seq = fn(1) + fn(2) + fn(3) + fn(1) + [1, 22]  # the file, then its copy so far
+    d = NgramDrafter(SpecParams(n_max=2, ngram_min=2, ngram_max=4))
+    assert d.draft(seq) == [10, 11]
+    seq += [10, 11, 12]  # both kept, then the model's own next token
+    d.record(2, 2)
+    assert d.draft(seq) == [13, 14]
+    seq += [13, 14, 15]
+    d.record(2, 2)
+    assert d.draft(seq) == [32, 1]  # a fresh lookup of [12, 13, 14, 15] would say [31, 1]
+    seq += [32, 1, 27]  # the copy is left (an edit): back to the index
+    d.record(2, 2)
+    assert d.draft(seq) == []  # [32, 1, 27] never occurred
+    assert d.draft(seq + [10, 11]) == [12, 13]
+
+
 def test_drafter_backs_off_when_nothing_is_accepted():
     d = NgramDrafter(SpecParams(n_max=2, ngram_min=1, ngram_max=1))
     seq = [1, 2, 1, 2, 1]
@@ -155,5 +179,53 @@ def test_drafts_batch_with_other_slots():
         t2 = eng.submit(_prompt("q"), GenParams(n_predict=6, speculative=False, sampling=g), sync=True)
         c1, c2 = t1.collect_sync(), t2.collect_sync()
         assert c1.text == "defghijklmno" and c2.text == "rstuvw"
+    finally:
+        eng.stop()
+
+
+def _code_file(n_lines: int) -> str:
+    lines, i = [], 0
+    while len(lines) < n_lines:
+        lines += [f"def scale_{i}(values, factor={i % 5 + 2}):", "    out = []", "    for v in values:",
+                  f"        out.append(v * factor + {i})", "    return out", ""]
+        i += 1
+    return "\n".join(lines[:n_lines])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["code edit", "free text"])
+def test_greedy_smollm2_speculative_output_is_plain_decoding(smollm2_path, workload):
+    """The real model, where a verify segment of many tokens once summed attention in another
+    order than one-token decode and greedy output drifted on free text: now the verified
+    positions get decode's bits, so the output is the same token for token (and the
+    log-probabilities the same)."""
+    from llmcore.loader import load_gguf
+
+    lm = load_gguf(smollm2_path)
+    if workload == "code edit":
+        text = ("Here is a file:\n```python\n" + _code_file(60) + "\n```\nRepeat the whole file exactly, "
+                "changing only the name scale_2 to scale_two. Output only the code.")
+    else:
+        text = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+    prompt = lm.tokenizer.encode(lm.chat_template.render([{"role": "user", "content": text}],
+                                                         add_generation_prompt=True),
+                                 add_special=True, parse_special=True)
+    eng = Engine(EngineConfig(n_ctx=4096, n_threads=2, cache_ram_mib=0), model=lm.model, tokenizer=lm.tokenizer,
+                 chat_template=lm.chat_template)
+    eng.start()
+    try:
+        outs = {}
+        for on in (False, True):
+            p = GenParams(n_predict=160, ignore_eos=False, cache_prompt=False,
+                          speculative=SpecParams(n_max=16) if on else False,
+                          sampling=SamplingParams(temperature=0.0, n_probs=1))
+            outs[on] = eng.generate_sync(prompt, p)
+        assert outs[True].tokens == outs[False].tokens, (outs[True].text, outs[False].text)
+        for a, b in zip(outs[True].samples, outs[False].samples):
+            assert a.logprob == b.logprob
+        t = outs[True].final.timings
+        assert t.draft_n > 0  # drafts were verified (a free-text answer still repeats n-grams)
+        if workload == "code edit":
+            assert t.draft_n_accepted > len(outs[True].tokens) // 2
     finally:
         eng.stop()

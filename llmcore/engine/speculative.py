@@ -49,6 +49,11 @@ class NgramDrafter:
     its latest occurrence, built incrementally: each token is indexed once, so a step costs
     O(ngram_max) dictionary operations whatever the sequence's length. The n-grams ending at
     the last token are indexed only after the lookup, so a lookup finds an EARLIER occurrence.
+
+    While the text keeps following the copy the last draft came from (its last ngram_max
+    tokens still match there), the next draft continues that copy instead of jumping to the
+    latest occurrence: an edit of a file whose lines differ only in names and numbers stays
+    on the file's own lines, not on the lines just written that look alike.
     """
 
     def __init__(self, params: SpecParams):
@@ -61,6 +66,8 @@ class NgramDrafter:
         # draft length: grows while whole drafts are kept, shrinks to what was kept otherwise
         # (a verified position costs more than nothing: long drafts pay only in a copy)
         self.k = min(self.p.n_max, 4)
+        self._src = -1  # where the last draft was read from, and the sequence's length then
+        self._src_len = 0
 
     def _index_upto(self, seq: Sequence[int], end: int) -> None:
         idx, lo, hi = self._index, self.p.ngram_min, self.p.ngram_max
@@ -81,14 +88,34 @@ class NgramDrafter:
         if self._indexed == 0:
             self._indexed = max(0, len(seq) - self.p.window)
         self._index_upto(seq, len(seq) - 1)
-        out: list[int] = []
-        for n in range(min(self.p.ngram_max, len(seq) - 1), self.p.ngram_min - 1, -1):
-            at = self._index.get(tuple(seq[len(seq) - n:]))
-            if at is not None:
-                out = list(seq[at:at + k])
-                break
-        self._index_upto(seq, len(seq))
-        return out if len(out) >= max(1, self.p.n_min) else []
+        L = len(seq)
+        at = self._following(seq)
+        if at < 0:
+            for n in range(min(self.p.ngram_max, L - 1), self.p.ngram_min - 1, -1):
+                at = self._index.get(tuple(seq[L - n:]))
+                if at is not None:
+                    break
+            else:
+                at = -1
+        out = list(seq[at:at + k]) if at >= 0 else []
+        self._index_upto(seq, L)
+        if len(out) < max(1, self.p.n_min):
+            self._src = -1
+            return []
+        self._src, self._src_len = at, L
+        return out
+
+    def _following(self, seq: Sequence[int]) -> int:
+        """Where the copy the last draft came from stands now, when every token since
+        followed it (its last ngram_max tokens match the sequence's); else -1."""
+        if self._src < 0:
+            return -1
+        L = len(seq)
+        p = self._src + (L - self._src_len)
+        n = min(self.p.ngram_max, p)
+        if not (n >= self.p.ngram_min and p < L):
+            return -1
+        return p if list(seq[p - n:p]) == list(seq[L - n:L]) else -1
 
     def record(self, accepted: int, drafted: int) -> None:
         self.drafted += drafted

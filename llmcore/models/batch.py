@@ -19,10 +19,13 @@ class ForwardBatch:
     - ``last_rows``: int (S,) row index of each segment's last token
     - ``logit_rows``: the rows whose logits the step returns: ``last_rows``, or the last
       ``n_logits[i]`` rows of each segment when given (speculative decoding verifies them)
+    - ``decode_seqs``: uint8 (S,), 1 for a segment whose every position's logits are wanted
+      (a verify segment): attention gives each of its tokens the bits decoding it alone
+      gives, so speculative greedy output is plain decoding's; None when there is none
     """
 
     __slots__ = ("tokens", "positions", "seg_start", "seqs", "lengths", "starts",
-                 "block_tables", "last_rows", "logit_rows", "n_tokens", "n_seqs")
+                 "block_tables", "last_rows", "logit_rows", "decode_seqs", "n_tokens", "n_seqs")
 
     def __init__(self, seqs, token_arrays, starts, n_logits=None):
         self.seqs = seqs
@@ -43,12 +46,15 @@ class ForwardBatch:
             self.positions = (np.arange(self.n_tokens, dtype=np.int32)
                               + np.repeat(off, self.lengths).astype(np.int32, copy=False))
         self.last_rows = seg[1:] - 1
+        self.decode_seqs = None
         if n_logits is None:
             self.logit_rows = self.last_rows
         else:
             if len(n_logits) != self.n_seqs or any(not 1 <= k <= n for k, n in zip(n_logits, self.lengths)):
                 raise ValueError("forward: n_logits must give 1..len(segment) rows per segment")
             self.logit_rows = np.concatenate([np.arange(e - k, e) for k, e in zip(n_logits, seg[1:])]).astype(np.int64)
+            if any(k > 1 for k in n_logits):
+                self.decode_seqs = np.array([k > 1 for k in n_logits], dtype=np.uint8)
         self.block_tables: dict[str, np.ndarray] = {}
 
     def tables_for(self, group: str) -> np.ndarray:

@@ -238,7 +238,8 @@ class Attention:
             raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
         o = scratch("attn.o", n, H * Dv)
         _attention.attention(q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start, fb.positions,
-                              self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt)
+                              self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt,
+                              fb.decode_seqs)
         return o
 
     def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -257,7 +258,7 @@ class Attention:
         nn.kv_store(kp, kv_type, tables, pos, k, seg_start=ss)
         nn.kv_store(vp, kv_type, tables, pos, v, seg_start=ss)
         o = nn.attention(q, kp, vp, kv_type, fb.tables_for(g), ss, pos, self.scale,
-                         window=self.window, softcap=self.softcap, sinks=self.sinks)
+                         window=self.window, softcap=self.softcap, sinks=self.sinks, decode_seqs=fb.decode_seqs)
         return self.wo(o.reshape(x.shape[0], self.n_head * self.head_dim_v), out=out)
 
 

@@ -4,7 +4,8 @@
   ``tokenizer.ggml.model`` among the registered subclasses (``bpe.py``: "gpt2",
   ``spm.py``: "llama");
 - encoding's frame: special texts split out, BOS/EOS added; each text fragment between
-  special tokens goes to the kind's ``_encode_fragment``;
+  special tokens goes to the kind's ``_encode_fragment`` (long ones through the
+  ``FragmentCache``: a repeated chat history is looked up, not tokenized again);
 - pieces (a token's bytes, cached; the kind says how a normal token's string becomes
   bytes) and llama.cpp's detokenize, with its clean_spaces passes;
 - token attributes and the end-of-generation test.
@@ -15,6 +16,7 @@ from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelLoadError
 from .fim import FimTokens
+from .fragment_cache import FragmentCache
 from .special import DefaultIds, SpecialSplitter, find_special_tokens
 from .stream import StreamDecoder
 from .vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab
@@ -80,6 +82,7 @@ class Tokenizer:
         self._specials = SpecialSplitter(vocab)
         self._pieces: list[bytes | None] = [None] * len(vocab)
         self._word_cache: dict[str, list[int]] = {}  # pre-tokenized word / SPM segment -> ids
+        self.fragments = FragmentCache()  # fragment between special tokens -> ids
 
     # --- construction -----------------------------------------------------------------
     @classmethod
@@ -180,9 +183,19 @@ class Tokenizer:
         if add_special and self.add_bos:
             out.append(self.bos_id)  # type: ignore[arg-type]
         after_special = True  # the text starts, or follows a special token
+        cache = self.fragments
         for f in frags:
             if isinstance(f, str):
-                self._encode_fragment(f, out, after_special)
+                if cache.wants(f):
+                    ids = cache.get(f, after_special)
+                    if ids is None:
+                        n = len(out)
+                        self._encode_fragment(f, out, after_special)
+                        cache.put(f, after_special, out[n:])
+                    else:
+                        out.extend(ids)
+                else:
+                    self._encode_fragment(f, out, after_special)
                 after_special = False
             else:
                 out.append(f)
