@@ -16,6 +16,8 @@ import os
 
 import numpy as np
 
+from llmcore._kernels.quants import aligned_buffer
+
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
@@ -170,14 +172,7 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
 
 cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups, alloc):
     cdef int64_t gb = iq_rp_group_bytes(t, k), size = gb * ngroups
-    if alloc is not None:
-        arr = alloc(size)
-        if arr.dtype != np.uint8 or arr.shape != (size,) or arr.ctypes.data % 64:
-            raise ValueError("pack: alloc must return a 64-byte aligned uint8 array of the asked size")
-    else:
-        arr = np.empty(size + 64, dtype=np.uint8)
-        off = (-arr.ctypes.data) % 64
-        arr = arr[off:off + size]
+    arr = aligned_buffer(size, alloc)
     cdef uint8_t[::1] ov = arr
     cdef int64_t stride = rv.strides[0], rows = rv.shape[0]
     with nogil:

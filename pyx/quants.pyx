@@ -92,9 +92,9 @@ cdef class Packed:
         return f"quants.Packed(type={self.ggml_type}, rows={self.rows}, cols={self.cols}, layout={self.layout})"
 
 
-def _buffer(int64_t size, alloc):
+def aligned_buffer(int64_t size, alloc):
     """A writable uint8 (size,) array starting on a 64-byte boundary, from alloc(size) or
-    a fresh allocation."""
+    a fresh allocation (every weight kernel's pack uses it)."""
     if alloc is not None:
         arr = alloc(size)
         if arr.dtype != np.uint8 or arr.shape != (size,) or arr.ctypes.data % 64:
@@ -131,7 +131,7 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
         return pk
     if repack is False:
         raise ValueError(f"quants: no kernel reads ggml type {ggml_type} in the GGUF layout")
-    arr = _buffer(size, alloc)
+    arr = aligned_buffer(size, alloc)
     out = arr
     if size > 0:
         with nogil:

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelLoadError
@@ -160,18 +162,15 @@ class Tokenizer:
     def is_eog(self, tid: int) -> bool:
         return tid in self.eog_ids
 
-    @property
+    @functools.cached_property
     def max_piece_bytes(self) -> int:
         """Byte length of the longest token's piece, special tokens included (computed once)."""
-        n = self.__dict__.get("_max_piece_bytes")
-        if n is None:
-            n = 1
-            for i in range(self.vocab_size):
-                try:
-                    n = max(n, len(self.token_to_piece(i)))
-                except Exception:  # noqa: BLE001 - a token without a piece: no length to count
-                    continue
-            self.__dict__["_max_piece_bytes"] = n
+        n = 1
+        for i in range(self.vocab_size):
+            try:
+                n = max(n, len(self.token_to_piece(i)))
+            except Exception:  # noqa: BLE001 - a token without a piece: no length to count
+                continue
         return n
 
     # --- encode ------------------------------------------------------------------------
