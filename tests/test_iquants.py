@@ -275,7 +275,11 @@ def test_expert_matmul_vs_llama_cpp(qt, repack, monkeypatch):
     for row, (_, t, j) in zip(y, pairs):
         got[t, j] = row
     if EXACT and el._packed[0].layout == "raw":
-        np.testing.assert_array_equal(got, ref)
+        # IQ4_NL has an odd number of blocks here: ggml's scalar tail block (d_w * d_a * sumi
+        # + sum) is one fma or two roundings as the peer's compiler chose (its wheel is built
+        # from source), so only the even-block IQ4_XS case can be held to its bits
+        if qt == QT.IQ4_XS:
+            np.testing.assert_array_equal(got, ref)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 

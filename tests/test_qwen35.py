@@ -279,11 +279,14 @@ def test_split_prefill(conf_models, stem):
 
 
 @pytest.mark.parametrize("stem,name,tol", [
-    ("tiny-qwen3next", "short", 1e-5), ("tiny-qwen3next", "chat", 1e-5), ("tiny-qwen3next-ssm_in", "chat", 1e-5),
+    ("tiny-qwen3next", "short", 5e-3), ("tiny-qwen3next", "chat", 1e-5), ("tiny-qwen3next-ssm_in", "chat", 1e-5),
     ("tiny-qwen35", "short", 1e-5), ("tiny-qwen35moe", "short", 0.06), ("tiny-qwen35moe-q4_k", "short", 0.06)])
 def test_numpy_reference_matches_llamacpp(conformance, stem, name, tol):
     """The recipe itself (tests/reference_hybrid.py with llama.cpp's activation rounding)
-    against llama.cpp: to float noise on qwen3next and on qwen35's short prompt."""
+    against llama.cpp: to float noise on qwen3next and on qwen35's short prompt. qwen3next's
+    short prompt holds a near-tie of the emulated int8 activation rounding: NumPy's BLAS
+    summation order (which differs between CPUs) decides it, 1e-7 on one machine and 2.3e-3
+    on another; the wrong recipes this test guards against move the logits by 3-110%."""
     ra = pytest.importorskip("reference_archs")
     rh = pytest.importorskip("reference_hybrid")
     w, meta = ra.load_gguf(conformance / "models" / f"{stem}.gguf")
