@@ -607,8 +607,9 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
  * RR rows at once read each activation vector once for RR rows (a router's 512-token
  * prefill is load-bound otherwise) */
 static inline __attribute__((always_inline)) void
-lq_float_block(const lq_packed *P, const int RR, const int T, int64_t r, const float *x, float *y, int64_t t0) {
-    const int64_t K = P->cols, R = P->rows;
+lq_float_block(const lq_packed *P, const int RR, const int T, int64_t r, const float *x, float *y, int64_t t0,
+               int64_t R) {
+    const int64_t K = P->cols;
     __m512 acc[4][4];
     for (int i = 0; i < RR; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
@@ -632,26 +633,30 @@ lq_float_block(const lq_packed *P, const int RR, const int T, int64_t r, const f
 }
 #endif
 
-static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n) {
-    const int64_t K = P->cols, R = P->rows;
+/* Rows [r0, r1) of y = x @ W.T for a float weight; y's row stride is ldy (P->rows in the
+ * plain matmul; the row length of a wider output when a fused projection's parts land side
+ * by side). */
+static inline void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y,
+                                    int64_t n, int64_t ldy) {
+    const int64_t K = P->cols, R = ldy;
 #if defined(__AVX512F__)
     for (int64_t t0 = 0; t0 < n; t0 += 4) {
         const int T = (int)(n - t0 < 4 ? n - t0 : 4);
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4) {
             switch (T) {
-            case 4: lq_float_block(P, 4, 4, r, x, y, t0); break;
-            case 3: lq_float_block(P, 4, 3, r, x, y, t0); break;
-            case 2: lq_float_block(P, 4, 2, r, x, y, t0); break;
-            default: lq_float_block(P, 4, 1, r, x, y, t0); break;
+            case 4: lq_float_block(P, 4, 4, r, x, y, t0, R); break;
+            case 3: lq_float_block(P, 4, 3, r, x, y, t0, R); break;
+            case 2: lq_float_block(P, 4, 2, r, x, y, t0, R); break;
+            default: lq_float_block(P, 4, 1, r, x, y, t0, R); break;
             }
         }
         for (; r < r1; r++) {
             switch (T) {
-            case 4: lq_float_block(P, 1, 4, r, x, y, t0); break;
-            case 3: lq_float_block(P, 1, 3, r, x, y, t0); break;
-            case 2: lq_float_block(P, 1, 2, r, x, y, t0); break;
-            default: lq_float_block(P, 1, 1, r, x, y, t0); break;
+            case 4: lq_float_block(P, 1, 4, r, x, y, t0, R); break;
+            case 3: lq_float_block(P, 1, 3, r, x, y, t0, R); break;
+            case 2: lq_float_block(P, 1, 2, r, x, y, t0, R); break;
+            default: lq_float_block(P, 1, 1, r, x, y, t0, R); break;
             }
         }
     }
@@ -694,6 +699,10 @@ static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, con
     }
 }
 
+static inline void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n) {
+    lq_float_rows_ld(P, r0, r1, x, y, n, P->rows);
+}
+
 /* 2: AVX-512 VNNI, 1: AVX2, 0: portable C */
 static inline int lq_simd_level(void) { return LQ_VNNI ? 2 : LQ_AVX2 ? 1 : 0; }
 
@@ -731,11 +740,11 @@ static inline int64_t lq_tile_tokens(const lq_packed *P, int portable) {
 }
 
 /* One work item of a matmul: output row group g for n tokens, tt tokens per kernel call.
- * qa, da, sa and y point at the first token's row (y row stride: P->rows). portable: the C
- * kernel even where SIMD ones are built (tests compare the two). */
-static void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
-                          int64_t n, int64_t tt, float *y, int portable) {
-    const int64_t K = P->cols, R = P->rows, nb = P->nb;
+ * qa, da, sa and y point at the first token's row; y's row stride is R (P->rows in the plain
+ * matmul). portable: the C kernel even where SIMD ones are built (tests compare the two). */
+static void lq_group_rows_ld(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                             int64_t n, int64_t tt, float *y, int64_t R, int portable) {
+    const int64_t K = P->cols, nb = P->nb;
     const int nv = (int)(R - g * LQ_G < LQ_G ? R - g * LQ_G : LQ_G);
     int64_t t0 = 0;
     (void)portable;
@@ -756,6 +765,11 @@ static void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const
 #endif
         lq_kernel_scalar(P, g, q, dd, ss, T, yo, R, nv);
     }
+}
+
+static void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                          int64_t n, int64_t tt, float *y, int portable) {
+    lq_group_rows_ld(P, g, qa, da, sa, n, tt, y, P->rows, portable);
 }
 
 #endif /* LLMCORE_SIMD_QUANTS_H */

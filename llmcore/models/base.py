@@ -26,6 +26,7 @@ from ..errors import ModelLoadError
 from ..gguf_file import GGUFFile
 from .batch import ForwardBatch
 from .blocks import PreNormBlock, run_blocks
+from .decode_step import DecodeStep, MAX_TOKENS as DECODE_STEP_TOKENS
 from .layers import Attention, Embedding, GatedFFN, OutputHead, RMSNorm
 from .moe import MoE, MoEStats
 
@@ -306,7 +307,19 @@ class Model:
             s.tokens.extend(t.tolist())
         return logits
 
+    def decode_step(self) -> DecodeStep | None:
+        """The fused decode step (:mod:`.decode_step`), built on first use; None when the
+        model has a part it does not run."""
+        step = self.__dict__.get("_decode_step", False)
+        if step is False:
+            step = self._decode_step = DecodeStep.build(self)
+        return step
+
     def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
+        step = self.decode_step() if fb.n_tokens <= DECODE_STEP_TOKENS else None
+        if step is not None:
+            rows = np.arange(fb.n_tokens) if all_logits else fb.logit_rows
+            return step(fb, self.embed(fb.tokens), rows)
         x = run_blocks(self.blocks, self.embed(fb.tokens), fb)
         if not all_logits and len(fb.logit_rows) != fb.n_tokens:
             x = x[fb.logit_rows]

@@ -1,0 +1,889 @@
+# cython: language_level=3
+"""A decode step of a whole stack of pre-norm attention blocks in one parallel region.
+
+A decode step of a small model is a few hundred short operations (SmolLM2: 30 layers x a
+norm, three matmuls of 0.2-1 MB, rope, attention, ...). Run one kernel call each, every
+call opens a parallel region (a futex wake-up of the other threads, tens of microseconds
+on a shared machine) or, to avoid that, runs on one thread: either way generation stays
+far from the memory bandwidth. Here the whole step runs in one region: the layers' phases
+are separated by a team barrier that spins briefly and then sleeps (team.h), and the
+work items of each phase are the ones the standalone kernels use (simd_quants.h,
+simd_kquants.h, simd_attention.h), so a token gets the same numbers either way.
+
+    prog = Program(n_layer, n_embd, out_norm, out_eps, head, n_vocab)
+    prog.set_layer(i, ...)                     # once per layer, at load
+    prog.add_plan(kv_type, block_size, ...)    # attention geometry of each (pool, window)
+    prog.run(x, positions, seg_start, tables, kv, logit_rows, logits, decode_seqs, n_threads)
+
+A layer is ``x += post_norm?(wo(attention(rope(q_norm?(q)), rope(k_norm?(k)), v)))`` on
+``attn_norm(x)``, then ``x += post_norm?(down(act(gate(h)) * up(h)))`` on ``ffn_norm(x)``;
+the head is ``out_norm`` and a matmul for the rows whose logits are wanted. Weights are
+the packed layouts of quants.pyx (legacy quants repacked, float types in place) and
+kquants.pyx (K-quants, repacked or in the GGUF layout); llmcore/models/decode_step.py
+builds the program from a model's blocks and falls back to the layer-by-layer path for
+anything else.
+
+Phases of a layer (B: team barrier):
+
+    qkv matmul  B  q/k norms, rope, K/V store  B  attention items [B merge]  B
+    wo matmul   B  residual, ffn norm, act quantization
+    gate_up     B  act(gate) * up, quantization
+    down        B  residual, next layer's norm, quantization
+
+Row operations (norms, residual adds, activations, activation quantization) of a step of
+at most PRIVATE_ROWS tokens run on every thread for all rows into per-thread buffers (the
+residual stream too: each thread keeps its own identical copy), so they need no barrier;
+larger steps split them by rows into shared buffers, with a barrier after each. Matmul
+work items are split statically (each thread streams a contiguous range of the weights),
+attention items dynamically (their costs differ). Results never depend on the thread
+count: every output element is computed by one work item with fixed arithmetic.
+"""
+import os
+
+import numpy as np
+
+from cython.parallel cimport parallel
+from libc.math cimport powf
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
+                        attn_run_item, attn_scratch_floats)
+from kv_rows cimport store_row
+from norms cimport rms_row
+from rope cimport rope_apply, rope_cos_sin
+
+cdef extern from "team.h" nogil:
+    ctypedef struct team_t:
+        int n
+    void team_init(team_t *t, int n, long spin_ns)
+    void team_join(team_t *t)
+    int team_region_size()
+    int team_thread()
+    void team_barrier(team_t *t)
+    int64_t team_next(team_t *t, int64_t chunk)
+    void team_flag_set(int *flag)
+    int team_flag_get(const int *flag)
+
+cdef extern from "simd_quants.h" nogil:
+    ctypedef struct lq_packed:
+        int type
+        int fmt
+        int has_m
+        float moff
+        int64_t rows, cols, nb, ngroups, qbytes, blk_bytes
+        const uint8_t *data
+    int LQ_FMT_NONE
+    int LQ_FMT_BF16
+    int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
+    void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff)
+    void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n,
+                          int64_t ldy)
+    int64_t lq_tile_tokens(const lq_packed *P, int portable)
+    void lq_group_rows_ld(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                          int64_t n, int64_t tt, float *y, int64_t R, int portable)
+
+cdef extern from "simd_kquants.h" nogil:
+    ctypedef struct kq_q8k:
+        float d
+        int8_t qs[256]
+        int16_t bsums[16]
+    ctypedef struct kq_act:
+        const kq_q8k *q8k
+        const int8_t *aq
+        const float *ad
+        const int32_t *as_ "as"
+        int no_amx
+    int kq_block_size(int t)
+    void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y)
+    void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g, const kq_act *act,
+                     int64_t tok0, int64_t n, float *Y, int64_t ldy)
+    void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
+                        int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy)
+
+cdef extern from "simd_activations.h" nogil:
+    void act_silu_row(const float *g, const float *u, float *y, int n)
+    void act_gelu_row(const float *g, const float *u, float *y, int n)
+
+cdef enum:
+    W_LQ = 0       # quants.pyx, repacked16 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+    W_FLOAT = 1    # quants.pyx, F32 / F16 / BF16 in place
+    W_KQ = 2       # kquants.pyx, repacked16 (Q4_K, Q5_K, Q6_K)
+    W_KQRAW = 3    # kquants.pyx, the GGUF layout (Q2_K .. Q6_K)
+    MAX_PARTS = 3
+    MAX_PLANS = 4
+    MAX_ROPES = 4
+    FLOAT_ROWS = 16   # output rows per work item of a float weight
+    KQ_ROWS = 8       # ... of a K-quant weight in the GGUF layout
+    QK_K = 256
+    QK8 = 32
+    MAX_TOKENS = 64   # the largest step run here (llmcore.models.decode_step)
+    PRIVATE_ROWS = 4  # steps of at most this many tokens do row operations on every thread
+
+# a waiting thread spins this long before it sleeps (team.h)
+SPIN_NS = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
+TOKENS_MAX = MAX_TOKENS
+
+
+cdef struct weight_t:
+    int kind
+    lq_packed lq          # W_LQ, W_FLOAT
+    int type              # ggml type
+    const uint8_t *data
+    int64_t rows, cols, row_stride, n_items, tt
+
+
+cdef struct linear_t:
+    int n_parts
+    weight_t part[3]
+    int64_t col0[3]       # part p writes output columns [col0[p], col0[p] + rows)
+    int64_t item0[4]      # first work item of each part (item0[n_parts] = all items)
+    int64_t out_features, in_features
+    const float *bias     # (out_features,) or NULL
+
+
+cdef struct acts_t:       # one part's input rows, quantized as its kernel wants them
+    int8_t *qa
+    float *da
+    float *sa
+    kq_q8k *q8k
+    kq_act kact
+    const float *xf       # W_FLOAT: the float rows themselves
+
+
+cdef struct layer_t:
+    const float *attn_norm
+    const float *attn_post
+    const float *ffn_norm
+    const float *ffn_post
+    float attn_eps, attn_post_eps, ffn_eps, ffn_post_eps
+    int has_attn_post, has_ffn_post
+    linear_t qkv, wo, gate_up, down
+    int act               # 0 SiLU, 1 GELU
+    int64_t n_ff
+    int H, KVH, D, Dv, n_rot, neox, rope_id, plan_id
+    const float *q_norm
+    const float *k_norm
+    float qk_eps
+    float scale, softcap
+    const float *sinks
+    # set per run: this layer's K/V pools
+    uint8_t *k_pool
+    uint8_t *v_pool
+    long k_bstride, v_bstride
+
+
+cdef struct plan_geom_t:  # the attention geometry shared by the layers of one (pool, window)
+    int kv_type, bs, k_row, v_row, H, KVH, D, Dv, window
+
+
+cdef struct rope_cfg_t:
+    int n_rot
+    float base, freq_scale
+
+
+cdef struct step_t:
+    int n, d, S, n_logits, priv, n_layers
+    const int32_t *pos
+    const int32_t *seg_start
+    const int64_t *logit_rows
+    float *logits
+    int64_t n_vocab
+    attn_plan pl[4]
+    attn_ctx ctx[4]
+    int32_t *blk[4]       # (n,) block id of each token in each plan's tables
+    float *rope[4]        # (n, n_rot) cos/sin of each token for each rope config
+    int n_rot[4]
+    const float *x_in     # (n, d) the embeddings
+    # shared buffers
+    float *x
+    float *h
+    float *t
+    float *act
+    float *y_qkv
+    float *y_wo
+    float *y_gu
+    float *y_down
+    float *q
+    float *o
+    acts_t acts[3]
+    long attn_buf
+    team_t team
+    int failed            # a thread could not get its scratch
+
+
+# ---- weights ---------------------------------------------------------------------------
+cdef inline void _item_rows(const weight_t *w, int64_t it, int64_t *r0, int64_t *r1) noexcept nogil:
+    cdef int64_t per = KQ_ROWS if w.kind == W_KQRAW else (FLOAT_ROWS if w.kind == W_FLOAT else 16)
+    r0[0] = it * per
+    r1[0] = r0[0] + per if r0[0] + per < w.rows else w.rows
+
+
+cdef inline int64_t _act_bytes(const weight_t *w, int64_t n) noexcept nogil:
+    """Bytes of one part's quantized input for n rows (64-byte multiples)."""
+    cdef int64_t K = w.cols
+    if w.kind == W_LQ:
+        return ((n * K + 63) // 64) * 64 + 2 * (((n * (K // QK8) * 4) + 63) // 64) * 64
+    if w.kind == W_KQ or w.kind == W_KQRAW:
+        return ((n * (K // QK_K) * sizeof(kq_q8k) + 63) // 64) * 64
+    return 0
+
+
+cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, acts_t *a) noexcept nogil:
+    """Lay out one part's activation buffer (from _act_bytes(w, n) bytes at buf)."""
+    cdef int64_t K = w.cols
+    a.qa = NULL
+    a.da = NULL
+    a.sa = NULL
+    a.q8k = NULL
+    a.xf = NULL
+    if w.kind == W_LQ:
+        a.qa = <int8_t *>buf
+        a.da = <float *>(buf + ((n * K + 63) // 64) * 64)
+        a.sa = a.da + ((n * (K // QK8) * 4 + 63) // 64) * 16
+    elif w.kind == W_KQ or w.kind == W_KQRAW:
+        a.q8k = <kq_q8k *>buf
+        a.kact.q8k = a.q8k
+        a.kact.aq = NULL
+        a.kact.ad = NULL
+        a.kact.as_ = NULL
+        a.kact.no_amx = 1
+
+
+cdef inline void _quant_rows(const weight_t *w, const float *x, int64_t r0, int64_t r1, acts_t *a) noexcept nogil:
+    """Rows [r0, r1) of x (row stride w.cols) quantized into a."""
+    cdef int64_t K = w.cols, nb = K // QK8, r
+    if w.kind == W_LQ:
+        for r in range(r0, r1):
+            lq_quant_row_q8(x + r * K, K, a.qa + r * K, a.da + r * nb, a.sa + r * nb, w.lq.moff)
+    elif w.kind == W_KQ or w.kind == W_KQRAW:
+        for r in range(r0, r1):
+            kq_quantize_q8k(x + r * K, K, a.q8k + r * (K // QK_K))
+    else:
+        a.xf = x
+
+
+cdef inline void _mm_item(const weight_t *w, int64_t it, const acts_t *a, int64_t n, float *y,
+                          int64_t ldy) noexcept nogil:
+    """Work item `it` of y (n, ldy) += ... (output columns of this part start at y)."""
+    cdef int64_t r0, r1
+    if w.kind == W_LQ:
+        lq_group_rows_ld(&w.lq, it, a.qa, a.da, a.sa, n, w.tt, y, ldy, 0)
+    elif w.kind == W_KQ:
+        kq_rp_group(w.type, w.data, w.cols, w.rows, it, &a.kact, 0, n, y, ldy)
+    elif w.kind == W_KQRAW:
+        _item_rows(w, it, &r0, &r1)
+        kq_matmul_rows(w.type, w.data, w.row_stride, r0, r1, w.cols // QK_K, a.q8k, n, y, ldy)
+    else:
+        _item_rows(w, it, &r0, &r1)
+        lq_float_rows_ld(&w.lq, r0, r1, a.xf, y, n, ldy)
+
+
+cdef void _linear_items(const linear_t *L, const acts_t *acts, int64_t n, float *y, int tid, int nt) noexcept nogil:
+    """This thread's share of y (n, out_features) = x @ W.T (+ bias): a contiguous range of
+    the work items of all parts."""
+    cdef int64_t total = L.item0[L.n_parts]
+    cdef int64_t lo = total * tid // nt, hi = total * (tid + 1) // nt, it, r0, r1, t, r
+    cdef int p = 0
+    cdef const weight_t *w
+    cdef float *yp
+    for it in range(lo, hi):
+        while it >= L.item0[p + 1]:
+            p += 1
+        w = &L.part[p]
+        yp = y + L.col0[p]
+        _mm_item(w, it - L.item0[p], &acts[p], n, yp, L.out_features)
+        if L.bias != NULL:
+            _item_rows(w, it - L.item0[p], &r0, &r1)
+            for t in range(n):
+                for r in range(r0, r1):
+                    yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
+
+
+cdef inline void _quant_linear(const linear_t *L, const float *x, int64_t r0, int64_t r1, acts_t *acts) noexcept nogil:
+    cdef int p
+    for p in range(L.n_parts):
+        _quant_rows(&L.part[p], x, r0, r1, &acts[p])
+
+
+# ---- the step ----------------------------------------------------------------------------
+cdef struct thread_bufs_t:
+    float *x
+    float *h
+    float *t
+    float *act
+    acts_t acts[3]
+    float *attn
+
+
+cdef void _thread_main(const layer_t *layers, const linear_t *head, const float *out_norm, float out_eps,
+                       step_t *S, int64_t act_part_bytes, int64_t max_k) noexcept nogil:
+    team_join(&S.team)
+    cdef int tid = team_thread(), nt = team_region_size()
+    cdef int n = S.n, d = S.d, priv = S.priv, i, p, l, j, hh, H, KVH, D, Dv, G
+    cdef int64_t r, r0, r1, it, lo, hi, F, ldq
+    cdef thread_bufs_t tb
+    cdef const layer_t *L
+    cdef const layer_t *Ln
+    cdef attn_ctx c
+    cdef const attn_plan *pl
+    cdef const float *src
+    cdef const float *yr
+    cdef const float *cs
+    cdef float *qo
+    cdef float *tmp
+    cdef uint8_t *mem = NULL
+    cdef int64_t pos, blk
+    # per-thread scratch: attention always; the row buffers when rows are private
+    cdef int64_t fl = ((n * (d if d > max_k else max_k) + 15) // 16) * 16
+    cdef int64_t attn_fl = ((S.attn_buf + 15) // 16) * 16
+    cdef int64_t nbytes = attn_fl * 4 + 64 + (4 * fl * 4 + 3 * act_part_bytes if priv else 0)
+    mem = <uint8_t *>malloc(nbytes)
+    if mem == NULL:
+        team_flag_set(&S.failed)
+    team_barrier(&S.team)
+    if team_flag_get(&S.failed):
+        free(mem)
+        return
+    tb.attn = <float *>(((<size_t>mem) + 63) & ~(<size_t>63))
+    if priv:
+        tb.x = tb.attn + attn_fl
+        tb.h = tb.x + fl
+        tb.t = tb.h + fl
+        tb.act = tb.t + fl
+        memcpy(tb.x, S.x_in, n * d * sizeof(float))
+        r0 = 0
+        r1 = n
+    else:
+        tb.x = S.x
+        tb.h = S.h
+        tb.t = S.t
+        tb.act = S.act
+        r0 = n * tid // nt
+        r1 = n * (tid + 1) // nt
+    cdef uint8_t *abase = <uint8_t *>(tb.act + fl) if priv else NULL
+
+    # the acts of a linear: per part, act_part_bytes each (private) or the shared ones
+    for l in range(S.n_layers):
+        L = &layers[l]
+        H = L.H
+        KVH = L.KVH
+        D = L.D
+        Dv = L.Dv
+        G = H // KVH
+        F = L.n_ff
+        # ---- attention: h = attn_norm(x) (layer 0; later layers get it from the last one)
+        if l == 0:
+            for r in range(r0, r1):
+                rms_row(tb.x + r * d, NULL, L.attn_norm, L.attn_eps, tb.h + r * d, d)
+        _lay_acts(&L.qkv, n, abase, act_part_bytes, S, priv, tb.acts)
+        _quant_linear(&L.qkv, tb.h, r0, r1, tb.acts)
+        if not priv:
+            team_barrier(&S.team)
+        _linear_items(&L.qkv, tb.acts, n, S.y_qkv, tid, nt)
+        team_barrier(&S.team)
+        # ---- q/k norms, rope, K/V store: items (token, head), q heads then kv heads
+        ldq = L.qkv.out_features
+        lo = <int64_t>n * (H + KVH) * tid // nt
+        hi = <int64_t>n * (H + KVH) * (tid + 1) // nt
+        for it in range(lo, hi):
+            i = <int>(it // (H + KVH))
+            j = <int>(it % (H + KVH))
+            src = S.y_qkv + i * ldq
+            cs = S.rope[L.rope_id] + i * L.n_rot if L.n_rot > 0 else NULL
+            if j < H:
+                qo = S.q + (<int64_t>i * H + j) * D
+                memcpy(qo, src + j * D, D * sizeof(float))
+                if L.q_norm != NULL:
+                    rms_row(qo, NULL, L.q_norm, L.qk_eps, qo, D)
+                if L.n_rot > 0:
+                    rope_apply(qo, L.n_rot, L.neox, cs)
+            else:
+                hh = j - H
+                tmp = tb.t if priv else tb.attn  # D floats of this thread's own
+                memcpy(tmp, src + H * D + hh * D, D * sizeof(float))
+                if L.k_norm != NULL:
+                    rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
+                if L.n_rot > 0:
+                    rope_apply(tmp, L.n_rot, L.neox, cs)
+                pos = S.pos[i]
+                blk = S.blk[L.plan_id][i]
+                store_row(tmp, S.ctx[L.plan_id].kv_type,
+                          L.k_pool + blk * L.k_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].k_row, D)
+                store_row(src + H * D + KVH * D + hh * Dv, S.ctx[L.plan_id].kv_type,
+                          L.v_pool + blk * L.v_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].v_row, Dv)
+        team_barrier(&S.team)
+        # ---- attention items
+        c = S.ctx[L.plan_id]
+        c.k = L.k_pool
+        c.v = L.v_pool
+        c.k_bstride = L.k_bstride
+        c.v_bstride = L.v_bstride
+        c.scale = L.scale
+        c.softcap = L.softcap
+        c.sinks = L.sinks
+        pl = &S.pl[L.plan_id]
+        while True:
+            it = team_next(&S.team, 1)
+            if it >= pl.n_items:
+                break
+            attn_run_item(&c, &pl.items[it], tb.attn)
+        team_barrier(&S.team)
+        if pl.n_merge:
+            lo = <int64_t>n * H * tid // nt
+            hi = <int64_t>n * H * (tid + 1) // nt
+            for it in range(lo, hi):
+                if c.nparts[it // H] > 1:
+                    attn_merge(&c, <int>(it // H), <int>(it % H))
+            team_barrier(&S.team)
+        # ---- output projection
+        _lay_acts(&L.wo, n, abase, act_part_bytes, S, priv, tb.acts)
+        _quant_linear(&L.wo, S.o, r0, r1, tb.acts)
+        if not priv:
+            team_barrier(&S.team)
+        _linear_items(&L.wo, tb.acts, n, S.y_wo, tid, nt)
+        team_barrier(&S.team)
+        # ---- x += post_norm?(wo); h = ffn_norm(x)
+        for r in range(r0, r1):
+            yr = S.y_wo + r * d
+            if L.has_attn_post:
+                rms_row(<float *>yr, NULL, L.attn_post, L.attn_post_eps, tb.t + r * d, d)
+                yr = tb.t + r * d
+            rms_row(tb.x + r * d, yr, L.ffn_norm, L.ffn_eps, tb.h + r * d, d)
+        _lay_acts(&L.gate_up, n, abase, act_part_bytes, S, priv, tb.acts)
+        _quant_linear(&L.gate_up, tb.h, r0, r1, tb.acts)
+        if not priv:
+            team_barrier(&S.team)
+        _linear_items(&L.gate_up, tb.acts, n, S.y_gu, tid, nt)
+        team_barrier(&S.team)
+        # ---- act(gate) * up
+        for r in range(r0, r1):
+            if L.act == 0:
+                act_silu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, tb.act + r * F, <int>F)
+            else:
+                act_gelu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, tb.act + r * F, <int>F)
+        _lay_acts(&L.down, n, abase, act_part_bytes, S, priv, tb.acts)
+        _quant_linear(&L.down, tb.act, r0, r1, tb.acts)
+        if not priv:
+            team_barrier(&S.team)
+        _linear_items(&L.down, tb.acts, n, S.y_down, tid, nt)
+        team_barrier(&S.team)
+        # ---- x += post_norm?(down); h = next attn_norm(x) (the head's rows after the last)
+        if l + 1 < S.n_layers:
+            Ln = &layers[l + 1]
+            for r in range(r0, r1):
+                yr = S.y_down + r * d
+                if L.has_ffn_post:
+                    rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, tb.t + r * d, d)
+                    yr = tb.t + r * d
+                rms_row(tb.x + r * d, yr, Ln.attn_norm, Ln.attn_eps, tb.h + r * d, d)
+    # ---- head: out_norm(x) of the logit rows, then the output matmul
+    L = &layers[S.n_layers - 1]
+    if priv:
+        lo = 0
+        hi = S.n_logits
+    else:
+        lo = S.n_logits * tid // nt
+        hi = S.n_logits * (tid + 1) // nt
+    for i in range(lo, hi):
+        r = S.logit_rows[i]
+        yr = S.y_down + r * d
+        if L.has_ffn_post:
+            rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, tb.t + i * d, d)
+            yr = tb.t + i * d
+        rms_row(tb.x + r * d, yr, out_norm, out_eps, tb.h + i * d, d)
+    _lay_acts(head, S.n_logits, abase, act_part_bytes, S, priv, tb.acts)
+    _quant_linear(head, tb.h, lo, hi, tb.acts)
+    if not priv:
+        team_barrier(&S.team)
+    _linear_items(head, tb.acts, S.n_logits, S.logits, tid, nt)
+    free(mem)
+
+
+cdef inline void _lay_acts(const linear_t *L, int64_t n, uint8_t *abase, int64_t part_bytes, step_t *S, int priv,
+                           acts_t *acts) noexcept nogil:
+    """Point acts at the part buffers of linear L: this thread's (private rows) or the
+    shared ones, laid out for L's parts."""
+    cdef int p
+    for p in range(L.n_parts):
+        if priv:
+            _acts_at(&L.part[p], n, abase + p * part_bytes, &acts[p])
+        else:
+            _acts_at(&L.part[p], n, <uint8_t *>S.acts[p].qa, &acts[p])
+
+
+# ---- the program -------------------------------------------------------------------------
+def weight_kind(packed, str module):
+    """The fused kernel for a packed weight of kernel module `module`, or None."""
+    layout = packed.layout
+    if module == "quants":
+        return W_LQ if layout == "repacked16" else W_FLOAT
+    if module == "kquants" and packed.ggml_type != 39:  # MXFP4 quantizes its input otherwise
+        return W_KQ if layout == "repacked16" else W_KQRAW
+    return None
+
+
+cdef class Program:
+    """A model's decode step (see the module docstring). Holds references to every array
+    whose memory it points into."""
+
+    cdef layer_t *layers
+    cdef linear_t head
+    cdef int n_layers, n_embd, n_plans, n_ropes
+    cdef int64_t n_vocab, max_out, max_k, max_parts_bytes
+    cdef const float *out_norm
+    cdef float out_eps
+    cdef plan_geom_t plans[4]
+    cdef rope_cfg_t ropes[4]
+    cdef list keep
+    cdef readonly int ready
+
+    def __cinit__(self, int n_layers, int n_embd, out_norm, float out_eps, head_parts, int64_t n_vocab):
+        self.layers = <layer_t *>malloc(max(n_layers, 1) * sizeof(layer_t))
+        if self.layers == NULL:
+            raise MemoryError()
+        self.n_layers = n_layers
+        self.n_embd = n_embd
+        self.n_vocab = n_vocab
+        self.keep = []
+        self.max_out = n_vocab
+        self.max_k = n_embd
+        self.n_plans = 0
+        self.n_ropes = 0
+        self.ready = 0
+        self.out_norm = self._f32(out_norm, n_embd)
+        self.out_eps = out_eps
+        self._linear(&self.head, head_parts, None, n_embd)
+        if self.head.out_features != n_vocab:
+            raise ValueError("Program: the head's rows are not the vocabulary")
+
+    def __dealloc__(self):
+        free(self.layers)
+
+    cdef const float *_f32(self, arr, int64_t size) except? NULL:
+        """A float32 (size,) array's data (kept alive), or NULL for None."""
+        if arr is None:
+            return NULL
+        a = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+        if a.shape[0] != size:
+            raise ValueError(f"Program: expected {size} values, got {a.shape[0]}")
+        self.keep.append(a)
+        return <const float *><size_t>a.ctypes.data
+
+    cdef int _linear(self, linear_t *L, list parts, bias, int64_t in_features) except -1:
+        """parts: [(packed, kernel module name)], their outputs side by side."""
+        cdef int p, kind
+        cdef weight_t *w
+        cdef int64_t col = 0
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError("Program: a linear has 1 to 3 parts")
+        L.n_parts = len(parts)
+        L.item0[0] = 0
+        for p, (pk, module) in enumerate(parts):
+            k = weight_kind(pk, module)
+            if k is None:
+                raise ValueError(f"Program: no fused kernel for {module} type {pk.ggml_type} ({pk.layout})")
+            kind = k
+            if pk.cols != in_features:
+                raise ValueError("Program: the parts of a linear read inputs of different sizes")
+            w = &L.part[p]
+            w.kind = kind
+            w.type = pk.ggml_type
+            w.rows = pk.rows
+            w.cols = pk.cols
+            self.keep.append(pk)
+            buf = pk.buf if kind != W_KQRAW else pk.raw
+            self.keep.append(buf)
+            w.data = <const uint8_t *><size_t>buf.ctypes.data
+            w.row_stride = buf.strides[0] if kind == W_KQRAW else 0
+            if kind == W_LQ or kind == W_FLOAT:
+                lq_init_packed(&w.lq, w.type, w.rows, w.cols, w.data)
+                w.tt = lq_tile_tokens(&w.lq, 0)
+                w.n_items = w.lq.ngroups if kind == W_LQ else (w.rows + FLOAT_ROWS - 1) // FLOAT_ROWS
+            elif kind == W_KQ:
+                w.n_items = (w.rows + 15) // 16
+            else:
+                w.n_items = (w.rows + KQ_ROWS - 1) // KQ_ROWS
+            if kind != W_FLOAT and (w.cols % (QK_K if kind >= W_KQ else QK8)):
+                raise ValueError("Program: input size is not a whole number of blocks")
+            L.col0[p] = col
+            col += w.rows
+            L.item0[p + 1] = L.item0[p] + w.n_items
+            self.max_parts_bytes = max(self.max_parts_bytes, _act_bytes(w, MAX_TOKENS))
+        L.out_features = col
+        L.in_features = in_features
+        L.bias = self._f32(bias, col) if bias is not None else NULL
+        self.max_out = max(self.max_out, col)
+        self.max_k = max(self.max_k, in_features)
+        return 0
+
+    def add_rope(self, int n_rot, float base, float freq_scale):
+        """Id of a rope configuration (one cos/sin table per token and step each)."""
+        cdef int i
+        for i in range(self.n_ropes):
+            if self.ropes[i].n_rot == n_rot and self.ropes[i].base == base and self.ropes[i].freq_scale == freq_scale:
+                return i
+        if self.n_ropes == MAX_ROPES:
+            raise ValueError("Program: too many rope configurations")
+        self.ropes[self.n_ropes].n_rot = n_rot
+        self.ropes[self.n_ropes].base = base
+        self.ropes[self.n_ropes].freq_scale = freq_scale
+        self.n_ropes += 1
+        return self.n_ropes - 1
+
+    def add_plan(self, int kv_type, int bs, int k_row, int v_row, int H, int KVH, int D, int Dv, int window):
+        """Id of an attention geometry (one plan per step each: a pool and a window)."""
+        cdef int i
+        cdef plan_geom_t *g
+        for i in range(self.n_plans):
+            g = &self.plans[i]
+            if (g.kv_type, g.bs, g.k_row, g.v_row, g.H, g.KVH, g.D, g.Dv, g.window) == (
+                    kv_type, bs, k_row, v_row, H, KVH, D, Dv, window):
+                return i
+        if self.n_plans == MAX_PLANS:
+            raise ValueError("Program: too many attention geometries")
+        g = &self.plans[self.n_plans]
+        g.kv_type, g.bs, g.k_row, g.v_row, g.H, g.KVH, g.D, g.Dv, g.window = kv_type, bs, k_row, v_row, H, KVH, D, Dv, window
+        self.n_plans += 1
+        return self.n_plans - 1
+
+    def set_layer(self, int i, *, attn_norm, float attn_eps, attn_post, float attn_post_eps, ffn_norm, float ffn_eps,
+                  ffn_post, float ffn_post_eps, list qkv, qkv_bias, list wo, wo_bias, list gate_up, list down,
+                  int act, int H, int KVH, int D, int Dv, int n_rot, bint neox, int rope_id, int plan_id,
+                  q_norm, k_norm, float qk_eps, float scale, float softcap, sinks):
+        """Layer i's weights and attention parameters (see the module docstring)."""
+        if not 0 <= i < self.n_layers:
+            raise IndexError(i)
+        cdef layer_t *L = &self.layers[i]
+        cdef int d = self.n_embd
+        L.attn_norm = self._f32(attn_norm, d)
+        L.attn_eps = attn_eps
+        L.has_attn_post = attn_post is not None
+        L.attn_post = self._f32(attn_post, d)
+        L.attn_post_eps = attn_post_eps
+        L.ffn_norm = self._f32(ffn_norm, d)
+        L.ffn_eps = ffn_eps
+        L.has_ffn_post = ffn_post is not None
+        L.ffn_post = self._f32(ffn_post, d)
+        L.ffn_post_eps = ffn_post_eps
+        self._linear(&L.qkv, qkv, qkv_bias, d)
+        if L.qkv.out_features != H * D + KVH * D + KVH * Dv:
+            raise ValueError("Program: the q/k/v projection's size does not match the heads")
+        self._linear(&L.wo, wo, wo_bias, H * Dv)
+        if L.wo.out_features != d:
+            raise ValueError("Program: the output projection's size is not n_embd")
+        self._linear(&L.gate_up, gate_up, None, d)
+        L.n_ff = L.gate_up.out_features // 2
+        self._linear(&L.down, down, None, L.n_ff)
+        if L.down.out_features != d or L.gate_up.out_features != 2 * L.n_ff:
+            raise ValueError("Program: the feed-forward's sizes do not match")
+        L.act = act
+        if not (0 <= plan_id < self.n_plans and 0 <= rope_id < self.n_ropes):
+            raise ValueError("Program: unknown plan or rope id")
+        g = self.plans[plan_id]
+        if (g.H, g.KVH, g.D, g.Dv) != (H, KVH, D, Dv) or KVH <= 0 or H % KVH:
+            raise ValueError("Program: the layer's heads do not match its attention plan")
+        if n_rot != self.ropes[rope_id].n_rot or n_rot > D or n_rot % 2:
+            raise ValueError("Program: bad rope dimensions")
+        L.H, L.KVH, L.D, L.Dv = H, KVH, D, Dv
+        L.n_rot, L.neox, L.rope_id, L.plan_id = n_rot, neox, rope_id, plan_id
+        L.q_norm = self._f32(q_norm, D)
+        L.k_norm = self._f32(k_norm, D)
+        L.qk_eps = qk_eps
+        L.scale = scale
+        L.softcap = softcap
+        L.sinks = self._f32(sinks, H)
+        L.k_pool = NULL
+        L.v_pool = NULL
+        self.max_k = max(self.max_k, 2 * L.n_ff, H * D)
+        if i == self.n_layers - 1:
+            self.ready = 1
+
+    def run(self, const float[:, ::1] x, const int32_t[::1] positions, const int32_t[::1] seg_start, list tables,
+            list kv_pools, const int64_t[::1] logit_rows, float[:, ::1] logits, const uint8_t[::1] decode_seqs,
+            int n_threads):
+        """One step: logits of the rows ``logit_rows`` of the step's tokens.
+
+        x : float32 (n, n_embd), the tokens' embeddings (n <= TOKENS_MAX)
+        positions : int32 (n,); seg_start : int32 (S + 1,) from 0 to n
+        tables : per attention plan, int32 (S, max_blocks) block tables (-1: freed)
+        kv_pools : per layer, (k, v) uint8 (n_blocks, block bytes) pool views
+        logit_rows : int64 (m,) rows of x whose logits are wanted
+        logits : float32 (m, n_vocab), written
+        decode_seqs : uint8 (S,) or None, as attention.attention's
+        Raises ValueError (nothing written to the caches) when a position maps to no block.
+        """
+        if not self.ready:
+            raise RuntimeError("Program: not every layer is set")
+        cdef int n = x.shape[0], d = self.n_embd, S = seg_start.shape[0] - 1, m = logit_rows.shape[0]
+        cdef int i, j, p, l, nb_seq, nt = n_threads if n_threads > 0 else 1
+        cdef step_t st
+        cdef layer_t *L
+        cdef plan_geom_t *g
+        cdef const int32_t[:, ::1] tab
+        cdef const uint8_t[:, ::1] kv
+        cdef int64_t nblk
+        if n < 1 or n > MAX_TOKENS or x.shape[1] != d:
+            raise ValueError(f"Program.run: x must be (1..{MAX_TOKENS}, {d})")
+        if positions.shape[0] != n or S < 1 or seg_start[0] != 0 or seg_start[S] != n:
+            raise ValueError("Program.run: positions / seg_start do not match x")
+        if len(tables) != self.n_plans or len(kv_pools) != self.n_layers:
+            raise ValueError("Program.run: one table per plan and one (k, v) pair per layer")
+        if logits.shape[0] != m or logits.shape[1] != self.n_vocab or m < 1:
+            raise ValueError("Program.run: logits must be (len(logit_rows), n_vocab)")
+        for i in range(m):
+            if not 0 <= logit_rows[i] < n or (i > 0 and logit_rows[i] <= logit_rows[i - 1]):
+                raise ValueError("Program.run: logit rows must be increasing rows of x")
+        if decode_seqs is not None and decode_seqs.shape[0] != S:
+            raise ValueError("Program.run: decode_seqs must have one entry per sequence")
+        for i in range(S):
+            if seg_start[i + 1] < seg_start[i]:
+                raise ValueError("Program.run: seg_start must be non-decreasing")
+        memset_step(&st)
+        st.n = n
+        st.d = d
+        st.S = S
+        st.n_layers = self.n_layers
+        st.pos = &positions[0]
+        st.seg_start = &seg_start[0]
+        st.logit_rows = &logit_rows[0]
+        st.n_logits = m
+        st.logits = &logits[0, 0]
+        st.n_vocab = self.n_vocab
+        st.x_in = &x[0, 0]
+        st.priv = n <= PRIVATE_ROWS
+        keep = []
+        try:
+            # the pools of every layer (they move when a pool grows)
+            for l in range(self.n_layers):
+                L = &self.layers[l]
+                kp, vp = kv_pools[l]
+                kv = kp
+                L.k_pool = <uint8_t *>&kv[0, 0]
+                L.k_bstride = kv.strides[0]
+                kv = vp
+                L.v_pool = <uint8_t *>&kv[0, 0]
+                L.v_bstride = kv.strides[0]
+            # shared buffers
+            buf = np.empty(6 * n * self.max_k + 4 * n * self.max_out + 64, dtype=np.float32)
+            keep.append(buf)
+            _shared_layout(&st, <float *><size_t>buf.ctypes.data, n, self.max_k, self.max_out)
+            if not st.priv:
+                memcpy(st.x, &x[0, 0], n * d * sizeof(float))
+            abuf = np.empty(3 * self.max_parts_bytes + 64, dtype=np.uint8)
+            keep.append(abuf)
+            for p in range(3):
+                st.acts[p].qa = <int8_t *>((((<size_t>abuf.ctypes.data) + 63) & ~(<size_t>63)) + p * self.max_parts_bytes)
+            # attention plans and block ids; rope tables
+            for p in range(self.n_plans):
+                g = &self.plans[p]
+                tab = tables[p]
+                nb_seq = tab.shape[1]
+                nblk = _pool_blocks(self, kv_pools, p)
+                if tab.shape[0] != S:
+                    raise ValueError("Program.run: a block table per sequence")
+                st.blk[p] = <int32_t *>malloc(n * sizeof(int32_t))
+                if st.blk[p] == NULL:
+                    raise MemoryError()
+                for j in range(S):
+                    for i in range(seg_start[j], seg_start[j + 1]):
+                        st.blk[p][i] = tab[j, positions[i] // g.bs] if 0 <= positions[i] < nb_seq * g.bs else -1
+                        if st.blk[p][i] < 0 or st.blk[p][i] >= nblk:
+                            raise ValueError(f"kv_store: position {positions[i]} maps to no block")
+                if attn_plan_build(&st.pl[p], n, g.H, g.KVH, g.Dv, g.bs, g.k_row, g.v_row, &tab[0, 0], S, nb_seq,
+                                   &seg_start[0], &positions[0], g.window,
+                                   &decode_seqs[0] if decode_seqs is not None else NULL) != 0:
+                    raise MemoryError()
+                _ctx_init(&st.ctx[p], g, &tab[0, 0], nb_seq, &positions[0])
+                st.ctx[p].q = st.q
+                st.ctx[p].out = st.o
+                attn_plan_ctx(&st.pl[p], &st.ctx[p], n)
+                st.attn_buf = max(st.attn_buf, attn_scratch_floats(g.D, g.Dv, g.bs))
+            for p in range(self.n_ropes):
+                st.n_rot[p] = self.ropes[p].n_rot
+                st.rope[p] = <float *>malloc(max(1, n * self.ropes[p].n_rot) * sizeof(float))
+                if st.rope[p] == NULL:
+                    raise MemoryError()
+                if self.ropes[p].n_rot > 0:
+                    for i in range(n):
+                        rope_cos_sin(<float>positions[i], self.ropes[p].n_rot,
+                                     powf(self.ropes[p].base, -2.0 / self.ropes[p].n_rot), self.ropes[p].freq_scale,
+                                     NULL, st.rope[p] + i * self.ropes[p].n_rot)
+            st.attn_buf = max(st.attn_buf, self.max_k)
+            team_init(&st.team, nt, SPIN_NS)
+            with nogil, parallel(num_threads=nt):
+                _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st, self.max_parts_bytes,
+                             self.max_k)
+            if st.failed:
+                raise MemoryError("Program.run: per-thread scratch")
+        finally:
+            for p in range(self.n_plans):
+                attn_plan_free(&st.pl[p])
+                free(st.blk[p])
+            for p in range(self.n_ropes):
+                free(st.rope[p])
+
+
+cdef int64_t _pool_blocks(Program prog, list kv_pools, int plan) except -1:
+    """Blocks in the pool of the first layer of this plan."""
+    cdef int l
+    for l in range(prog.n_layers):
+        if prog.layers[l].plan_id == plan:
+            return (<object>kv_pools[l][0]).shape[0]
+    return 0
+
+
+cdef void memset_step(step_t *st) noexcept nogil:
+    cdef int p
+    st.failed = 0
+    st.attn_buf = 0
+    for p in range(MAX_PLANS):
+        st.blk[p] = NULL
+        st.pl[p].items = NULL
+        st.pl[p].toks = NULL
+        st.pl[p].tinfo = NULL
+        st.pl[p].partial = NULL
+        st.pl[p].n_items = 0
+    for p in range(MAX_ROPES):
+        st.rope[p] = NULL
+
+
+cdef void _ctx_init(attn_ctx *c, const plan_geom_t *g, const int32_t *tables, int max_blocks,
+                    const int32_t *q_pos) noexcept nogil:
+    c.k_row = g.k_row
+    c.v_row = g.v_row
+    c.kv_type = g.kv_type
+    c.bs = g.bs
+    c.KVH = g.KVH
+    c.H = g.H
+    c.G = g.H // g.KVH
+    c.D = g.D
+    c.Dv = g.Dv
+    c.tables = tables
+    c.max_blocks = max_blocks
+    c.q_pos = q_pos
+    c.window = g.window
+
+
+cdef void _shared_layout(step_t *st, float *base, int64_t n, int64_t max_k, int64_t max_out) noexcept nogil:
+    cdef float *p = <float *>((((<size_t>base) + 63) & ~(<size_t>63)))
+    st.x = p
+    p += n * max_k
+    st.h = p
+    p += n * max_k
+    st.t = p
+    p += n * max_k
+    st.act = p
+    p += n * max_k
+    st.y_qkv = p
+    p += n * max_out
+    st.y_wo = p
+    p += n * max_out
+    st.y_gu = p
+    p += n * max_out
+    st.y_down = p
+    p += n * max_out
+    st.q = p
+    p += n * max_k
+    st.o = p
