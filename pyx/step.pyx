@@ -122,8 +122,17 @@ cdef enum:
     PRIVATE_ROWS = 4  # steps of at most this many tokens do row operations on every thread
 
 # a waiting thread spins this long before it sleeps (team.h)
-SPIN_NS = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
+cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
 TOKENS_MAX = MAX_TOKENS
+
+
+def set_spin_us(double us):
+    """How long a thread waiting at a barrier spins before it sleeps (microseconds; the
+    default is $LLMCORE_STEP_SPIN_US or 50). Returns the previous value."""
+    global _spin_ns
+    cdef double old = _spin_ns / 1000.0
+    _spin_ns = <long>(us * 1000)
+    return old
 
 
 cdef struct weight_t:
@@ -811,7 +820,7 @@ cdef class Program:
                                      powf(self.ropes[p].base, -2.0 / self.ropes[p].n_rot), self.ropes[p].freq_scale,
                                      NULL, st.rope[p] + i * self.ropes[p].n_rot)
             st.attn_buf = max(st.attn_buf, self.max_k)
-            team_init(&st.team, nt, SPIN_NS)
+            team_init(&st.team, nt, _spin_ns)
             with nogil, parallel(num_threads=nt):
                 _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st, self.max_parts_bytes,
                              self.max_k)

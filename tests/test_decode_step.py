@@ -1,0 +1,221 @@
+"""The fused decode step (pyx/step.pyx, llmcore/models/decode_step.py): every layer of a
+dense model in one parallel region. It runs the work items of the layer-by-layer path, so
+its logits must be those bits exactly, whatever the thread count, the batch (one sequence,
+a few with private row buffers, many with shared ones), shared prefixes, verify segments,
+sliding windows, long contexts (attention split over key chunks and merged), the weight
+layouts (legacy quants, float, K-quants repacked and in the GGUF layout, biases) and the
+barrier's sleeping path."""
+from __future__ import annotations
+
+import contextlib
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from llmcore import _kernels, threads
+from llmcore.models import load_model
+
+from fixtures import add_tensor, finish_gguf, rand_tokens, weight_makers
+from test_kquants import rand_blocks
+
+pytestmark = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: no fused step")
+
+
+def build_kquant_llama(path, seed: int = 0):
+    """2 llama layers 256 wide (head_dim 64, 4 heads / 2 kv heads, FFN 512) with K-quant
+    weights of random valid blocks: q/k Q4_K and v Q6_K (three projections of two types,
+    so three parts side by side), attn_output Q3_K and Q2_K (no repacked layout: the GGUF
+    layout's kernel), gate/up Q4_K, down Q5_K / Q6_K, output Q6_K; q/k/v/o biases on layer 0."""
+    rng = np.random.default_rng(seed)
+    normal, linear, norm_w = weight_makers(rng)
+    d, H, KVH, hd, F, V = 256, 4, 2, 64, 512, 256
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-llama-kquant")
+    w.add_context_length(2048)
+    w.add_embedding_length(d)
+    w.add_block_count(2)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(KVH)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-5)
+
+    def kq(name, qt, rows, cols, scale):
+        bs, _ = gguf.GGML_QUANT_SIZES[qt]
+        w.add_tensor(name, rand_blocks(rng, qt, rows * cols // bs, scale).reshape(rows, -1), raw_dtype=qt)
+
+    add_tensor(w, "token_embd.weight", normal((V, d), 1.0), QT.Q8_0)
+    add_tensor(w, "output_norm.weight", norm_w(d))
+    kq("output.weight", QT.Q6_K, V, d, 0.01)
+    for i, (wo_t, down_t) in enumerate(((QT.Q3_K, QT.Q5_K), (QT.Q2_K, QT.Q6_K))):
+        p = f"blk.{i}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(d))
+        kq(p + "attn_q.weight", QT.Q4_K, H * hd, d, 0.002)
+        kq(p + "attn_k.weight", QT.Q4_K, KVH * hd, d, 0.002)
+        kq(p + "attn_v.weight", QT.Q6_K, KVH * hd, d, 0.002)
+        kq(p + "attn_output.weight", wo_t, d, H * hd, 0.002)
+        if i == 0:
+            for n, size in (("q", H * hd), ("k", KVH * hd), ("v", KVH * hd), ("output", d)):
+                add_tensor(w, p + f"attn_{n}.bias", normal((size,), 0.1))
+        add_tensor(w, p + "ffn_norm.weight", norm_w(d))
+        kq(p + "ffn_gate.weight", QT.Q4_K, F, d, 0.002)
+        kq(p + "ffn_up.weight", QT.Q4_K, F, d, 0.002)
+        kq(p + "ffn_down.weight", down_t, d, F, 0.001)
+    return finish_gguf(w, path)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models, built_model, tmp_path_factory):
+    paths = dict(tiny_models)
+    paths["gemma3"] = built_model("gemma3")
+    paths["kquant"] = build_kquant_llama(tmp_path_factory.mktemp("kquant") / "tiny-kquant.gguf")
+    cache = {}
+
+    def get(name, kv_type="f16"):
+        if (name, kv_type) not in cache:
+            cache[name, kv_type] = load_model(paths[name], kv_type=kv_type, block_size=16)
+        return cache[name, kv_type]
+
+    return get
+
+
+@contextlib.contextmanager
+def layer_by_layer(m):
+    """The model without its fused step (restored after)."""
+    step = m.decode_step()
+    m._decode_step = None
+    try:
+        yield
+    finally:
+        m._decode_step = step
+
+
+@contextlib.contextmanager
+def n_threads(n):
+    old = threads.get_num_threads()
+    threads.set_num_threads(n)
+    try:
+        yield
+    finally:
+        threads.set_num_threads(old)
+
+
+def scenario(m, long_prompt: int = 0):
+    """Every kind of small step, logits of each in order: decode of one sequence, of three
+    (one a fork sharing a prefix), of seven (more than the private-row limit), a verify
+    segment (all its rows' logits, decode numerics), a 40-token chunk (tile attention)."""
+    V = m.n_vocab
+    out = []
+    a, b = m.new_state(), m.new_state()
+    m.forward([(a, rand_tokens(long_prompt or 70, 1, V))])  # > 64 tokens: the layer-by-layer path
+    m.forward([(b, rand_tokens(5, 2, V))])
+    c = a.fork()  # shares a's blocks
+    for k in range(3):
+        out.append(m.forward([(a, [k + 3])]))
+    for k in range(2):
+        out.append(m.forward([(a, [k + 7]), (b, [k + 11]), (c, [k + 13])]))
+    many = [m.new_state() for _ in range(4)]
+    for i, s in enumerate(many):
+        m.forward([(s, rand_tokens(3 + 9 * i, 20 + i, V))])
+    for k in range(2):
+        out.append(m.forward([(s, [(5 * i + k) % V]) for i, s in enumerate([a, b, c, *many])]))
+    out.append(m.forward([(b, rand_tokens(5, 30, V))], n_logits=[5]))
+    out.append(m.forward([(c, rand_tokens(40, 31, V))], all_logits=True))
+    for s in (a, b, c, *many):
+        s.release()
+    return out
+
+
+MODELS = [("llama-q4_0", "f16"), ("llama-f16", "f16"), ("qwen3-q8_0", "f16"), ("qwen3-f32", "q8_0"),
+          ("qwen3-q4_0", "q4_0"), ("gemma3", "f16"), ("kquant", "f16"), ("kquant", "q8_0")]
+
+
+@pytest.mark.parametrize("name,kv_type", MODELS)
+def test_fused_step_gives_the_layer_by_layer_bits(models, name, kv_type):
+    m = models(name, kv_type)
+    assert m.decode_step() is not None, f"{name}: no fused step"
+    with n_threads(2):
+        fused = scenario(m)
+        with layer_by_layer(m):
+            plain = scenario(m)
+    with n_threads(1):
+        fused_1 = scenario(m)
+    for f, p, f1 in zip(fused, plain, fused_1):
+        assert np.isfinite(f).all()
+        np.testing.assert_array_equal(f, p)
+        np.testing.assert_array_equal(f, f1)
+
+
+def test_long_context_attention_split_over_key_chunks(models):
+    """1100 cached tokens: a decode's attention runs as two key chunks merged at the end."""
+    m = models("kquant")
+    with n_threads(2):
+        fused = scenario(m, long_prompt=1100)
+        with layer_by_layer(m):
+            plain = scenario(m, long_prompt=1100)
+    for f, p in zip(fused, plain):
+        np.testing.assert_array_equal(f, p)
+
+
+def test_barrier_sleeping_path(models):
+    """With no spin every wait at a barrier sleeps on the futex: the same logits."""
+    step = _kernels.load("step")
+    m = models("qwen3-q8_0")
+    with n_threads(2):
+        ref = scenario(m)
+        old = step.set_spin_us(0)
+        try:
+            slept = scenario(m)
+        finally:
+            step.set_spin_us(old)
+    for r, s in zip(ref, slept):
+        np.testing.assert_array_equal(r, s)
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-f32", "mamba", "lfm2", "qwen35moe"])
+def test_models_with_other_layers_run_layer_by_layer(built_model, name):
+    m = load_model(built_model(name), block_size=16)
+    assert m.decode_step() is None
+    st = m.new_state()
+    assert np.isfinite(m.forward([(st, [1, 2, 3])])).all()
+    assert np.isfinite(m.forward([(st, [4])])).all()
+    st.release()
+
+
+def test_a_position_without_a_block_is_refused(models):
+    """A step whose tables do not cover a position raises before anything is written."""
+    m = models("llama-q4_0")
+    step = m.decode_step()
+    st = m.new_state()
+    m.forward([(st, [1, 2, 3])])
+    x = np.zeros((1, m.args.n_embd), np.float32)
+    tables = [np.full((1, 1), -1, np.int32) for _ in step.groups]
+    logits = np.empty((1, m.n_vocab), np.float32)
+    with pytest.raises(ValueError, match="maps to no block"):
+        step.prog.run(x, np.array([3], np.int32), np.array([0, 1], np.int32), tables, step._kv_views(),
+                      np.array([0], np.int64), logits, None, 1)
+    before = m.forward([(st.fork(), [4])])
+    again = m.forward([(st, [4])])
+    np.testing.assert_array_equal(before, again)
+    st.release()
+
+
+def test_head_softcap_applied(models):
+    """A final logit soft-cap (gemma2-style heads) is applied to the fused step's logits."""
+    m = models("llama-q4_0")
+    st = m.new_state()
+    m.forward([(st, [1, 2, 3])])
+    plain = m.forward([(st.fork(), [4])])[0]
+    old = m.head.softcap
+    m.__dict__.pop("_decode_step", None)
+    m.head.softcap = 2.0
+    try:
+        capped = m.forward([(st, [4])])[0]
+    finally:
+        m.head.softcap = old
+        m.__dict__.pop("_decode_step", None)
+    np.testing.assert_allclose(capped, np.tanh(plain / 2.0) * 2.0, rtol=1e-6, atol=1e-6)
+    assert np.abs(plain).max() > 2.0 and np.abs(capped).max() <= 2.0
+    st.release()
