@@ -4,6 +4,9 @@
     python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20] [--batch B]
 
 --batch B times a batched decode step: B sequences of --ctx tokens each advance one token.
+A model whose decode steps run fused (pyx/step.pyx, one kernel call) reports that call's
+phases instead of per-op times (thread 0's wall time up to the end of each phase;
+LLMCORE_FUSED_STEP=0 times the layer-by-layer path).
 
 Times with the calling thread's CPU clock (robust to a loaded machine at -t 1); at -t 2
 the wall clock is reported too. Ops are wrapped at the Python level (nn.*, Linear.__call__
@@ -101,6 +104,10 @@ def main(argv=None):
             cnt["embedding"] += 1
     L.Embedding.__call__ = embw
 
+    step = model.decode_step()
+    if step is not None:
+        step_kernel = _kernels.load("step")
+        step.prof = np.zeros(len(step_kernel.PHASES))
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 30000, max(a.pp, a.ctx + 1)).astype(np.int32)
     # distinct contexts per sequence of a batched step
@@ -114,6 +121,8 @@ def main(argv=None):
                 for st, p in zip(sts, prompts):
                     model.forward([(st, p[: a.ctx])])
             acc.clear(); cnt.clear()
+            if step is not None:
+                step.prof[:] = 0
             t0, w0 = clock(), time.perf_counter_ns()
             if kind == "decode":
                 lg = model.forward([(st, p[a.ctx:a.ctx + 1]) for st, p in zip(sts, prompts)])
@@ -121,6 +130,10 @@ def main(argv=None):
             else:
                 model.forward([(sts[0], prompt[: a.pp])])
             tot, wall = clock() - t0, time.perf_counter_ns() - w0
+            if step is not None and kind == "decode":
+                for name, ns in zip(step_kernel.PHASES, step.prof):
+                    acc["step: " + name] += int(ns)
+                    cnt["step: " + name] += 1
             for st in sts:
                 st.release()
             if best is None or tot < best[0]:

@@ -521,19 +521,34 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
     if (ND > 0)
         for (int r = 0; r < RB; r++)
             for (int i = 0; i < ND; i++) qv[r][i] = _mm512_loadu_ps(q + (long)r * D + 16 * i);
+    /* keys per pass: independent fma chains enough to cover the fma latency, in registers */
+    const int KG = ND == 0 ? 1 : RB <= 2 ? 4 : RB == 3 ? 3 : 2;
     for (int jb = j0 & ~15; jb < j1; jb += 16) {
         __m512 tmp[4][16];
-        for (int jj = 0; jj < 16; jj++) {
+        for (int jj = 0; jj < 16; jj += KG) {
+            if (ND > 0) {
+                __m512 a[4][4];
+                for (int u = 0; u < KG; u++)
+                    for (int r = 0; r < RB; r++) a[u][r] = _mm512_setzero_ps();
+                for (int i = 0; i < ND; i++)
+                    for (int u = 0; u < KG; u++) {
+                        const int j = jb + jj + u;
+                        if (jj + u < 16 && j >= j0 && j < j1) {
+                            const __m512 kv = attn_kvec(k, F16, (long)j * ldk + 16 * i, (__mmask16)0xFFFF);
+                            for (int r = 0; r < RB; r++) a[u][r] = _mm512_fmadd_ps(qv[r][i], kv, a[u][r]);
+                        }
+                    }
+                for (int u = 0; u < KG && jj + u < 16; u++) {
+                    const int slot = 4 * ((jj + u) & 3) + ((jj + u) >> 2);  /* simd_hsum16x16's order */
+                    for (int r = 0; r < RB; r++) tmp[r][slot] = a[u][r];
+                }
+                continue;
+            }
             const int j = jb + jj, slot = 4 * (jj & 3) + (jj >> 2);  /* simd_hsum16x16's order */
             __m512 a[4];
             for (int r = 0; r < RB; r++) a[r] = _mm512_setzero_ps();
             if (j >= j0 && j < j1) {
-                if (ND > 0) {
-                    for (int i = 0; i < ND; i++) {
-                        const __m512 kv = attn_kvec(k, F16, (long)j * ldk + 16 * i, (__mmask16)0xFFFF);
-                        for (int r = 0; r < RB; r++) a[r] = _mm512_fmadd_ps(qv[r][i], kv, a[r]);
-                    }
-                } else {
+                {
                     for (int d = 0; d < D; d += 16) {
                         const __mmask16 msk = simd_mask16(D - d);
                         const __m512 kv = attn_kvec(k, F16, (long)j * ldk + d, msk);

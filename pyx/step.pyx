@@ -63,6 +63,7 @@ cdef extern from "team.h" nogil:
     int team_thread()
     void team_barrier(team_t *t)
     int64_t team_next(team_t *t, int64_t chunk)
+    long team_now_ns()
     void team_flag_set(int *flag)
     int team_flag_get(const int *flag)
 
@@ -220,6 +221,7 @@ cdef struct step_t:
     long attn_buf
     team_t team
     int failed            # a thread could not get its scratch
+    double *prof          # (N_PHASES,) ns thread 0 spent up to the end of each phase, or NULL
 
 
 # ---- weights ---------------------------------------------------------------------------
@@ -317,6 +319,27 @@ cdef inline void _quant_linear(const linear_t *L, const float *x, int64_t r0, in
 
 
 # ---- the step ----------------------------------------------------------------------------
+PHASES = ("qkv", "rope+kv store", "attention", "attn_output", "ffn gate+up", "ffn down", "head")
+cdef enum:
+    P_QKV = 0
+    P_POST = 1
+    P_ATTN = 2
+    P_WO = 3
+    P_GU = 4
+    P_DOWN = 5
+    P_HEAD = 6
+    N_PHASES = 7
+
+
+cdef inline void _mark(step_t *S, int tid, int phase, long *t0) noexcept nogil:
+    """Profiling (Program.run(prof=...)): thread 0's time since the last mark, to `phase`
+    (each phase ends at its barrier, so the row operations before a matmul count to it)."""
+    cdef long now
+    if S.prof != NULL and tid == 0:
+        now = team_now_ns()
+        S.prof[phase] += now - t0[0]
+        t0[0] = now
+
 cdef struct thread_bufs_t:
     float *x
     float *h
@@ -344,6 +367,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef float *tmp
     cdef uint8_t *mem = NULL
     cdef int64_t pos, blk
+    cdef long t_mark = team_now_ns() if S.prof != NULL else 0
     # per-thread scratch: attention always; the row buffers when rows are private
     cdef int64_t fl = ((n * (d if d > max_k else max_k) + 15) // 16) * 16
     cdef int64_t attn_fl = ((S.attn_buf + 15) // 16) * 16
@@ -392,6 +416,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             team_barrier(&S.team)
         _linear_items(&L.qkv, tb.acts, n, S.y_qkv, tid, nt)
         team_barrier(&S.team)
+        _mark(S, tid, P_QKV, &t_mark)
         # ---- q/k norms, rope, K/V store: items (token, head), q heads then kv heads
         ldq = L.qkv.out_features
         lo = <int64_t>n * (H + KVH) * tid // nt
@@ -423,6 +448,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                 store_row(src + H * D + KVH * D + hh * Dv, S.ctx[L.plan_id].kv_type,
                           L.v_pool + blk * L.v_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].v_row, Dv)
         team_barrier(&S.team)
+        _mark(S, tid, P_POST, &t_mark)
         # ---- attention items
         c = S.ctx[L.plan_id]
         c.k = L.k_pool
@@ -446,6 +472,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                 if c.nparts[it // H] > 1:
                     attn_merge(&c, <int>(it // H), <int>(it % H))
             team_barrier(&S.team)
+        _mark(S, tid, P_ATTN, &t_mark)
         # ---- output projection
         _lay_acts(&L.wo, n, abase, act_part_bytes, S, priv, tb.acts)
         _quant_linear(&L.wo, S.o, r0, r1, tb.acts)
@@ -453,6 +480,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             team_barrier(&S.team)
         _linear_items(&L.wo, tb.acts, n, S.y_wo, tid, nt)
         team_barrier(&S.team)
+        _mark(S, tid, P_WO, &t_mark)
         # ---- x += post_norm?(wo); h = ffn_norm(x)
         for r in range(r0, r1):
             yr = S.y_wo + r * d
@@ -466,6 +494,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             team_barrier(&S.team)
         _linear_items(&L.gate_up, tb.acts, n, S.y_gu, tid, nt)
         team_barrier(&S.team)
+        _mark(S, tid, P_GU, &t_mark)
         # ---- act(gate) * up
         for r in range(r0, r1):
             if L.act == 0:
@@ -478,6 +507,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             team_barrier(&S.team)
         _linear_items(&L.down, tb.acts, n, S.y_down, tid, nt)
         team_barrier(&S.team)
+        _mark(S, tid, P_DOWN, &t_mark)
         # ---- x += post_norm?(down); h = next attn_norm(x) (the head's rows after the last)
         if l + 1 < S.n_layers:
             Ln = &layers[l + 1]
@@ -507,6 +537,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     if not priv:
         team_barrier(&S.team)
     _linear_items(head, tb.acts, S.n_logits, S.logits, tid, nt)
+    _mark(S, tid, P_HEAD, &t_mark)
     free(mem)
 
 
@@ -711,7 +742,7 @@ cdef class Program:
 
     def run(self, const float[:, ::1] x, const int32_t[::1] positions, const int32_t[::1] seg_start, list tables,
             list kv_pools, const int64_t[::1] logit_rows, float[:, ::1] logits, const uint8_t[::1] decode_seqs,
-            int n_threads):
+            int n_threads, double[::1] prof=None):
         """One step: logits of the rows ``logit_rows`` of the step's tokens.
 
         x : float32 (n, n_embd), the tokens' embeddings (n <= TOKENS_MAX)
@@ -721,6 +752,8 @@ cdef class Program:
         logit_rows : int64 (m,) rows of x whose logits are wanted
         logits : float32 (m, n_vocab), written
         decode_seqs : uint8 (S,) or None, as attention.attention's
+        prof : float64 (len(PHASES),) or None: nanoseconds thread 0 spent in each phase are
+            added to it (benchmarks)
         Raises ValueError (nothing written to the caches) when a position maps to no block.
         """
         if not self.ready:
@@ -762,6 +795,9 @@ cdef class Program:
         st.n_vocab = self.n_vocab
         st.x_in = &x[0, 0]
         st.priv = n <= PRIVATE_ROWS
+        if prof is not None and prof.shape[0] < N_PHASES:
+            raise ValueError("Program.run: prof needs one entry per phase")
+        st.prof = &prof[0] if prof is not None else NULL
         keep = []
         try:
             # the pools of every layer (they move when a pool grows)

@@ -129,6 +129,7 @@ class DecodeStep:
             self.pools.append((attn, pool))
         self._views = None
         self._grows = None
+        self.prof: np.ndarray | None = None  # float64 (len(step.PHASES),): ns per phase are added (benchmarks)
 
     @classmethod
     def build(cls, model: "Model") -> "DecodeStep | None":
@@ -156,7 +157,7 @@ class DecodeStep:
         logits = np.empty((rows.shape[0], self.n_vocab), dtype=np.float32)
         self.prog.run(np.ascontiguousarray(x, dtype=np.float32), fb.positions, fb.seg_start,
                       [fb.tables_for(g) for g in self.groups], self._kv_views(), rows, logits,
-                      fb.decode_seqs, get_num_threads())
+                      fb.decode_seqs, get_num_threads(), self.prof)
         if self.softcap:
             logits = np.tanh(logits / self.softcap) * self.softcap
         return logits
