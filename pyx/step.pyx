@@ -5,10 +5,13 @@ A decode step of a small model is a few hundred short operations (SmolLM2: 30 la
 norm, three matmuls of 0.2-1 MB, rope, attention, ...). Run one kernel call each, every
 call opens a parallel region (a futex wake-up of the other threads, tens of microseconds
 on a shared machine) or, to avoid that, runs on one thread: either way generation stays
-far from the memory bandwidth. Here the whole step runs in one region: the layers' phases
-are separated by a team barrier that spins briefly and then sleeps (team.h), and the
-work items of each phase are the ones the standalone kernels use (simd_quants.h,
-simd_kquants.h, simd_attention.h), so a token gets the same numbers either way.
+far from the memory bandwidth. Here the whole step runs in one region, as a sequence of
+phases (team.h): each phase is a set of work items that any thread takes, and a thread
+moves on once every item of the phase is done (spinning briefly, then sleeping). The work
+items are the ones the standalone kernels use (simd_quants.h, simd_kquants.h,
+simd_attention.h), so a token gets the same numbers either way. A thread that another
+process deschedules holds no work back: when it runs again it finds the phases it missed
+done and skips them, so two threads are never slower than the one that runs.
 
     prog = Program(n_layer, n_embd, out_norm, out_eps, head, n_vocab)
     prog.set_layer(i, ...)                     # once per layer, at load
@@ -23,20 +26,18 @@ kquants.pyx (K-quants, repacked or in the GGUF layout); llmcore/models/decode_st
 builds the program from a model's blocks and falls back to the layer-by-layer path for
 anything else.
 
-Phases of a layer (B: team barrier):
+Phases of a layer (items in brackets):
 
-    qkv matmul  B  q/k norms, rope, K/V store  B  attention items [B merge]  B
-    wo matmul   B  residual, ffn norm, act quantization
-    gate_up     B  act(gate) * up, quantization
-    down        B  residual, next layer's norm, quantization
+    q/k/v matmul [row groups]   q/k norms, rope, K/V store [token x head]
+    attention [plan items]      merge of split rows [token]
+    quantize the attention output [token]   wo matmul [row groups]
+    residual, post norm, ffn norm, quantize [token]   gate/up matmul [row groups]
+    act(gate) * up, quantize [token]   down matmul [row groups]
+    residual, post norm, the next layer's norm (or out_norm), quantize [token]
 
-Row operations (norms, residual adds, activations, activation quantization) of a step of
-at most PRIVATE_ROWS tokens run on every thread for all rows into per-thread buffers (the
-residual stream too: each thread keeps its own identical copy), so they need no barrier;
-larger steps split them by rows into shared buffers, with a barrier after each. Matmul
-work items are split statically (each thread streams a contiguous range of the weights),
-attention items dynamically (their costs differ). Results never depend on the thread
-count: every output element is computed by one work item with fixed arithmetic.
+then the head matmul. Matmul items go out in chunks of consecutive row groups (each thread
+streams contiguous weights). Results never depend on the thread count: every output
+element is computed by one work item with fixed arithmetic.
 """
 import os
 
@@ -64,6 +65,11 @@ cdef extern from "team.h" nogil:
     void team_barrier(team_t *t)
     int64_t team_next(team_t *t, int64_t chunk)
     long team_now_ns()
+    ctypedef struct team_phase_t:
+        int64_t next
+    int64_t team_phase_take(team_phase_t *p, int64_t chunk)
+    void team_phase_finish(team_phase_t *p, int64_t n_done, int64_t total)
+    void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total)
     void team_flag_set(int *flag)
     int team_flag_get(const int *flag)
 
@@ -120,7 +126,6 @@ cdef enum:
     QK_K = 256
     QK8 = 32
     MAX_TOKENS = 64   # the largest step run here (llmcore.models.decode_step)
-    PRIVATE_ROWS = 4  # steps of at most this many tokens do row operations on every thread
 
 # a waiting thread spins this long before it sleeps (team.h)
 cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
@@ -194,7 +199,7 @@ cdef struct rope_cfg_t:
 
 
 cdef struct step_t:
-    int n, d, S, n_logits, priv, n_layers
+    int n, d, S, n_logits, n_layers
     const int32_t *pos
     const int32_t *seg_start
     const int64_t *logit_rows
@@ -220,6 +225,7 @@ cdef struct step_t:
     acts_t acts[3]
     long attn_buf
     team_t team
+    team_phase_t *ph      # the step's phases, in order (zeroed)
     int failed            # a thread could not get its scratch
     double *prof          # (N_PHASES,) ns thread 0 spent up to the end of each phase, or NULL
 
@@ -241,14 +247,15 @@ cdef inline int64_t _act_bytes(const weight_t *w, int64_t n) noexcept nogil:
     return 0
 
 
-cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, acts_t *a) noexcept nogil:
-    """Lay out one part's activation buffer (from _act_bytes(w, n) bytes at buf)."""
+cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, const float *x, acts_t *a) noexcept nogil:
+    """Lay out one part's activation buffer (from _act_bytes(w, n) bytes at buf) for the
+    input rows x (which a float weight reads as they are)."""
     cdef int64_t K = w.cols
     a.qa = NULL
     a.da = NULL
     a.sa = NULL
     a.q8k = NULL
-    a.xf = NULL
+    a.xf = x
     if w.kind == W_LQ:
         a.qa = <int8_t *>buf
         a.da = <float *>(buf + ((n * K + 63) // 64) * 64)
@@ -271,8 +278,6 @@ cdef inline void _quant_rows(const weight_t *w, const float *x, int64_t r0, int6
     elif w.kind == W_KQ or w.kind == W_KQRAW:
         for r in range(r0, r1):
             kq_quantize_q8k(x + r * K, K, a.q8k + r * (K // QK_K))
-    else:
-        a.xf = x
 
 
 cdef inline void _mm_item(const weight_t *w, int64_t it, const acts_t *a, int64_t n, float *y,
@@ -289,27 +294,6 @@ cdef inline void _mm_item(const weight_t *w, int64_t it, const acts_t *a, int64_
     else:
         _item_rows(w, it, &r0, &r1)
         lq_float_rows_ld(&w.lq, r0, r1, a.xf, y, n, ldy)
-
-
-cdef void _linear_items(const linear_t *L, const acts_t *acts, int64_t n, float *y, int tid, int nt) noexcept nogil:
-    """This thread's share of y (n, out_features) = x @ W.T (+ bias): a contiguous range of
-    the work items of all parts."""
-    cdef int64_t total = L.item0[L.n_parts]
-    cdef int64_t lo = total * tid // nt, hi = total * (tid + 1) // nt, it, r0, r1, t, r
-    cdef int p = 0
-    cdef const weight_t *w
-    cdef float *yp
-    for it in range(lo, hi):
-        while it >= L.item0[p + 1]:
-            p += 1
-        w = &L.part[p]
-        yp = y + L.col0[p]
-        _mm_item(w, it - L.item0[p], &acts[p], n, yp, L.out_features)
-        if L.bias != NULL:
-            _item_rows(w, it - L.item0[p], &r0, &r1)
-            for t in range(n):
-                for r in range(r0, r1):
-                    yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
 
 
 cdef inline void _quant_linear(const linear_t *L, const float *x, int64_t r0, int64_t r1, acts_t *acts) noexcept nogil:
@@ -340,88 +324,72 @@ cdef inline void _mark(step_t *S, int tid, int phase, long *t0) noexcept nogil:
         S.prof[phase] += now - t0[0]
         t0[0] = now
 
-cdef struct thread_bufs_t:
-    float *x
-    float *h
-    float *t
-    float *act
-    acts_t acts[3]
-    float *attn
+cdef inline void _rows_item(const linear_t *L, const float *x, int64_t r, acts_t *acts) noexcept nogil:
+    """Row r of x quantized for every part of L."""
+    _quant_linear(L, x, r, r + 1, acts)
 
 
 cdef void _thread_main(const layer_t *layers, const linear_t *head, const float *out_norm, float out_eps,
-                       step_t *S, int64_t act_part_bytes, int64_t max_k) noexcept nogil:
+                       step_t *S) noexcept nogil:
+    """One thread's part of the step: every phase's items that it takes (team.h phases)."""
     team_join(&S.team)
     cdef int tid = team_thread(), nt = team_region_size()
-    cdef int n = S.n, d = S.d, priv = S.priv, i, p, l, j, hh, H, KVH, D, Dv, G
-    cdef int64_t r, r0, r1, it, lo, hi, F, ldq
-    cdef thread_bufs_t tb
+    cdef int n = S.n, d = S.d, i, l, j, hh, H, KVH, D, Dv
+    cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk
+    cdef int k = 0  # the next phase
+    cdef team_phase_t *ph
+    cdef acts_t acts[3]
     cdef const layer_t *L
     cdef const layer_t *Ln
+    cdef const linear_t *lin
     cdef attn_ctx c
     cdef const attn_plan *pl
     cdef const float *src
     cdef const float *yr
     cdef const float *cs
+    cdef const float *w_next
+    cdef float eps_next
     cdef float *qo
     cdef float *tmp
-    cdef uint8_t *mem = NULL
-    cdef int64_t pos, blk
     cdef long t_mark = team_now_ns() if S.prof != NULL else 0
-    # per-thread scratch: attention always; the row buffers when rows are private
-    cdef int64_t fl = ((n * (d if d > max_k else max_k) + 15) // 16) * 16
-    cdef int64_t attn_fl = ((S.attn_buf + 15) // 16) * 16
-    cdef int64_t nbytes = attn_fl * 4 + 64 + (4 * fl * 4 + 3 * act_part_bytes if priv else 0)
-    mem = <uint8_t *>malloc(nbytes)
-    if mem == NULL:
+    cdef float *abuf = <float *>malloc((S.attn_buf + 16) * sizeof(float))  # attention scratch
+    if abuf == NULL:
         team_flag_set(&S.failed)
-    team_barrier(&S.team)
-    if team_flag_get(&S.failed):
-        free(mem)
         return
-    tb.attn = <float *>(((<size_t>mem) + 63) & ~(<size_t>63))
-    if priv:
-        tb.x = tb.attn + attn_fl
-        tb.h = tb.x + fl
-        tb.t = tb.h + fl
-        tb.act = tb.t + fl
-        memcpy(tb.x, S.x_in, n * d * sizeof(float))
-        r0 = 0
-        r1 = n
-    else:
-        tb.x = S.x
-        tb.h = S.h
-        tb.t = S.t
-        tb.act = S.act
-        r0 = n * tid // nt
-        r1 = n * (tid + 1) // nt
-    cdef uint8_t *abase = <uint8_t *>(tb.act + fl) if priv else NULL
-
-    # the acts of a linear: per part, act_part_bytes each (private) or the shared ones
     for l in range(S.n_layers):
         L = &layers[l]
         H = L.H
         KVH = L.KVH
         D = L.D
         Dv = L.Dv
-        G = H // KVH
         F = L.n_ff
-        # ---- attention: h = attn_norm(x) (layer 0; later layers get it from the last one)
+        # ---- (layer 0) h = attn_norm(x), quantized for the q/k/v projection
         if l == 0:
-            for r in range(r0, r1):
-                rms_row(tb.x + r * d, NULL, L.attn_norm, L.attn_eps, tb.h + r * d, d)
-        _lay_acts(&L.qkv, n, abase, act_part_bytes, S, priv, tb.acts)
-        _quant_linear(&L.qkv, tb.h, r0, r1, tb.acts)
-        if not priv:
-            team_barrier(&S.team)
-        _linear_items(&L.qkv, tb.acts, n, S.y_qkv, tid, nt)
-        team_barrier(&S.team)
+            ph = &S.ph[k]
+            k += 1
+            _lay_acts(&L.qkv, n, S, S.h, acts)
+            while True:
+                i0 = team_phase_take(ph, 1)
+                if i0 >= n:
+                    break
+                rms_row(S.x + i0 * d, NULL, L.attn_norm, L.attn_eps, S.h + i0 * d, d)
+                _rows_item(&L.qkv, S.h, i0, acts)
+                team_phase_finish(ph, 1, n)
+            team_phase_wait(&S.team, ph, n)
+        # ---- q/k/v projection
+        _lay_acts(&L.qkv, n, S, S.h, acts)
+        _linear_phase(&S.ph[k], &S.team, &L.qkv, acts, n, S.y_qkv, nt)
+        k += 1
         _mark(S, tid, P_QKV, &t_mark)
         # ---- q/k norms, rope, K/V store: items (token, head), q heads then kv heads
         ldq = L.qkv.out_features
-        lo = <int64_t>n * (H + KVH) * tid // nt
-        hi = <int64_t>n * (H + KVH) * (tid + 1) // nt
-        for it in range(lo, hi):
+        ph = &S.ph[k]
+        k += 1
+        total = <int64_t>n * (H + KVH)
+        while True:
+            it = team_phase_take(ph, 1)
+            if it >= total:
+                break
             i = <int>(it // (H + KVH))
             j = <int>(it % (H + KVH))
             src = S.y_qkv + i * ldq
@@ -435,7 +403,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                     rope_apply(qo, L.n_rot, L.neox, cs)
             else:
                 hh = j - H
-                tmp = tb.t if priv else tb.attn  # D floats of this thread's own
+                tmp = abuf  # D floats of this thread's own
                 memcpy(tmp, src + H * D + hh * D, D * sizeof(float))
                 if L.k_norm != NULL:
                     rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
@@ -447,9 +415,10 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                           L.k_pool + blk * L.k_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].k_row, D)
                 store_row(src + H * D + KVH * D + hh * Dv, S.ctx[L.plan_id].kv_type,
                           L.v_pool + blk * L.v_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].v_row, Dv)
-        team_barrier(&S.team)
+            team_phase_finish(ph, 1, total)
+        team_phase_wait(&S.team, ph, total)
         _mark(S, tid, P_POST, &t_mark)
-        # ---- attention items
+        # ---- attention items, then the merge of rows split over key chunks
         c = S.ctx[L.plan_id]
         c.k = L.k_pool
         c.v = L.v_pool
@@ -459,98 +428,160 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         c.softcap = L.softcap
         c.sinks = L.sinks
         pl = &S.pl[L.plan_id]
+        ph = &S.ph[k]
+        k += 1
         while True:
-            it = team_next(&S.team, 1)
+            it = team_phase_take(ph, 1)
             if it >= pl.n_items:
                 break
-            attn_run_item(&c, &pl.items[it], tb.attn)
-        team_barrier(&S.team)
-        if pl.n_merge:
-            lo = <int64_t>n * H * tid // nt
-            hi = <int64_t>n * H * (tid + 1) // nt
-            for it in range(lo, hi):
-                if c.nparts[it // H] > 1:
-                    attn_merge(&c, <int>(it // H), <int>(it % H))
-            team_barrier(&S.team)
+            attn_run_item(&c, &pl.items[it], abuf)
+            team_phase_finish(ph, 1, pl.n_items)
+        team_phase_wait(&S.team, ph, pl.n_items)
+        ph = &S.ph[k]
+        k += 1
+        total = <int64_t>n * H if pl.n_merge else 0
+        while True:
+            it = team_phase_take(ph, H)
+            if it >= total:
+                break
+            if c.nparts[it // H] > 1:
+                for hh in range(H):
+                    attn_merge(&c, <int>(it // H), hh)
+            team_phase_finish(ph, H, total)
+        team_phase_wait(&S.team, ph, total)
         _mark(S, tid, P_ATTN, &t_mark)
         # ---- output projection
-        _lay_acts(&L.wo, n, abase, act_part_bytes, S, priv, tb.acts)
-        _quant_linear(&L.wo, S.o, r0, r1, tb.acts)
-        if not priv:
-            team_barrier(&S.team)
-        _linear_items(&L.wo, tb.acts, n, S.y_wo, tid, nt)
-        team_barrier(&S.team)
+        ph = &S.ph[k]
+        k += 1
+        _lay_acts(&L.wo, n, S, S.o, acts)
+        while True:
+            i0 = team_phase_take(ph, 1)
+            if i0 >= n:
+                break
+            _rows_item(&L.wo, S.o, i0, acts)
+            team_phase_finish(ph, 1, n)
+        team_phase_wait(&S.team, ph, n)
+        _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt)
+        k += 1
         _mark(S, tid, P_WO, &t_mark)
-        # ---- x += post_norm?(wo); h = ffn_norm(x)
-        for r in range(r0, r1):
+        # ---- x += post_norm?(wo); h = ffn_norm(x), quantized for gate/up
+        ph = &S.ph[k]
+        k += 1
+        _lay_acts(&L.gate_up, n, S, S.h, acts)
+        while True:
+            r = team_phase_take(ph, 1)
+            if r >= n:
+                break
             yr = S.y_wo + r * d
             if L.has_attn_post:
-                rms_row(<float *>yr, NULL, L.attn_post, L.attn_post_eps, tb.t + r * d, d)
-                yr = tb.t + r * d
-            rms_row(tb.x + r * d, yr, L.ffn_norm, L.ffn_eps, tb.h + r * d, d)
-        _lay_acts(&L.gate_up, n, abase, act_part_bytes, S, priv, tb.acts)
-        _quant_linear(&L.gate_up, tb.h, r0, r1, tb.acts)
-        if not priv:
-            team_barrier(&S.team)
-        _linear_items(&L.gate_up, tb.acts, n, S.y_gu, tid, nt)
-        team_barrier(&S.team)
+                rms_row(<float *>yr, NULL, L.attn_post, L.attn_post_eps, S.t + r * d, d)
+                yr = S.t + r * d
+            rms_row(S.x + r * d, yr, L.ffn_norm, L.ffn_eps, S.h + r * d, d)
+            _rows_item(&L.gate_up, S.h, r, acts)
+            team_phase_finish(ph, 1, n)
+        team_phase_wait(&S.team, ph, n)
+        _linear_phase(&S.ph[k], &S.team, &L.gate_up, acts, n, S.y_gu, nt)
+        k += 1
         _mark(S, tid, P_GU, &t_mark)
-        # ---- act(gate) * up
-        for r in range(r0, r1):
+        # ---- act(gate) * up, quantized for down
+        ph = &S.ph[k]
+        k += 1
+        _lay_acts(&L.down, n, S, S.act, acts)
+        while True:
+            r = team_phase_take(ph, 1)
+            if r >= n:
+                break
             if L.act == 0:
-                act_silu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, tb.act + r * F, <int>F)
+                act_silu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
             else:
-                act_gelu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, tb.act + r * F, <int>F)
-        _lay_acts(&L.down, n, abase, act_part_bytes, S, priv, tb.acts)
-        _quant_linear(&L.down, tb.act, r0, r1, tb.acts)
-        if not priv:
-            team_barrier(&S.team)
-        _linear_items(&L.down, tb.acts, n, S.y_down, tid, nt)
-        team_barrier(&S.team)
+                act_gelu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
+            _rows_item(&L.down, S.act, r, acts)
+            team_phase_finish(ph, 1, n)
+        team_phase_wait(&S.team, ph, n)
+        _linear_phase(&S.ph[k], &S.team, &L.down, acts, n, S.y_down, nt)
+        k += 1
         _mark(S, tid, P_DOWN, &t_mark)
-        # ---- x += post_norm?(down); h = next attn_norm(x) (the head's rows after the last)
+        # ---- x += post_norm?(down); h = the next norm of x, quantized for the next matmul:
+        # the next layer's attn_norm and q/k/v, or after the last layer out_norm and the
+        # head, for the logit rows only (their h rows in logit order)
         if l + 1 < S.n_layers:
             Ln = &layers[l + 1]
-            for r in range(r0, r1):
-                yr = S.y_down + r * d
-                if L.has_ffn_post:
-                    rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, tb.t + r * d, d)
-                    yr = tb.t + r * d
-                rms_row(tb.x + r * d, yr, Ln.attn_norm, Ln.attn_eps, tb.h + r * d, d)
-    # ---- head: out_norm(x) of the logit rows, then the output matmul
-    L = &layers[S.n_layers - 1]
-    if priv:
-        lo = 0
-        hi = S.n_logits
-    else:
-        lo = S.n_logits * tid // nt
-        hi = S.n_logits * (tid + 1) // nt
-    for i in range(lo, hi):
-        r = S.logit_rows[i]
-        yr = S.y_down + r * d
-        if L.has_ffn_post:
-            rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, tb.t + i * d, d)
-            yr = tb.t + i * d
-        rms_row(tb.x + r * d, yr, out_norm, out_eps, tb.h + i * d, d)
-    _lay_acts(head, S.n_logits, abase, act_part_bytes, S, priv, tb.acts)
-    _quant_linear(head, tb.h, lo, hi, tb.acts)
-    if not priv:
-        team_barrier(&S.team)
-    _linear_items(head, tb.acts, S.n_logits, S.logits, tid, nt)
+            lin = &Ln.qkv
+            w_next = Ln.attn_norm
+            eps_next = Ln.attn_eps
+            total = n
+        else:
+            lin = head
+            w_next = out_norm
+            eps_next = out_eps
+            total = S.n_logits
+        ph = &S.ph[k]
+        k += 1
+        _lay_acts(lin, total, S, S.h, acts)
+        while True:
+            i0 = team_phase_take(ph, 1)
+            if i0 >= total:
+                break
+            r = i0 if l + 1 < S.n_layers else S.logit_rows[i0]
+            yr = S.y_down + r * d
+            if L.has_ffn_post:
+                rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, S.t + r * d, d)
+                yr = S.t + r * d
+            rms_row(S.x + r * d, yr, w_next, eps_next, S.h + i0 * d, d)
+            _rows_item(lin, S.h, i0, acts)
+            team_phase_finish(ph, 1, total)
+        team_phase_wait(&S.team, ph, total)
+    # ---- head
+    _lay_acts(head, S.n_logits, S, S.h, acts)
+    _linear_phase(&S.ph[k], &S.team, head, acts, S.n_logits, S.logits, nt)
+    k += 1
     _mark(S, tid, P_HEAD, &t_mark)
-    free(mem)
+    free(abuf)
 
 
-cdef inline void _lay_acts(const linear_t *L, int64_t n, uint8_t *abase, int64_t part_bytes, step_t *S, int priv,
-                           acts_t *acts) noexcept nogil:
-    """Point acts at the part buffers of linear L: this thread's (private rows) or the
-    shared ones, laid out for L's parts."""
+cdef inline void _linear_item(const linear_t *L, const acts_t *acts, int64_t n, float *y, int64_t it) noexcept nogil:
+    """Work item `it` (over all parts) of y (n, out_features) = x @ W.T (+ bias)."""
+    cdef int p = 0
+    cdef int64_t r0, r1, t, r
+    cdef const weight_t *w
+    cdef float *yp
+    while it >= L.item0[p + 1]:
+        p += 1
+    w = &L.part[p]
+    yp = y + L.col0[p]
+    _mm_item(w, it - L.item0[p], &acts[p], n, yp, L.out_features)
+    if L.bias != NULL:
+        _item_rows(w, it - L.item0[p], &r0, &r1)
+        for t in range(n):
+            for r in range(r0, r1):
+                yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
+
+
+cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L, const acts_t *acts, int64_t n,
+                        float *y, int nt) noexcept nogil:
+    """A matmul as one phase: chunks of consecutive work items (a few per thread, so each
+    streams contiguous weights), taken by whichever thread is free."""
+    cdef int64_t total = L.item0[L.n_parts], chunk, i0, i1, it
+    chunk = total // (4 * nt)
+    if chunk < 1:
+        chunk = 1
+    while True:
+        i0 = team_phase_take(ph, chunk)
+        if i0 >= total:
+            break
+        i1 = i0 + chunk if i0 + chunk < total else total
+        for it in range(i0, i1):
+            _linear_item(L, acts, n, y, it)
+        team_phase_finish(ph, i1 - i0, total)
+    team_phase_wait(team, ph, total)
+
+
+cdef inline void _lay_acts(const linear_t *L, int64_t n, step_t *S, const float *x, acts_t *acts) noexcept nogil:
+    """Point acts at the shared quantized-input buffers, laid out for L's parts and the
+    input rows x."""
     cdef int p
     for p in range(L.n_parts):
-        if priv:
-            _acts_at(&L.part[p], n, abase + p * part_bytes, &acts[p])
-        else:
-            _acts_at(&L.part[p], n, <uint8_t *>S.acts[p].qa, &acts[p])
+        _acts_at(&L.part[p], n, <uint8_t *>S.acts[p].qa, x, &acts[p])
 
 
 # ---- the program -------------------------------------------------------------------------
@@ -794,7 +825,6 @@ cdef class Program:
         st.logits = &logits[0, 0]
         st.n_vocab = self.n_vocab
         st.x_in = &x[0, 0]
-        st.priv = n <= PRIVATE_ROWS
         if prof is not None and prof.shape[0] < N_PHASES:
             raise ValueError("Program.run: prof needs one entry per phase")
         st.prof = &prof[0] if prof is not None else NULL
@@ -814,8 +844,11 @@ cdef class Program:
             buf = np.empty(6 * n * self.max_k + 4 * n * self.max_out + 64, dtype=np.float32)
             keep.append(buf)
             _shared_layout(&st, <float *><size_t>buf.ctypes.data, n, self.max_k, self.max_out)
-            if not st.priv:
-                memcpy(st.x, &x[0, 0], n * d * sizeof(float))
+            memcpy(st.x, &x[0, 0], n * d * sizeof(float))
+            # the phases of the step (see _thread_main), zeroed
+            phases = np.zeros((3 + 12 * self.n_layers) * sizeof(team_phase_t) + 64, dtype=np.uint8)
+            keep.append(phases)
+            st.ph = <team_phase_t *>((((<size_t>phases.ctypes.data) + 63) & ~(<size_t>63)))
             abuf = np.empty(3 * self.max_parts_bytes + 64, dtype=np.uint8)
             keep.append(abuf)
             for p in range(3):
@@ -858,8 +891,7 @@ cdef class Program:
             st.attn_buf = max(st.attn_buf, self.max_k)
             team_init(&st.team, nt, _spin_ns)
             with nogil, parallel(num_threads=nt):
-                _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st, self.max_parts_bytes,
-                             self.max_k)
+                _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st)
             if st.failed:
                 raise MemoryError("Program.run: per-thread scratch")
         finally:

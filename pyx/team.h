@@ -143,6 +143,51 @@ static inline int64_t team_next(team_t *t, int64_t chunk) {
     return __atomic_fetch_add(&t->work, chunk, __ATOMIC_RELAXED);
 }
 
+/* A phase of work items that any thread of the team may take (team_phase_take), each
+ * item done by exactly one thread. A thread that finishes the last item releases the
+ * phase; team_phase_wait returns once every item is done, whoever did them. Unlike a
+ * barrier this never waits for a thread that has nothing left to do: a thread another
+ * process has descheduled finds, when it runs again, the phases it missed done and skips
+ * them, so a step is never slower on two threads than the one thread that runs. */
+typedef struct {
+    int64_t next;        /* next item to take */
+    int64_t done;        /* items done */
+    int state;           /* futex word: 1 once done == total */
+    int sleepers;
+    char _pad[64 - 2 * sizeof(int64_t) - 2 * sizeof(int)];
+} team_phase_t;
+
+static inline int64_t team_phase_take(team_phase_t *p, int64_t chunk) {
+    return __atomic_fetch_add(&p->next, chunk, __ATOMIC_RELAXED);
+}
+
+/* n_done items of p (of `total`) are done: everything this thread wrote for them is
+ * visible to whoever sees the phase complete. */
+static inline void team_phase_finish(team_phase_t *p, int64_t n_done, int64_t total) {
+    if (__atomic_add_fetch(&p->done, n_done, __ATOMIC_SEQ_CST) == total) {
+        __atomic_store_n(&p->state, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST) > 0) team_futex_wake_all(&p->state);
+    }
+}
+
+/* Wait until all `total` items of p are done (spin up to t->spin_ns, then sleep). */
+static inline void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total) {
+    if (total <= 0 || __atomic_load_n(&p->done, __ATOMIC_ACQUIRE) == total) return;
+    long deadline = 0;
+    for (int i = 0;; i++) {
+        if (__atomic_load_n(&p->done, __ATOMIC_ACQUIRE) == total) return;
+        TEAM_PAUSE();
+        if ((i & 63) == 63) {
+            const long now = team_now_ns();
+            if (deadline == 0) deadline = now + t->spin_ns;
+            else if (now >= deadline) break;
+        }
+    }
+    __atomic_add_fetch(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&p->state, __ATOMIC_SEQ_CST) == 0) team_futex_wait(&p->state, 0);
+    __atomic_sub_fetch(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
 /* A flag any thread may raise before a barrier and every thread reads after it. */
 static inline void team_flag_set(int *flag) { __atomic_store_n(flag, 1, __ATOMIC_RELAXED); }
 static inline int team_flag_get(const int *flag) { return __atomic_load_n(flag, __ATOMIC_RELAXED); }
