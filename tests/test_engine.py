@@ -250,3 +250,26 @@ def test_loader_runs_on_engine_thread():
         assert eng.generate_sync(FakeTokenizer().encode("a"), gp(n_predict=1)).text == "b"
     finally:
         eng.stop()
+
+
+async def test_a_steps_events_reach_the_loop_in_one_wakeup_in_order(monkeypatch):
+    """EventOutbox: while open, events of several tasks are gathered; closing it wakes the
+    event loop once for all of them, each task's in order; closed, each event goes at once."""
+    from llmcore.engine.task import EventOutbox, Task
+
+    loop = asyncio.get_running_loop()
+    calls = []
+    real = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda *a: (calls.append(a), real(*a))[1])
+    box = EventOutbox()
+    t1, t2 = (Task([1], GenParams(), loop, lambda: None, box) for _ in range(2))
+    with box:
+        t1.put(TokenEvent([5], "a"))
+        t2.put(TokenEvent([6], "b"))
+        t1.put(TokenEvent([7], "c"))
+        assert calls == []
+    assert len(calls) == 1
+    t2.put(TokenEvent([8], "d"))  # closed: delivered on its own
+    assert len(calls) == 2
+    assert [(await t1.next_event()).text for _ in range(2)] == ["a", "c"]
+    assert [(await t2.next_event()).text for _ in range(2)] == ["b", "d"]

@@ -45,7 +45,7 @@ from .speculative import NgramDrafter
 from .slot import Generation, Phase, Pooling, Slot
 from .slot_files import SlotCommand, SlotFiles
 from .stats import EngineCounters
-from .task import Task
+from .task import EventOutbox, Task
 
 log = logging.getLogger("llmcore.engine")
 
@@ -98,6 +98,7 @@ class Engine:
         self.disk_tier: DiskTier | None = None
         self.slot_files: SlotFiles | None = None
         self._commands: collections.deque[SlotCommand] = collections.deque()
+        self._outbox = EventOutbox()  # a step's events, one event-loop wake-up for all
         self._fp: Fingerprint | None = None
         self._fp_lock = threading.Lock()
         self.ck_budget = CheckpointBudget(None)
@@ -311,7 +312,7 @@ class Engine:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        task = Task(prompt, params, loop, self._wake)
+        task = Task(prompt, params, loop, self._wake, self._outbox)
         with self._cv:
             self._inbox.append(task)
             self._cv.notify_all()
@@ -622,7 +623,8 @@ class Engine:
         n_threads = self._set_threads(prefill=not plan.decode_only, n_tokens=len(plan))
         masks = self._start_masks(plan)  # computed on a helper thread while the model runs
         try:
-            self._run_step(plan, n_threads, masks)
+            with self._outbox:
+                self._run_step(plan, n_threads, masks)
         finally:
             for pending, _ in (masks or {}).values():
                 pending.settle()  # no matcher is still in use when the next step starts

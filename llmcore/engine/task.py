@@ -2,7 +2,8 @@
 (an asyncio coroutine or a plain thread) takes them.
 
 Events cross from the engine thread to the event loop with ``loop.call_soon_threadsafe``
-onto a per-task ``asyncio.Queue``; synchronous callers get a ``queue.Queue``. ``cancel()``
+onto a per-task ``asyncio.Queue`` (gathered per step by an :class:`EventOutbox`: one wake-up
+of the loop for all streams); synchronous callers get a ``queue.Queue``. ``cancel()``
 is thread-safe: it marks the task and wakes the engine, which frees the slot.
 """
 from __future__ import annotations
@@ -19,12 +20,52 @@ from .events import Completion, ErrorEvent, FinalEvent
 _task_ids = itertools.count(1)
 
 
+class EventOutbox:
+    """The events of one engine step, handed to each event loop in one call.
+
+    Waking an event loop from another thread writes to its self-pipe: one system call
+    per ``call_soon_threadsafe``. A step of N streams emits N events; while the outbox is
+    open (``with outbox:``, around the engine's post-step work) they are gathered and each
+    loop gets one call for all of them, in order. Closing the outbox delivers them."""
+
+    def __init__(self):
+        self._open = 0
+        self._pending: dict[asyncio.AbstractEventLoop, list] = {}
+
+    def put(self, loop: asyncio.AbstractEventLoop, deliver: Callable, ev) -> bool:
+        """Gather (deliver, ev) for loop; False when the outbox is closed (deliver now)."""
+        if not self._open:
+            return False
+        self._pending.setdefault(loop, []).append((deliver, ev))
+        return True
+
+    def __enter__(self) -> "EventOutbox":
+        self._open += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._open -= 1
+        if self._open:
+            return
+        pending, self._pending = self._pending, {}
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # loop closed: nobody listens any more
+                pass
+
+
+def _deliver_all(items: list) -> None:
+    for deliver, ev in items:
+        deliver(ev)
+
+
 class Task:
     """Iterate it (async or sync) for TokenEvents then one FinalEvent; an ErrorEvent's
     exception is raised instead."""
 
     def __init__(self, prompt: list[int], params: GenParams, loop: asyncio.AbstractEventLoop | None,
-                 wake: Callable[[], None]):
+                 wake: Callable[[], None], outbox: EventOutbox | None = None):
         self.id = next(_task_ids)
         self.prompt = prompt
         self.params = params
@@ -35,6 +76,7 @@ class Task:
         self.disk_wait = None  # engine thread: llmcore.engine.disk_tier.DiskWait
         self.t_submit = time.perf_counter()
         self._wake = wake
+        self._outbox = outbox
         self._getter: asyncio.Future | None = None
         if loop is not None:
             self._aq: asyncio.Queue = asyncio.Queue()
@@ -44,6 +86,8 @@ class Task:
     # ---- engine side -------------------------------------------------------------------
     def put(self, ev) -> None:
         if self.loop is not None:
+            if self._outbox is not None and self._outbox.put(self.loop, self._aq.put_nowait, ev):
+                return
             try:
                 self.loop.call_soon_threadsafe(self._aq.put_nowait, ev)
             except RuntimeError:  # loop closed: nobody listens any more
