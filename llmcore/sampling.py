@@ -14,7 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
+from . import _kernels
 from .errors import RequestError
+
+_top_k = _kernels.load("sampling").top_k if _kernels.ENABLED else None
 
 
 @dataclass
@@ -93,12 +96,15 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
     Ids come sorted by decreasing logit."""
     n = logits.shape[0]
     k = p.top_k if 0 < p.top_k < n else n
-    if k < n:
-        ids = np.argpartition(-logits, k - 1)[:k]
-    else:
-        ids = np.arange(n)
-    ids = ids[np.argsort(-logits[ids], kind="stable")]
-    lg = logits[ids].astype(np.float64)
+    got = 0
+    if k < n and _top_k is not None and logits.dtype == np.float32 and logits.flags.c_contiguous:
+        ids, vals = np.empty(k, np.int64), np.empty(k, np.float32)  # one pass (pyx/sampling.pyx)
+        got = _top_k(logits, vals, ids)
+        ids, lg = ids[:got], vals[:got].astype(np.float64)
+    if not got:  # no kernel, no top-k, or nothing but NaN
+        ids = np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
+        ids = ids[np.argsort(-logits[ids], kind="stable")]
+        lg = logits[ids].astype(np.float64)
     probs = np.exp(lg - lg[0])
     probs /= probs.sum()
     keep = len(ids)

@@ -111,3 +111,22 @@ def test_logit_bias():
     logits = np.array([1.0, 0.0, 0.0], dtype=np.float32)
     s = Sampler(_params(temperature=0, logit_bias={2: 5.0}))
     assert s.sample(logits).token == 2
+
+
+@pytest.mark.skipif(not __import__("llmcore")._kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1")
+@pytest.mark.parametrize("n,k", [(49152, 40), (1000, 1), (37, 37), (10, 64), (5000, 300)])
+def test_top_k_kernel_is_a_stable_descending_sort_prefix(n, k):
+    """pyx/sampling.pyx top_k: the k largest, largest first, equal values by index, NaN last."""
+    from llmcore._kernels import sampling as K
+
+    rng = np.random.default_rng(n + k)
+    x = np.round(rng.standard_normal(n) * 4).astype(np.float32)  # many ties
+    x[rng.integers(0, n, size=max(1, n // 50))] = np.nan
+    vals, ids = np.empty(k, np.float32), np.empty(k, np.int64)
+    got = K.top_k(x, vals, ids)
+    order = np.argsort(-np.nan_to_num(x, nan=-np.inf), kind="stable")
+    order = order[~np.isnan(x[order])]
+    want = order[:k]
+    assert got == len(want)
+    np.testing.assert_array_equal(ids[:got], want)
+    np.testing.assert_array_equal(vals[:got], x[want])
