@@ -608,7 +608,9 @@ cdef class Program:
     cdef plan_geom_t plans[4]
     cdef rope_cfg_t ropes[4]
     cdef list keep
-    cdef readonly int ready
+    cdef list pool_arrays
+    cdef int64_t plan_blocks[4]
+    cdef readonly int ready, pools_set
 
     def __cinit__(self, int n_layers, int n_embd, out_norm, float out_eps, head_parts, int64_t n_vocab):
         self.layers = <layer_t *>malloc(max(n_layers, 1) * sizeof(layer_t))
@@ -688,6 +690,32 @@ cdef class Program:
         self.max_out = max(self.max_out, col)
         self.max_k = max(self.max_k, in_features)
         return 0
+
+    def set_pools(self, list kv_pools):
+        """Each layer's K/V pool storage: kv_pools[i] = (k, v), uint8 (n_blocks, block
+        bytes) views (call again whenever a pool has grown: growth moves the arrays)."""
+        cdef int l
+        cdef layer_t *L
+        cdef const uint8_t[:, ::1] kv
+        if len(kv_pools) != self.n_layers:
+            raise ValueError("Program.set_pools: one (k, v) pair per layer")
+        for l in range(self.n_plans):
+            self.plan_blocks[l] = -1
+        for l in range(self.n_layers):
+            L = &self.layers[l]
+            kp, vp = kv_pools[l]
+            if kp.shape[0] != vp.shape[0]:
+                raise ValueError("Program.set_pools: K and V pools of different sizes")
+            kv = kp
+            L.k_pool = <uint8_t *>&kv[0, 0] if kv.shape[0] > 0 else NULL
+            L.k_bstride = kv.strides[0]
+            kv = vp
+            L.v_pool = <uint8_t *>&kv[0, 0] if kv.shape[0] > 0 else NULL
+            L.v_bstride = kv.strides[0]
+            if self.plan_blocks[L.plan_id] < 0 or kp.shape[0] < self.plan_blocks[L.plan_id]:
+                self.plan_blocks[L.plan_id] = kp.shape[0]
+        self.pool_arrays = list(kv_pools)  # keeps the storage alive
+        self.pools_set = 1
 
     def add_rope(self, int n_rot, float base, float freq_scale):
         """Id of a rope configuration (one cos/sin table per token and step each)."""
@@ -772,14 +800,13 @@ cdef class Program:
             self.ready = 1
 
     def run(self, const float[:, ::1] x, const int32_t[::1] positions, const int32_t[::1] seg_start, list tables,
-            list kv_pools, const int64_t[::1] logit_rows, float[:, ::1] logits, const uint8_t[::1] decode_seqs,
+            const int64_t[::1] logit_rows, float[:, ::1] logits, const uint8_t[::1] decode_seqs,
             int n_threads, double[::1] prof=None):
         """One step: logits of the rows ``logit_rows`` of the step's tokens.
 
         x : float32 (n, n_embd), the tokens' embeddings (n <= TOKENS_MAX)
         positions : int32 (n,); seg_start : int32 (S + 1,) from 0 to n
         tables : per attention plan, int32 (S, max_blocks) block tables (-1: freed)
-        kv_pools : per layer, (k, v) uint8 (n_blocks, block bytes) pool views
         logit_rows : int64 (m,) rows of x whose logits are wanted
         logits : float32 (m, n_vocab), written
         decode_seqs : uint8 (S,) or None, as attention.attention's
@@ -795,14 +822,15 @@ cdef class Program:
         cdef layer_t *L
         cdef plan_geom_t *g
         cdef const int32_t[:, ::1] tab
-        cdef const uint8_t[:, ::1] kv
         cdef int64_t nblk
         if n < 1 or n > MAX_TOKENS or x.shape[1] != d:
             raise ValueError(f"Program.run: x must be (1..{MAX_TOKENS}, {d})")
         if positions.shape[0] != n or S < 1 or seg_start[0] != 0 or seg_start[S] != n:
             raise ValueError("Program.run: positions / seg_start do not match x")
-        if len(tables) != self.n_plans or len(kv_pools) != self.n_layers:
-            raise ValueError("Program.run: one table per plan and one (k, v) pair per layer")
+        if len(tables) != self.n_plans:
+            raise ValueError("Program.run: one block table per plan")
+        if not self.pools_set:
+            raise RuntimeError("Program.run: set_pools first")
         if logits.shape[0] != m or logits.shape[1] != self.n_vocab or m < 1:
             raise ValueError("Program.run: logits must be (len(logit_rows), n_vocab)")
         for i in range(m):
@@ -830,16 +858,6 @@ cdef class Program:
         st.prof = &prof[0] if prof is not None else NULL
         keep = []
         try:
-            # the pools of every layer (they move when a pool grows)
-            for l in range(self.n_layers):
-                L = &self.layers[l]
-                kp, vp = kv_pools[l]
-                kv = kp
-                L.k_pool = <uint8_t *>&kv[0, 0]
-                L.k_bstride = kv.strides[0]
-                kv = vp
-                L.v_pool = <uint8_t *>&kv[0, 0]
-                L.v_bstride = kv.strides[0]
             # shared buffers
             buf = np.empty(6 * n * self.max_k + 4 * n * self.max_out + 64, dtype=np.float32)
             keep.append(buf)
@@ -858,7 +876,7 @@ cdef class Program:
                 g = &self.plans[p]
                 tab = tables[p]
                 nb_seq = tab.shape[1]
-                nblk = _pool_blocks(self, kv_pools, p)
+                nblk = self.plan_blocks[p]
                 if tab.shape[0] != S:
                     raise ValueError("Program.run: a block table per sequence")
                 st.blk[p] = <int32_t *>malloc(n * sizeof(int32_t))
@@ -900,15 +918,6 @@ cdef class Program:
                 free(st.blk[p])
             for p in range(self.n_ropes):
                 free(st.rope[p])
-
-
-cdef int64_t _pool_blocks(Program prog, list kv_pools, int plan) except -1:
-    """Blocks in the pool of the first layer of this plan."""
-    cdef int l
-    for l in range(prog.n_layers):
-        if prog.layers[l].plan_id == plan:
-            return (<object>kv_pools[l][0]).shape[0]
-    return 0
 
 
 cdef void memset_step(step_t *st) noexcept nogil:

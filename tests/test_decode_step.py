@@ -194,7 +194,7 @@ def test_a_position_without_a_block_is_refused(models):
     tables = [np.full((1, 1), -1, np.int32) for _ in step.groups]
     logits = np.empty((1, m.n_vocab), np.float32)
     with pytest.raises(ValueError, match="maps to no block"):
-        step.prog.run(x, np.array([3], np.int32), np.array([0, 1], np.int32), tables, step._kv_views(),
+        step.prog.run(x, np.array([3], np.int32), np.array([0, 1], np.int32), tables,
                       np.array([0], np.int64), logits, None, 1)
     before = m.forward([(st.fork(), [4])])
     again = m.forward([(st, [4])])

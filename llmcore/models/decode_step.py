@@ -127,7 +127,7 @@ class DecodeStep:
                 plan_id=plan, q_norm=q_norm, k_norm=k_norm, qk_eps=q_eps if q_norm is not None else k_eps,
                 scale=attn.scale, softcap=attn.softcap, sinks=attn.sinks)
             self.pools.append((attn, pool))
-        self._views = None
+        self.distinct_pools = list({id(p): p for _, p in self.pools}.values())
         self._grows = None
         self.prof: np.ndarray | None = None  # float64 (len(step.PHASES),): ns per phase are added (benchmarks)
 
@@ -143,20 +143,20 @@ class DecodeStep:
         except ValueError:  # a shape the Program refuses (block sizes, heads)
             return None
 
-    def _kv_views(self) -> list:
-        """Each layer's (k, v) byte views, rebuilt when a pool has grown."""
-        grows = tuple(pool.n_grows for _, pool in self.pools)
+    def _check_pools(self) -> None:
+        """Hand the program each layer's (k, v) byte views again when a pool has grown."""
+        grows = tuple(pool.n_grows for pool in self.distinct_pools)
         if grows != self._grows:
-            self._views = [tuple(attn._pool_views(pool)[2:4]) for attn, pool in self.pools]
+            self.prog.set_pools([tuple(attn._pool_views(pool)[2:4]) for attn, pool in self.pools])
             self._grows = grows
-        return self._views
 
     def __call__(self, fb: ForwardBatch, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Logits (len(rows), n_vocab) of the step's rows ``rows`` (increasing)."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         logits = np.empty((rows.shape[0], self.n_vocab), dtype=np.float32)
+        self._check_pools()
         self.prog.run(np.ascontiguousarray(x, dtype=np.float32), fb.positions, fb.seg_start,
-                      [fb.tables_for(g) for g in self.groups], self._kv_views(), rows, logits,
+                      [fb.tables_for(g) for g in self.groups], rows, logits,
                       fb.decode_seqs, get_num_threads(), self.prof)
         if self.softcap:
             logits = np.tanh(logits / self.softcap) * self.softcap
