@@ -59,12 +59,15 @@ cdef extern from "simd_kquants.h" nogil:
     int KQ_AMX_PAD
     int kq_amx_init(int enable)
     void kq_amx_set_min_tokens(int tile, int call)
+    void kq_u_set_min_tokens(int n)
     int kq_rp_supported(int t)
     int64_t kq_rp_group_bytes(int t, int64_t k)
     void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows, int64_t k,
                     int64_t g0, int64_t g1, uint8_t *out)
     void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g,
                      const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy)
+    void kq_rp_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ngr,
+                      const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy)
     void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
@@ -221,6 +224,16 @@ cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups,
     return arr
 
 
+cdef int U_MIN_TOKENS = 8  # mirrors kq_u_min_tokens (_set_unpacked_min_tokens)
+
+
+cdef inline bint _pairs(int t, int64_t n) noexcept:
+    """Whether work items of n tokens of type t take two 16-row groups (the VNNI kernel on
+    unpacked super-blocks; not where AMX takes the tiles)."""
+    return (SIMD_LEVEL == "avx512vnni" and t != T_MXFP4 and U_MIN_TOKENS > 0 and n >= U_MIN_TOKENS
+            and not (AMX and ptype_amx(t)))
+
+
 cdef inline bint ptype_amx(int t) noexcept nogil:
     return t == Q4_K_T or t == Q5_K_T or t == Q6_K_T
 
@@ -287,7 +300,10 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
     # AMX: longer token chunks, so that a group's unpacked weights serve more 16-token tiles
     # and the weights stream once per chunk (the activations of a chunk stay in L2)
     cdef int64_t chunk = AMX_TOK_CHUNK if AMX and ptype_amx(packed.ggml_type) else TOK_CHUNK
-    cdef int64_t ng = packed.ngroups, nchunks = (n + chunk - 1) // chunk
+    cdef int64_t nchunks = (n + chunk - 1) // chunk
+    # work items of two 16-row groups where the unpacked-tile kernel takes them
+    cdef int gper = 2 if _pairs(packed.ggml_type, min(n, chunk)) else 1
+    cdef int64_t ng = (packed.ngroups + gper - 1) // gper, ngt = packed.ngroups
     cdef int64_t nitems = ng * nchunks, it, g, c, t0, t1
     cdef int t = packed.ggml_type
     cdef const uint8_t *pp = &pv[0]
@@ -303,7 +319,8 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
             g = it - c * ng
             t0 = c * chunk
             t1 = min(t0 + chunk, n)
-            kq_rp_group(t, pp, k, rows, g, &act, t0, t1 - t0, yp + t0 * rows, rows)
+            kq_rp_groups(t, pp, k, rows, g * gper, <int>min(gper, ngt - g * gper), &act, t0, t1 - t0,
+                         yp + t0 * rows, rows)
     del keep
 
 
@@ -343,11 +360,17 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
                              y[offsets[i]:offsets[i + 1]], nt)
         return
     cdef kq_act act
-    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r
+    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r, ntok
     keep = _alloc_acts(pk.ggml_type, n, k, &act)
+    # an expert's items of the unpacked-tile kernel take two 16-row groups (_pairs)
+    gper_arr = np.ones(ne, dtype=np.int32)
+    cdef int[::1] gper = gper_arr
     for i in range(ne):
-        nitems += (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK * ng
-    items = np.empty((nitems, 3), dtype=np.int64)   # expert, group, first token
+        ntok = offsets[i + 1] - offsets[i]
+        if ntok > 0 and _pairs(pk.ggml_type, min(ntok, TOK_CHUNK)):
+            gper[i] = 2
+        nitems += (ntok + TOK_CHUNK - 1) // TOK_CHUNK * ((ng + gper[i] - 1) // gper[i])
+    items = np.empty((nitems, 3), dtype=np.int64)   # expert, first group, first token
     cdef int64_t[:, ::1] iv = items
     ptrs = np.empty(ne, dtype=np.uintp)
     cdef size_t[::1] pv = ptrs
@@ -358,7 +381,7 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
         pv[i] = <size_t>&bv[0]
         nc = (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK
         for c in range(nc):
-            for g in range(ng):
+            for g in range(0, ng, gper[i]):
                 iv[it, 0] = i
                 iv[it, 1] = g
                 iv[it, 2] = offsets[i] + c * TOK_CHUNK
@@ -377,7 +400,9 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
             e = iv[it, 0]
             t0 = iv[it, 2]
             t1 = min(t0 + TOK_CHUNK, offsets[e + 1])
-            kq_rp_group(t, <const uint8_t *>pv[e], k, rows, iv[it, 1], &act, t0, t1 - t0, yp + t0 * rows, rows)
+            g = iv[it, 1]
+            kq_rp_groups(t, <const uint8_t *>pv[e], k, rows, g, <int>min(gper[e], ng - g), &act, t0, t1 - t0,
+                         yp + t0 * rows, rows)
     del keep
 
 
@@ -475,6 +500,15 @@ def _set_amx_min_tokens(int tile, int call=0):
     16-row group x up to 256 tokens) the AMX kernel takes; tile > 16: never; 0, 0: the
     built-in per-type thresholds."""
     kq_amx_set_min_tokens(tile, call)
+
+
+def _set_unpacked_min_tokens(int n):
+    """Tests and benchmarks: the fewest tokens of a work item (16-row group x token chunk)
+    the VNNI kernel runs on unpacked super-blocks (kq_u_group; fewer: 4 tokens a call on the
+    packed tiles); 0: never. Both give the same bits."""
+    global U_MIN_TOKENS
+    U_MIN_TOKENS = max(0, n)
+    kq_u_set_min_tokens(n)
 
 
 def _set_prefetch(int nbytes):

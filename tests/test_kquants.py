@@ -332,6 +332,41 @@ def test_amx_tiles_give_the_vnni_bits(qt):
 
 
 @needs_repack
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_unpacked_tiles_give_the_4_token_kernel_bits(qt):
+    """Work items of many tokens run on unpacked super-blocks, two 16-row groups at a time:
+    the same bits as the 4-token kernel on the packed tiles, for token counts around its
+    threshold and its 6-token tiles, more than one work item (64 tokens), an odd number of
+    row groups with a masked last one, threads 1 and 2, in matmul and matmul_grouped."""
+    rng = np.random.default_rng(67)
+    rows, cols = 37, 768  # 3 row groups: a pair and a single, the last one masked
+    w = rand_weight(rng, qt, rows, cols)
+    p = kq.pack(w, int(qt))
+    x = rng.standard_normal((150, cols)).astype(np.float32)
+    counts = [7, 8, 0, 13, 70, 1, 40]
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    try:
+        kq._set_unpacked_min_tokens(0)  # the 4-token kernel only
+        ref = _mm(p, x, 1)
+        refg = np.empty((int(offs[-1]), rows), np.float32)
+        kq.matmul_grouped([p] * len(counts), offs, x[:len(refg)], refg, 1)
+        np.testing.assert_array_equal(refg, ref[:len(refg)])
+        for umin in (1, 8):
+            kq._set_unpacked_min_tokens(umin)
+            for n in (1, 5, 8, 13, 64, 65, 150):
+                for nt in (1, 2):
+                    np.testing.assert_array_equal(_mm(p, x[:n], nt), ref[:n])
+            for nt in (1, 2):
+                yg = np.full_like(refg, np.nan)
+                kq.matmul_grouped([p] * len(counts), offs, x[:len(refg)], yg, nt)
+                np.testing.assert_array_equal(yg, refg)
+        ye = emulated(x[:20], ref_dequant(w, qt, (rows, cols)), qt)  # and right, not only the same
+        np.testing.assert_allclose(ref[:20], ye, rtol=2e-5, atol=2e-5 * np.abs(ye).max())
+    finally:
+        kq._set_unpacked_min_tokens(8)
+
+
+@needs_repack
 def test_repacked_row_subset_and_env(monkeypatch):
     rng = np.random.default_rng(43)
     raw3 = rand_weight(rng, QT.Q6_K, 3 * 20, 512).reshape(3, 20, -1)
