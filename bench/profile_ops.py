@@ -104,7 +104,7 @@ def instrument(prof: Profiler):
         from llmcore.models import deltanet as DN
         if DN._dn is not None:
             p, gdn = Proxy(DN._dn), DN._dn.gated_delta_net
-            p.gated_delta_net = lambda *a: prof.run("deltanet kernel", gdn, *a)
+            p.gated_delta_net = lambda *a, **k: prof.run("deltanet kernel", gdn, *a, **k)
             DN._dn = p
         prof.wrap(DN.GatedDeltaNet, "__call__", "deltanet (rest)")
         att = _kernels.load("attention")
