@@ -60,6 +60,7 @@ cdef extern from "simd_kquants.h" nogil:
     int kq_amx_init(int enable)
     void kq_amx_set_min_tokens(int tile, int call)
     void kq_u_set_min_tokens(int n)
+    int kq_u_min_tokens_for(int t)
     int kq_rp_supported(int t)
     int64_t kq_rp_group_bytes(int t, int64_t k)
     void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows, int64_t k,
@@ -224,14 +225,11 @@ cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups,
     return arr
 
 
-cdef int U_MIN_TOKENS = 8  # mirrors kq_u_min_tokens (_set_unpacked_min_tokens)
-
-
 cdef inline bint _pairs(int t, int64_t n) noexcept:
     """Whether work items of n tokens of type t take two 16-row groups (the VNNI kernel on
     unpacked super-blocks; not where AMX takes the tiles)."""
-    return (SIMD_LEVEL == "avx512vnni" and t != T_MXFP4 and U_MIN_TOKENS > 0 and n >= U_MIN_TOKENS
-            and not (AMX and ptype_amx(t)))
+    cdef int m = kq_u_min_tokens_for(t)
+    return m > 0 and n >= m and not (AMX and ptype_amx(t))
 
 
 cdef inline bint ptype_amx(int t) noexcept nogil:
@@ -504,11 +502,15 @@ def _set_amx_min_tokens(int tile, int call=0):
 
 def _set_unpacked_min_tokens(int n):
     """Tests and benchmarks: the fewest tokens of a work item (16-row group x token chunk)
-    the VNNI kernel runs on unpacked super-blocks (kq_u_group; fewer: 4 tokens a call on the
-    packed tiles); 0: never. Both give the same bits."""
-    global U_MIN_TOKENS
-    U_MIN_TOKENS = max(0, n)
+    the VNNI kernel runs on unpacked super-blocks (kq_u_groups; fewer: 4 tokens a call on the
+    packed tiles), for every type; 0: never; -1: the built-in per-type thresholds. Both
+    kernels give the same bits."""
     kq_u_set_min_tokens(n)
+
+
+def _unpacked_min_tokens(int ggml_type):
+    """The threshold in use for a type (0: never)."""
+    return kq_u_min_tokens_for(ggml_type)
 
 
 def _set_prefetch(int nbytes):

@@ -916,9 +916,17 @@ kq_rp_kernel_mxfp4(const int NT, const uint8_t *G, int64_t nblk, const int8_t *c
  * and the float updates are kq_rp_kernel's, in its order (per output: super-blocks in order,
  * the mins then the dots of each), so the outputs are the same bits: a token's result does
  * not depend on which of the two kernels its call took. */
-/* fewest tokens of a work item for this kernel (fewer: kq_rp_kernel, unpacking costs more);
- * kq_u_set_min_tokens: tests and benchmarks (0: never) */
-static int kq_u_min_tokens = 8;
+/* Fewest tokens of a work item for this kernel (fewer: kq_rp_kernel, whose per-call unpack
+ * is then cheaper than unpacking a tile and keeping the float sums in memory). Measured on
+ * Zen 5 (-t 1, dense 8192 x 2048 and 256 experts): Q5_K (whose high bits cost kq_rp_kernel
+ * most) wins from 6-8 tokens (0.58x the time at 32), Q6_K from 12 (0.88x), Q4_K about breaks
+ * even from 12 to 32. kq_u_override >= 0 (tests, benchmarks): that threshold for all types,
+ * 0: never. */
+static int kq_u_override = -1;
+static inline int kq_u_min(int t) {
+    if (kq_u_override >= 0) return kq_u_override;
+    return t == KQ_Q5_K ? 8 : t == KQ_Q6_K ? 12 : 32;
+}
 #define KQ_U_CHUNK 64       /* tokens whose float sums one pass keeps (64 x 64 bytes) */
 #ifndef KQ_U_PF
 #define KQ_U_PF 2           /* super-blocks the weights are prefetched ahead */
@@ -1340,9 +1348,19 @@ static int kq_amx_init(int enable) { (void)enable; return 0; }
 
 static inline void kq_u_set_min_tokens(int n) {
 #if SIMD_AVX512_VNNI
-    kq_u_min_tokens = n < 0 ? 0 : n;
+    kq_u_override = n < 0 ? -1 : n;
 #else
     (void)n;
+#endif
+}
+
+/* the threshold in use for type t (0: never; builds without the kernel: 0) */
+static inline int kq_u_min_tokens_for(int t) {
+#if SIMD_AVX512_VNNI
+    return t == KQ_MXFP4 ? 0 : kq_u_min(t);
+#else
+    (void)t;
+    return 0;
 #endif
 }
 
@@ -1391,7 +1409,7 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
     if (kq_amx_on && !act->no_amx)
         j = kq_amx_group(t, G, nb, act->q8k + tok0 * nb, n, Y + g * KQ_RP, ldy, m);
 #endif
-    if (kq_u_min_tokens > 0 && n - j >= kq_u_min_tokens) {
+    if (kq_u_min(t) > 0 && n - j >= kq_u_min(t)) {
         kq_u_groups_any(t, 1, G, kq_rp_group_bytes(t, k), nb, act->q8k + (tok0 + j) * nb, n - j,
                         Y + j * ldy + g * KQ_RP, ldy, &m);
         return;
@@ -1425,7 +1443,7 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
 static void kq_rp_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ngr,
                          const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy) {
 #if SIMD_AVX512_VNNI
-    if (t != KQ_MXFP4 && kq_u_min_tokens > 0 && n >= kq_u_min_tokens && !(KQ_AMX_BUILT && kq_amx_on && !act->no_amx)) {
+    if (t != KQ_MXFP4 && kq_u_min(t) > 0 && n >= kq_u_min(t) && !(KQ_AMX_BUILT && kq_amx_on && !act->no_amx)) {
         const int64_t gb = kq_rp_group_bytes(t, k);
         __mmask16 m[2];
         for (int g = 0; g < ngr; g++) {

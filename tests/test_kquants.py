@@ -363,7 +363,8 @@ def test_unpacked_tiles_give_the_4_token_kernel_bits(qt):
         ye = emulated(x[:20], ref_dequant(w, qt, (rows, cols)), qt)  # and right, not only the same
         np.testing.assert_allclose(ref[:20], ye, rtol=2e-5, atol=2e-5 * np.abs(ye).max())
     finally:
-        kq._set_unpacked_min_tokens(8)
+        kq._set_unpacked_min_tokens(-1)
+    assert kq._unpacked_min_tokens(int(qt)) > 0
 
 
 @needs_repack
