@@ -1076,7 +1076,11 @@ kq_u_groups(const int t, const int NG, const uint8_t *G, int64_t gb, int64_t nb,
             for (int64_t j = 0; j < mt;) {
                 for (int64_t q = 0; q < per && pfo < tb; q++, pfo += 64)
                     for (int g = 0; g < NG; g++) _mm_prefetch(pf[g] + pfo, _MM_HINT_T0);
-                const int64_t nt = mt - j >= KQ_U_NT ? KQ_U_NT : mt - j;
+                /* the item's tokens in near-equal tiles of at most KQ_U_NT (8: 4 + 4, not
+                 * 6 + 2: a 2-token tile has too few accumulator chains for the vpdpbusd
+                 * latency) */
+                const int64_t left = mt - j, tiles = (left + KQ_U_NT - 1) / KQ_U_NT;
+                const int64_t nt = (left + tiles - 1) / tiles;
                 for (int u = 0; u < nt; u++) {
                     ab[u] = A + (j0 + j + u) * nb + b;
                     for (int g = 0; g < NG; g++) f[g * KQ_U_NT + u] = F[g][j + u];
