@@ -56,6 +56,14 @@ def _softmax(lg: np.ndarray) -> np.ndarray:
 
 
 def route_softmax(logits: np.ndarray, k: int, norm: bool = False):
+    """Top-k of the softmax (renormalised when ``norm``). With the kernels: one pass per token
+    with llama.cpp's softmax and sums (``llmcore._kernels.moe.route_softmax_topk``)."""
+    if _moe is not None:
+        lg = np.ascontiguousarray(logits, dtype=np.float32)
+        ids = np.empty((lg.shape[0], k), np.int32)
+        w = np.empty((lg.shape[0], k), np.float32)
+        _moe.route_softmax_topk(lg, k, norm, ids, w, get_num_threads())
+        return ids, w
     p = _softmax(logits)
     ids = _topk(p, k)
     w = np.take_along_axis(p, ids, 1)
