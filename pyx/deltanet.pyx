@@ -69,6 +69,7 @@ cdef extern from "simd_deltanet.h" nogil:
     void dn_gated_norm(const float *o, const float *z, const float *w, float *y, int n, float eps)
     int GDN_CHUNK
     long gdn_chunk_scratch(int D)
+    void gdn_prefetch(const void *p, long nbytes)
     void gdn_transpose(const float *src, long lds, float *dst, long ldd, int rows, int cols)
     void gdn_chunk_group(int nh, float **ST, const float *k, const float *q, const float **v, long ld,
                          const float **lg, const float **beta, long ldg, float **o, long ldo,
@@ -163,6 +164,8 @@ cdef void _rec_rows(float *state, int h, int rb, int D, const float *kh, const f
     cdef int nr = D - i0 if D - i0 < ROW_BLOCK else ROW_BLOCK
     cdef float *st = state + (<Py_ssize_t>h * D + i0) * D
     cdef Py_ssize_t t
+    if t1 - t0 <= 2:  # decode: the next row block (the next item's, in memory order) streams in meanwhile
+        gdn_prefetch(st + nr * D, nr * D * sizeof(float))
     for t in range(t0, t1):
         gdn_rows(st, kh + t * D, qh + t * D, vh + t * D + i0, expf(gb[t * 2 * n_v + h]), gb[t * 2 * n_v + n_v + h],
                  ohh + t * D + i0, nr, D)

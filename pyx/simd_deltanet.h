@@ -213,6 +213,15 @@ static inline void gdn_tri_row(float *restrict tr, const float *restrict ar, con
     }
 }
 
+/* the cache lines of [p, p + nbytes) on their way in */
+static inline void gdn_prefetch(const void *p, long nbytes) {
+#if defined(__GNUC__)
+    for (long o = 0; o < nbytes; o += 64) __builtin_prefetch((const char *)p + o, 1, 3);
+#else
+    (void)p; (void)nbytes;
+#endif
+}
+
 /* floats of the chunked form's scratch for head dim D (gdn_chunk_group, not the states) */
 static inline long gdn_chunk_scratch(int D) {
     const long L = GDN_CHUNK;
