@@ -267,25 +267,29 @@ def test_split_prefill(conf_models, stem):
 
     Cut at a multiple of 64 (where the DeltaNet kernel's prefill chunks start), the calls
     run the same operations as one call. The oracle's cut (163) is inside a chunk: the
-    chunked prefill then differs from one call by float rounding, which the dense hybrids
-    keep at that (1e-5); in the MoE ones it can flip an expert choice on a near-tie, which
-    moves the last logits by less than llama.cpp's own implementation noise on these files
-    (flash attention on/off: up to 0.5) and keeps the top-1."""
+    chunked prefill then differs from one call by float rounding in the DeltaNet outputs,
+    which the 8-bit activation roundings of the quantized weights (and the MoE files'
+    expert near-ties) can carry to ~1% (std) of the last logits: held under llama.cpp's own
+    implementation noise on these files (flash attention on/off: 0.3-0.5) with the same
+    top-1 (where it is not a near-tie: the conformance README's 0.3 rule;
+    tiny-qwen35moe-q4_k's is 0.21)."""
     model, (d, logits) = conf_models(stem)
     sp = d["split_prefill"]
     p, ref = oracle_prompt((d, logits), sp["prompt"])
     toks = np.asarray(p["prompt_tokens"], np.int32)
     assert sum(sp["calls"]) == len(toks) and sp["max_abs_last_logit_diff_vs_primary"] == 0.0
     one = model.forward([(model.new_state(), toks)])[0]
-    moe = "moe" in stem
+    top2 = np.sort(one)[-2:]
+    near_tie = top2[1] - top2[0] <= MARGIN  # the top-1 may flip on a near-tie (the README's rule)
     for ends, aligned in (([128], True), (np.cumsum(sp["calls"])[:-1], False)):
         split = _prefill_in_calls(model, toks, ends)
-        if moe and not aligned:
-            assert float(np.max(np.abs(split - one))) < _noise(stem) and np.argmax(split) == np.argmax(one)
+        same_top1 = near_tie or np.argmax(split) == np.argmax(one)
+        if not aligned:
+            assert float(np.max(np.abs(split - one))) < _noise(stem) and same_top1
         elif stem.endswith("q4_k"):
             # Q4_K experts take int8 activations: the blocked attention kernel's last-ulp
             # differences between call shapes move some roundings there (llama.cpp: 0.0)
-            assert float(np.std(split - one) / np.std(one)) < 1e-2 and np.argmax(split) == np.argmax(one)
+            assert float(np.std(split - one) / np.std(one)) < 1e-2 and same_top1
         else:
             np.testing.assert_allclose(split, one, rtol=0, atol=1e-5 * float(np.abs(one).max()))
     assert float(np.std(split - ref) / np.std(ref)) < 0.06
