@@ -280,7 +280,7 @@ static void gdn_chunk_group(int nh, float *const *ST, const float *k, const floa
             for (int s = 0; s < Lp; s++) {
                 const float d = s <= t ? e[s] : 0.0f;
                 ar[s] = s < t ? bt * d * kk[s] : 0.0f;
-                pr[s] = d * qk[s];
+                pr[s] = s <= t ? d * qk[s] : 0.0f;  /* past the diagonal qk is not computed */
                 tr[s] = s == t ? 1.0f : 0.0f;
             }
             gdn_tri_row(tr, ar, T, Lp, t);
