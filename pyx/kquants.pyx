@@ -29,6 +29,7 @@ from llmcore._kernels.quants import aligned_buffer
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cdef extern from "simd.h" nogil:
     int simd_pf_dist
@@ -327,8 +328,7 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
     del keep
 
 
-def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x, float[:, ::1] y,
-                   int n_threads):
+def matmul_grouped(list packs, const int64_t[::1] offsets, x, float[:, ::1] y, int n_threads):
     """MoE: rows offsets[i]:offsets[i+1] of y = those rows of x @ packs[i].T, one parallel
     region over (expert, token chunk, 16-row group) work items, activations quantized once.
 
@@ -336,8 +336,41 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
     offsets : int64 (len(packs) + 1,), non-decreasing from 0 to n
     x : float32 (n, cols); y : float32 (n, rows), overwritten
     """
-    cdef int64_t ne = len(packs), i, n = x.shape[0]
+    _grouped(packs, offsets, x, y, n_threads, None)
+
+
+def matmul_grouped_rows(list packs, const int64_t[::1] offsets, x, rows, float[:, ::1] y, int n_threads):
+    """matmul_grouped with a row map: row r of the problem is x[rows[r]].
+
+    x : float32 (m, cols), each distinct row once (an MoE layer's tokens), quantized once
+        and the quantized rows copied where the map sends them (not each float row gathered
+        and quantized once per expert that chose it)
+    rows : int64 (n,), each in [0, m); offsets, y as matmul_grouped's (n rows)
+    """
+    _grouped(packs, offsets, x, y, n_threads, rows)
+
+
+cdef _grouped(list packs, const int64_t[::1] offsets, x_in, float[:, ::1] y, int n_threads, rows):
+    cdef int64_t ne = len(packs), i, n
     cdef Packed pk
+    cdef const float[:, ::1] x
+    cdef const int64_t[::1] rmap
+    cdef int64_t nsrc
+    if rows is not None:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        nsrc = np.shape(x_in)[0]
+        if rows.ndim != 1 or (rows.shape[0] and (rows.min() < 0 or rows.max() >= nsrc)):
+            raise ValueError("matmul_grouped: rows must be int64 (n,) indices of x's rows")
+        pk = packs[0] if len(packs) else None
+        if pk is None or pk.layout == "raw" or pk.ggml_type == MXFP4:  # gather the floats
+            return _grouped(packs, offsets, np.ascontiguousarray(np.asarray(x_in, dtype=np.float32)[rows]), y,
+                            n_threads, None)
+        x = x_in
+        rmap = rows
+        n = rows.shape[0]
+    else:
+        x = x_in
+        n = x.shape[0]
     if offsets.shape[0] != ne + 1:
         raise ValueError("matmul_grouped: offsets must have len(packs) + 1 entries")
     if ne == 0:
@@ -363,8 +396,21 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
                              y[offsets[i]:offsets[i + 1]], nt)
         return
     cdef kq_act act
-    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r, ntok
+    cdef int64_t ng = pk.ngroups, k = pk.cols, nrows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r, ntok
     keep = _alloc_acts(pk.ggml_type, n, k, &act)
+    # with a row map: the distinct rows quantized once (src), then copied to the problem's rows
+    cdef int64_t rb = (k // 256) * sizeof(kq_q8k), nq = n
+    cdef kq_act sact
+    cdef uint8_t *dst8 = <uint8_t *>act.q8k
+    cdef const uint8_t *src8 = NULL
+    cdef const int64_t *rm = NULL
+    if rows is not None:
+        nq = x.shape[0]
+        skeep = _alloc_acts(pk.ggml_type, nq, k, &sact)
+        src8 = <const uint8_t *>sact.q8k
+        rm = &rmap[0] if n else NULL
+    else:
+        sact = act
     # an expert's items of the unpacked-tile kernel take two 16-row groups (_pairs)
     gper_arr = np.ones(ne, dtype=np.int32)
     cdef int[::1] gper = gper_arr
@@ -397,15 +443,18 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
         work += pk.nbytes * ((offsets[i + 1] - offsets[i] + 3) // 4)
     nt = _cap_threads(nt, work, 4)
     with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, items
-        for r in prange(n, schedule="static"):
-            _quantize_row(t, xp + r * k, k, r, &act)
+        for r in prange(nq, schedule="static"):
+            _quantize_row(t, xp + r * k, k, r, &sact)
+        if rm != NULL:
+            for r in prange(n, schedule="static"):
+                memcpy(dst8 + r * rb, src8 + rm[r] * rb, rb)
         for it in prange(nitems, schedule="static"):
             e = iv[it, 0]
             t0 = iv[it, 2]
             t1 = min(t0 + TOK_CHUNK, offsets[e + 1])
             g = iv[it, 1]
-            kq_rp_groups(t, <const uint8_t *>pv[e], k, rows, g, <int>min(gper[e], ng - g), &act, t0, t1 - t0,
-                         yp + t0 * rows, rows)
+            kq_rp_groups(t, <const uint8_t *>pv[e], k, nrows, g, <int>min(gper[e], ng - g), &act, t0, t1 - t0,
+                         yp + t0 * nrows, nrows)
     del keep
 
 

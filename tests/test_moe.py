@@ -212,9 +212,9 @@ def test_unselected_experts_are_not_computed(monkeypatch):
     calls = []
     orig = quant.ExpertLinear.grouped
 
-    def spy(self, x, expert_ids, offsets, out=None):
+    def spy(self, x, expert_ids, offsets, out=None, rows=None):
         calls.append((list(map(int, expert_ids)), np.diff(np.asarray(offsets)).tolist()))
-        return orig(self, x, expert_ids, offsets, out=out)
+        return orig(self, x, expert_ids, offsets, out=out, rows=rows)
 
     monkeypatch.setattr(quant.ExpertLinear, "grouped", spy)
     stats = M.MoEStats()
