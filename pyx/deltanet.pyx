@@ -35,13 +35,14 @@ Per sequence and token t, per value head h reading q/k head m = head_map[h]:
 
 All float32 (state included). One parallel region: conv, q/k norms and gates (items:
 tokens, each reading its rows of qkv whole), the conv states rolled (items: sequences), the
-recurrence, the gated norm (items: tokens). The recurrence runs in two forms. Token by token (decode, short segments): items
-sequence x value head x 32 state rows, each walking its sequence's tokens with its rows hot
-in L1, reading q, k and v from a head-major copy. Chunked (prefill): a sequence's positions
-are cut into chunks of GDN_CHUNK (64) at multiples of 64 from position 0; the part of a
-chunk a segment holds runs as small matrix products (simd_deltanet.h, gdn_chunk) when it
-has at least ``chunk_min_tokens()`` tokens, token by token otherwise; items: sequence x
-value head. Every output element is computed by one thread in a fixed order: results do not
+recurrence, the gated norm (items: tokens). The recurrence runs in two forms. Token by
+token (decode, short segments): items sequence x value head x 32 state rows, each walking
+its sequence's tokens with its rows hot in L1, reading q, k and v from a head-major copy.
+Chunked (prefill): a sequence's positions are cut into chunks of GDN_CHUNK (64) at
+multiples of 64 from position 0; the part of a chunk a segment holds runs as small matrix
+products (simd_deltanet.h, gdn_chunk_group) when it has at least ``chunk_min_tokens()``
+tokens, token by token otherwise; items: sequence x q/k head (its value heads share k.k and
+q.k). Every output element is computed by one thread in a fixed order: results do not
 depend on the thread count or on the other sequences of the call; splitting a sequence's
 tokens over several calls at multiples of 64 gives the same bits as one call, elsewhere the
 same values to float rounding (a chunk cut in two is two chunks). The GIL is released while
