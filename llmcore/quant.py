@@ -14,9 +14,11 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
   ``split(y)`` on a fused Linear returns views of the parts.
 - ``ExpertLinear(tensor)`` for 3-D expert weights (n_expert, out, in):
   ``__call__(x (n, in), expert: int, out=None) -> (n, out)``;
-  ``grouped(x_sorted (n, in), expert_ids, offsets, out=None) -> (n, out)``: rows
+  ``grouped(x_sorted (n, in), expert_ids, offsets, out=None, rows=None) -> (n, out)``: rows
   ``offsets[i]:offsets[i+1]`` of x go through expert ``expert_ids[i]`` (one batched
-  matmul per active expert; ``len(offsets) == len(expert_ids) + 1``).
+  matmul per active expert; ``len(offsets) == len(expert_ids) + 1``); with ``rows`` (int64
+  (n,)), row i is ``x[rows[i]]`` instead (x then holds each distinct row once: an MoE
+  layer's tokens, which kernels that take a row map quantize once).
 
 KERNEL MODULE INTERFACE (how pyx/ kernels plug in)
 --------------------------------------------------
@@ -40,6 +42,9 @@ MXFP4, ``iquants`` for IQ4_NL and IQ4_XS) provides exactly:
 - ``matmul_grouped(packs, offsets, x, y, n_threads) -> None`` (MoE): rows
   ``offsets[i]:offsets[i+1]`` of y = those rows of x @ packs[i].T; packs of one type and
   shape, offsets int64 (len(packs) + 1,) from 0 to n. One parallel region for all experts.
+  A module may also have ``matmul_grouped_rows(packs, offsets, x, rows, y, n_threads)``:
+  row i of the problem is x[rows[i]] (ExpertLinear.grouped gathers the rows itself for the
+  others).
 - ``dequantize(raw, ggml_type, out, n_threads) -> None``: ``out`` float32 (rows, cols),
   equal to gguf.quants.dequantize bit for bit.
 - ``get_rows(raw, ggml_type, ids, out, n_threads) -> None``: ``ids`` int64 (k,), ``out``
@@ -312,18 +317,32 @@ class ExpertLinear:
             return out
         return y
 
-    def grouped(self, x_sorted: np.ndarray, expert_ids, offsets, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows offsets[i]:offsets[i+1] of x_sorted go through expert expert_ids[i]."""
+    def grouped(self, x_sorted: np.ndarray, expert_ids, offsets, out: np.ndarray | None = None,
+                rows=None) -> np.ndarray:
+        """Rows offsets[i]:offsets[i+1] of x_sorted go through expert expert_ids[i]; with
+        ``rows``, row i is x_sorted[rows[i]] (see the module docstring)."""
         x2 = np.ascontiguousarray(np.asarray(x_sorted, dtype=np.float32).reshape(-1, self.in_features))
-        y = out if out is not None else np.empty((x2.shape[0], self.out_features), np.float32)
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+            offs = np.asarray(offsets, dtype=np.int64)
+            if not (self._packed is not None and hasattr(self._kernel, "matmul_grouped_rows")
+                    and len(expert_ids) and int(offs[0]) == 0 and int(offs[-1]) == rows.shape[0]):
+                return self.grouped(x2[rows], expert_ids, offsets, out)
+        n = x2.shape[0] if rows is None else rows.shape[0]
+        y = out if out is not None else np.empty((n, self.out_features), np.float32)
         if self._packed is not None and len(expert_ids) and y.dtype == np.float32 and y.flags.c_contiguous:
             # one parallel region for all experts
             offs = np.asarray(offsets, dtype=np.int64)
             a, b = int(offs[0]), int(offs[-1])
-            if b > a:
-                self._kernel.matmul_grouped([self._packed[int(e)] for e in expert_ids], np.ascontiguousarray(offs - a),
-                                            x2[a:b], y[a:b], get_num_threads())
+            packs = [self._packed[int(e)] for e in expert_ids]
+            if rows is not None:
+                if b > a:
+                    self._kernel.matmul_grouped_rows(packs, offs, x2, rows, y, get_num_threads())
+            elif b > a:
+                self._kernel.matmul_grouped(packs, np.ascontiguousarray(offs - a), x2[a:b], y[a:b], get_num_threads())
             return y
+        if rows is not None:
+            return self.grouped(x2[rows], expert_ids, offsets, out)
         offsets = [int(o) for o in offsets]
         for i, e in enumerate(expert_ids):
             a, b = offsets[i], offsets[i + 1]

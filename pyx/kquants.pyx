@@ -29,6 +29,7 @@ from llmcore._kernels.quants import aligned_buffer
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cdef extern from "simd.h" nogil:
     int simd_pf_dist
@@ -59,12 +60,16 @@ cdef extern from "simd_kquants.h" nogil:
     int KQ_AMX_PAD
     int kq_amx_init(int enable)
     void kq_amx_set_min_tokens(int tile, int call)
+    void kq_u_set_min_tokens(int n)
+    int kq_u_min_tokens_for(int t)
     int kq_rp_supported(int t)
     int64_t kq_rp_group_bytes(int t, int64_t k)
     void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows, int64_t k,
                     int64_t g0, int64_t g1, uint8_t *out)
     void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g,
                      const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy)
+    void kq_rp_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ngr,
+                      const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy)
     void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
@@ -74,6 +79,11 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 AMX = bool(kq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
 SIMD_LEVEL = kq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
+# The streaming K-quant kernels prefetch 8 KB ahead (simd.h's default is 2 KB). Zen 5, 1
+# thread, CPU ms with the weights cold (min of 25): Q6_K 32768 x 2048 at 1 / 4 / 8 tokens
+# 1.66 / 1.76 / 3.33 at 2 KB, 1.51 / 1.64 / 2.76 at 8 KB; Q5_K 16384 x 2048 at 1 / 4 tokens
+# 0.81 / 1.02 -> 0.73 / 0.86. (A Xeon measured 2 to 8 KB the same for quants.pyx's kernels.)
+simd_pf_dist = 8192
 Q8K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
 assert Q8K_DTYPE.itemsize == sizeof(kq_q8k)
 
@@ -221,6 +231,13 @@ cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups,
     return arr
 
 
+cdef inline bint _pairs(int t, int64_t n) noexcept:
+    """Whether work items of n tokens of type t take two 16-row groups (the VNNI kernel on
+    unpacked super-blocks; not where AMX takes the tiles)."""
+    cdef int m = kq_u_min_tokens_for(t)
+    return m > 0 and n >= m and not (AMX and ptype_amx(t))
+
+
 cdef inline bint ptype_amx(int t) noexcept nogil:
     return t == Q4_K_T or t == Q5_K_T or t == Q6_K_T
 
@@ -287,7 +304,10 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
     # AMX: longer token chunks, so that a group's unpacked weights serve more 16-token tiles
     # and the weights stream once per chunk (the activations of a chunk stay in L2)
     cdef int64_t chunk = AMX_TOK_CHUNK if AMX and ptype_amx(packed.ggml_type) else TOK_CHUNK
-    cdef int64_t ng = packed.ngroups, nchunks = (n + chunk - 1) // chunk
+    cdef int64_t nchunks = (n + chunk - 1) // chunk
+    # work items of two 16-row groups where the unpacked-tile kernel takes them
+    cdef int gper = 2 if _pairs(packed.ggml_type, min(n, chunk)) else 1
+    cdef int64_t ng = (packed.ngroups + gper - 1) // gper, ngt = packed.ngroups
     cdef int64_t nitems = ng * nchunks, it, g, c, t0, t1
     cdef int t = packed.ggml_type
     cdef const uint8_t *pp = &pv[0]
@@ -303,12 +323,12 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
             g = it - c * ng
             t0 = c * chunk
             t1 = min(t0 + chunk, n)
-            kq_rp_group(t, pp, k, rows, g, &act, t0, t1 - t0, yp + t0 * rows, rows)
+            kq_rp_groups(t, pp, k, rows, g * gper, <int>min(gper, ngt - g * gper), &act, t0, t1 - t0,
+                         yp + t0 * rows, rows)
     del keep
 
 
-def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x, float[:, ::1] y,
-                   int n_threads):
+def matmul_grouped(list packs, const int64_t[::1] offsets, x, float[:, ::1] y, int n_threads):
     """MoE: rows offsets[i]:offsets[i+1] of y = those rows of x @ packs[i].T, one parallel
     region over (expert, token chunk, 16-row group) work items, activations quantized once.
 
@@ -316,8 +336,41 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
     offsets : int64 (len(packs) + 1,), non-decreasing from 0 to n
     x : float32 (n, cols); y : float32 (n, rows), overwritten
     """
-    cdef int64_t ne = len(packs), i, n = x.shape[0]
+    _grouped(packs, offsets, x, y, n_threads, None)
+
+
+def matmul_grouped_rows(list packs, const int64_t[::1] offsets, x, rows, float[:, ::1] y, int n_threads):
+    """matmul_grouped with a row map: row r of the problem is x[rows[r]].
+
+    x : float32 (m, cols), each distinct row once (an MoE layer's tokens), quantized once
+        and the quantized rows copied where the map sends them (not each float row gathered
+        and quantized once per expert that chose it)
+    rows : int64 (n,), each in [0, m); offsets, y as matmul_grouped's (n rows)
+    """
+    _grouped(packs, offsets, x, y, n_threads, rows)
+
+
+cdef _grouped(list packs, const int64_t[::1] offsets, x_in, float[:, ::1] y, int n_threads, rows):
+    cdef int64_t ne = len(packs), i, n
     cdef Packed pk
+    cdef const float[:, ::1] x
+    cdef const int64_t[::1] rmap
+    cdef int64_t nsrc
+    if rows is not None:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        nsrc = np.shape(x_in)[0]
+        if rows.ndim != 1 or (rows.shape[0] and (rows.min() < 0 or rows.max() >= nsrc)):
+            raise ValueError("matmul_grouped: rows must be int64 (n,) indices of x's rows")
+        pk = packs[0] if len(packs) else None
+        if pk is None or pk.layout == "raw" or pk.ggml_type == MXFP4:  # gather the floats
+            return _grouped(packs, offsets, np.ascontiguousarray(np.asarray(x_in, dtype=np.float32)[rows]), y,
+                            n_threads, None)
+        x = x_in
+        rmap = rows
+        n = rows.shape[0]
+    else:
+        x = x_in
+        n = x.shape[0]
     if offsets.shape[0] != ne + 1:
         raise ValueError("matmul_grouped: offsets must have len(packs) + 1 entries")
     if ne == 0:
@@ -343,11 +396,30 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
                              y[offsets[i]:offsets[i + 1]], nt)
         return
     cdef kq_act act
-    cdef int64_t ng = pk.ngroups, k = pk.cols, rows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r
+    cdef int64_t ng = pk.ngroups, k = pk.cols, nrows = pk.rows, nitems = 0, c, nc, g, it, e, t0, t1, r, ntok
     keep = _alloc_acts(pk.ggml_type, n, k, &act)
+    # with a row map: the distinct rows quantized once (src), then copied to the problem's rows
+    cdef int64_t rb = (k // 256) * sizeof(kq_q8k), nq = n
+    cdef kq_act sact
+    cdef uint8_t *dst8 = <uint8_t *>act.q8k
+    cdef const uint8_t *src8 = NULL
+    cdef const int64_t *rm = NULL
+    if rows is not None:
+        nq = x.shape[0]
+        skeep = _alloc_acts(pk.ggml_type, nq, k, &sact)
+        src8 = <const uint8_t *>sact.q8k
+        rm = &rmap[0] if n else NULL
+    else:
+        sact = act
+    # an expert's items of the unpacked-tile kernel take two 16-row groups (_pairs)
+    gper_arr = np.ones(ne, dtype=np.int32)
+    cdef int[::1] gper = gper_arr
     for i in range(ne):
-        nitems += (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK * ng
-    items = np.empty((nitems, 3), dtype=np.int64)   # expert, group, first token
+        ntok = offsets[i + 1] - offsets[i]
+        if ntok > 0 and _pairs(pk.ggml_type, min(ntok, TOK_CHUNK)):
+            gper[i] = 2
+        nitems += (ntok + TOK_CHUNK - 1) // TOK_CHUNK * ((ng + gper[i] - 1) // gper[i])
+    items = np.empty((nitems, 3), dtype=np.int64)   # expert, first group, first token
     cdef int64_t[:, ::1] iv = items
     ptrs = np.empty(ne, dtype=np.uintp)
     cdef size_t[::1] pv = ptrs
@@ -358,7 +430,7 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
         pv[i] = <size_t>&bv[0]
         nc = (offsets[i + 1] - offsets[i] + TOK_CHUNK - 1) // TOK_CHUNK
         for c in range(nc):
-            for g in range(ng):
+            for g in range(0, ng, gper[i]):
                 iv[it, 0] = i
                 iv[it, 1] = g
                 iv[it, 2] = offsets[i] + c * TOK_CHUNK
@@ -371,13 +443,18 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
         work += pk.nbytes * ((offsets[i + 1] - offsets[i] + 3) // 4)
     nt = _cap_threads(nt, work, 4)
     with nogil, parallel(num_threads=min(nt, max(n, nitems))):  # one region: quantize, barrier, items
-        for r in prange(n, schedule="static"):
-            _quantize_row(t, xp + r * k, k, r, &act)
+        for r in prange(nq, schedule="static"):
+            _quantize_row(t, xp + r * k, k, r, &sact)
+        if rm != NULL:
+            for r in prange(n, schedule="static"):
+                memcpy(dst8 + r * rb, src8 + rm[r] * rb, rb)
         for it in prange(nitems, schedule="static"):
             e = iv[it, 0]
             t0 = iv[it, 2]
             t1 = min(t0 + TOK_CHUNK, offsets[e + 1])
-            kq_rp_group(t, <const uint8_t *>pv[e], k, rows, iv[it, 1], &act, t0, t1 - t0, yp + t0 * rows, rows)
+            g = iv[it, 1]
+            kq_rp_groups(t, <const uint8_t *>pv[e], k, nrows, g, <int>min(gper[e], ng - g), &act, t0, t1 - t0,
+                         yp + t0 * nrows, nrows)
     del keep
 
 
@@ -475,6 +552,19 @@ def _set_amx_min_tokens(int tile, int call=0):
     16-row group x up to 256 tokens) the AMX kernel takes; tile > 16: never; 0, 0: the
     built-in per-type thresholds."""
     kq_amx_set_min_tokens(tile, call)
+
+
+def _set_unpacked_min_tokens(int n):
+    """Tests and benchmarks: the fewest tokens of a work item (16-row group x token chunk)
+    the VNNI kernel runs on unpacked super-blocks (kq_u_groups; fewer: 4 tokens a call on the
+    packed tiles), for every type; 0: never; -1: the built-in per-type thresholds. Both
+    kernels give the same bits."""
+    kq_u_set_min_tokens(n)
+
+
+def _unpacked_min_tokens(int ggml_type):
+    """The threshold in use for a type (0: never)."""
+    return kq_u_min_tokens_for(ggml_type)
 
 
 def _set_prefetch(int nbytes):

@@ -905,6 +905,215 @@ kq_rp_kernel_mxfp4(const int NT, const uint8_t *G, int64_t nblk, const int8_t *c
 }
 #endif
 
+#if SIMD_AVX512_VNNI
+/* ------------------------------------------ token tiles on unpacked super-blocks (VNNI) */
+/* A call of many tokens unpacks each super-block tile of its 16-row group once, into the
+ * VNNI chunks kq_rp_kernel builds in registers for every 4 tokens (chunk j < 32: the low
+ * nibbles of nibble chunk j, chunk 32 + j: the high ones, with Q5_K's / Q6_K's high bits
+ * merged: unsigned 0..31 / 0..63), and runs all its tokens over it: the inner loop is
+ * loads and vpdpbusd only. Super-blocks are the outer loop (the unpacked one stays in L1),
+ * the tokens' float sums wait in a buffer between super-blocks. The integer sums are exact
+ * and the float updates are kq_rp_kernel's, in its order (per output: super-blocks in order,
+ * the mins then the dots of each), so the outputs are the same bits: a token's result does
+ * not depend on which of the two kernels its call took. */
+/* Fewest tokens of a work item for this kernel (fewer: kq_rp_kernel, whose per-call unpack
+ * is then cheaper than unpacking a tile and keeping the float sums in memory). Measured on
+ * Zen 5 (-t 1, dense 8192 x 2048 and 256 experts): Q5_K (whose high bits cost kq_rp_kernel
+ * most) wins from 6-8 tokens (0.58x the time at 32), Q6_K from 12 (0.88x), Q4_K about breaks
+ * even from 12 to 32. kq_u_override >= 0 (tests, benchmarks): that threshold for all types,
+ * 0: never. */
+static int kq_u_override = -1;
+static inline int kq_u_min(int t) {
+    if (kq_u_override >= 0) return kq_u_override;
+    return t == KQ_Q5_K ? 8 : t == KQ_Q6_K ? 12 : 32;
+}
+#define KQ_U_CHUNK 64       /* tokens whose float sums one pass keeps (64 x 64 bytes) */
+#ifndef KQ_U_PF
+#define KQ_U_PF 2           /* super-blocks the weights are prefetched ahead */
+#endif
+#define KQ_U_NT 6           /* tokens a kernel call (2 groups x 6 tokens: 12 accumulators) */
+
+/* one super-block tile's 64 chunks (4096 bytes) */
+static inline __attribute__((always_inline)) void kq_rp_unpack(const int t, const uint8_t *tile, uint8_t *U) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const uint8_t *qs = tile + 320, *qh = tile + 2368;
+    for (int j = 0; j < 32; j++) {
+        const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
+        __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        if (t == KQ_Q5_K) {
+            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
+            const int kl = j >> 3;
+            const __m512i b4 = _mm512_set1_epi8(0x10);
+            wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
+            wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
+        } else if (t == KQ_Q6_K) {
+            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
+            const __m512i b45 = _mm512_set1_epi8(0x30);
+            if (j < 16) {
+                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
+                wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
+            } else {
+                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
+                wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
+            }
+        }
+        _mm512_store_si512((void *)(U + j * 64), wl);
+        _mm512_store_si512((void *)(U + (32 + j) * 64), wh);
+    }
+}
+
+/* super-block b of NG consecutive 16-row groups (tiles tile[g], unpacked at U + g * 4096) x
+ * NT tokens: F[g][u] (16 floats) updated as kq_rp_kernel updates acc[u] for one super-block;
+ * ab[u]: token u's q8_K block of this super-block. Each activation broadcast feeds NG groups;
+ * the low and the high chunks of a scale pair take turns (NG * NT accumulators). */
+static inline __attribute__((always_inline)) void
+kq_u_kernel(const int t, const int NG, const int NT, const uint8_t *const *tile, const uint8_t *U,
+            const kq_q8k *const *ab, float *const *F) {
+    const int six = t == KQ_Q6_K;
+    __m512i isum[2][KQ_U_NT];
+    for (int g = 0; g < NG; g++)
+        for (int u = 0; u < NT; u++) isum[g][u] = _mm512_setzero_si512();
+    if (!six) {
+        int32_t bp[KQ_U_NT][4];
+        for (int u = 0; u < NT; u++) {
+            __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)ab[u]->bsums),
+                                       _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8)));
+            _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(v, _mm_srli_si128(v, 8)));
+        }
+        for (int g = 0; g < NG; g++) {
+            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile[g] + 32)));
+            __m512i mn[4];
+            for (int p = 0; p < 4; p++)
+                mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile[g] + 64 + p * 64 + 32)));
+            for (int u = 0; u < NT; u++) {
+                __m512i ms = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) ms = _mm512_dpwssd_epi32(ms, mn[p], _mm512_set1_epi32(bp[u][p]));
+                _mm512_store_ps(F[g * KQ_U_NT + u], _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms),
+                    _mm512_mul_ps(dmv, _mm512_set1_ps(ab[u]->d)), _mm512_load_ps(F[g * KQ_U_NT + u])));
+            }
+        }
+    } else {
+        int32_t bp[KQ_U_NT][8];
+        for (int u = 0; u < NT; u++) {
+            __m128i lo = _mm_loadu_si128((const __m128i *)ab[u]->bsums);
+            __m128i hi = _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8));
+            _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(lo, hi));
+            _mm_storeu_si128((__m128i *)(bp[u] + 4), _mm_unpackhi_epi16(lo, hi));
+        }
+        for (int g = 0; g < NG; g++) {
+            for (int p = 0; p < 8; p++) {
+                const __m512i sc = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile[g] + 64 + p * 32)));
+                for (int u = 0; u < NT; u++) isum[g][u] = _mm512_dpwssd_epi32(isum[g][u], sc, _mm512_set1_epi32(bp[u][p]));
+            }
+            for (int u = 0; u < NT; u++)
+                isum[g][u] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[g][u], 5));
+        }
+    }
+    const int np = six ? 8 : 4, cpp = 32 / np;
+    for (int p = 0; p < np; p++) {
+        for (int half = 0; half < 2; half++) {
+            __m512i sc[2], d[2][KQ_U_NT];
+            for (int g = 0; g < NG; g++) {
+                const __m512i s2 = six
+                    ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile[g] + 64 + p * 32)))
+                    : _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile[g] + 64 + p * 64)));
+                sc[g] = half ? _mm512_srai_epi32(s2, 16) : _mm512_srai_epi32(_mm512_slli_epi32(s2, 16), 16);
+                for (int u = 0; u < NT; u++) d[g][u] = _mm512_setzero_si512();
+            }
+            for (int c = 0; c < cpp; c++) {
+                const int j = p * cpp + c;
+                __m512i w[2];
+                for (int g = 0; g < NG; g++) w[g] = _mm512_load_si512((const void *)(U + g * 4096 + (32 * half + j) * 64));
+                for (int u = 0; u < NT; u++) {
+                    int32_t a;
+                    memcpy(&a, ab[u]->qs + 128 * half + 4 * j, 4);
+                    const __m512i av = _mm512_set1_epi32(a);
+                    for (int g = 0; g < NG; g++) d[g][u] = _mm512_dpbusd_epi32(d[g][u], w[g], av);
+                }
+            }
+            for (int g = 0; g < NG; g++)
+                for (int u = 0; u < NT; u++)
+                    isum[g][u] = _mm512_add_epi32(isum[g][u], _mm512_mullo_epi32(d[g][u], sc[g]));
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile[g]));
+        for (int u = 0; u < NT; u++)
+            _mm512_store_ps(F[g * KQ_U_NT + u], _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g][u]),
+                _mm512_mul_ps(dv, _mm512_set1_ps(ab[u]->d)), _mm512_load_ps(F[g * KQ_U_NT + u])));
+    }
+}
+
+/* kq_rp_group's work for NG (1 or 2) consecutive groups G (group bytes gb) x n tokens: A at
+ * the first token's q8_K row (nb blocks a row), outputs at Y (row stride ldy) for the 16 * NG
+ * rows, masks m[g] */
+static inline __attribute__((always_inline)) void
+kq_u_groups(const int t, const int NG, const uint8_t *G, int64_t gb, int64_t nb, const kq_q8k *A, int64_t n,
+            float *Y, int64_t ldy, const __mmask16 *m) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    __attribute__((aligned(64))) uint8_t U[2 * 4096];
+    __attribute__((aligned(64))) float F[2][KQ_U_CHUNK][16];
+    const kq_q8k *ab[KQ_U_NT];
+    const uint8_t *tile[2];
+    float *f[2 * KQ_U_NT];
+    for (int64_t j0 = 0; j0 < n; j0 += KQ_U_CHUNK) {
+        const int64_t mt = n - j0 < KQ_U_CHUNK ? n - j0 : KQ_U_CHUNK;
+        for (int g = 0; g < NG; g++) memset(F[g], 0, (size_t)mt * sizeof F[0][0]);
+        for (int64_t b = 0; b < nb; b++) {
+            for (int g = 0; g < NG; g++) {
+                tile[g] = G + g * gb + b * tb;
+                kq_rp_unpack(t, tile[g], U + g * 4096);
+            }
+            /* super-block b + KQ_U_PF of each group (past the last: the next work item's,
+             * which follow in memory) streams in while these tokens run, its lines spread
+             * over the token tiles' calls */
+            const int64_t bp = b + KQ_U_PF;
+            const char *pf[2];
+            for (int g = 0; g < NG; g++)
+                pf[g] = (const char *)G + (bp < nb ? g * gb + bp * tb : (NG + g) * gb + (bp - nb) * tb);
+            const int64_t ncalls = (mt + KQ_U_NT - 1) / KQ_U_NT, per = (tb + 64 * ncalls - 1) / (64 * ncalls);
+            int64_t pfo = 0;
+            for (int64_t j = 0; j < mt;) {
+                for (int64_t q = 0; q < per && pfo < tb; q++, pfo += 64)
+                    for (int g = 0; g < NG; g++) _mm_prefetch(pf[g] + pfo, _MM_HINT_T0);
+                /* the item's tokens in near-equal tiles of at most KQ_U_NT (8: 4 + 4, not
+                 * 6 + 2: a 2-token tile has too few accumulator chains for the vpdpbusd
+                 * latency) */
+                const int64_t left = mt - j, tiles = (left + KQ_U_NT - 1) / KQ_U_NT;
+                const int64_t nt = (left + tiles - 1) / tiles;
+                for (int u = 0; u < nt; u++) {
+                    ab[u] = A + (j0 + j + u) * nb + b;
+                    for (int g = 0; g < NG; g++) f[g * KQ_U_NT + u] = F[g][j + u];
+                }
+                switch (nt) {
+                case 6: kq_u_kernel(t, NG, 6, tile, U, ab, f); break;
+                case 5: kq_u_kernel(t, NG, 5, tile, U, ab, f); break;
+                case 4: kq_u_kernel(t, NG, 4, tile, U, ab, f); break;
+                case 3: kq_u_kernel(t, NG, 3, tile, U, ab, f); break;
+                case 2: kq_u_kernel(t, NG, 2, tile, U, ab, f); break;
+                default: kq_u_kernel(t, NG, 1, tile, U, ab, f); break;
+                }
+                j += nt;
+            }
+        }
+        for (int g = 0; g < NG; g++)
+            for (int64_t j = 0; j < mt; j++)
+                _mm512_mask_storeu_ps(Y + (j0 + j) * ldy + g * KQ_RP, m[g], _mm512_load_ps(F[g][j]));
+    }
+}
+
+static void kq_u_groups_any(int t, int ng, const uint8_t *G, int64_t gb, int64_t nb, const kq_q8k *A, int64_t n,
+                            float *Y, int64_t ldy, const __mmask16 *m) {
+#define KQ_U_CASE(T)                                                             \
+    if (ng == 2) kq_u_groups(T, 2, G, gb, nb, A, n, Y, ldy, m);                  \
+    else kq_u_groups(T, 1, G, gb, nb, A, n, Y, ldy, m);
+    if (t == KQ_Q4_K) { KQ_U_CASE(KQ_Q4_K) }
+    else if (t == KQ_Q5_K) { KQ_U_CASE(KQ_Q5_K) }
+    else { KQ_U_CASE(KQ_Q6_K) }
+#undef KQ_U_CASE
+}
+#endif
+
 /* Activations of one matmul call: K-quants use q8k (n x nb), MXFP4 uses aq/ad/as. */
 typedef struct {
     const kq_q8k *q8k;  /* n + KQ_AMX_PAD rows (the AMX kernel reads whole 16-token tiles) */
@@ -1141,6 +1350,24 @@ static int kq_amx_min_call = 0;
 static int kq_amx_init(int enable) { (void)enable; return 0; }
 #endif
 
+static inline void kq_u_set_min_tokens(int n) {
+#if SIMD_AVX512_VNNI
+    kq_u_override = n < 0 ? -1 : n;
+#else
+    (void)n;
+#endif
+}
+
+/* the threshold in use for type t (0: never; builds without the kernel: 0) */
+static inline int kq_u_min_tokens_for(int t) {
+#if SIMD_AVX512_VNNI
+    return t == KQ_MXFP4 ? 0 : kq_u_min(t);
+#else
+    (void)t;
+    return 0;
+#endif
+}
+
 static inline void kq_amx_set_min_tokens(int tile, int call) {
     kq_amx_min_tokens = tile < 0 ? 0 : tile;
     kq_amx_min_call = call < 0 ? 0 : call;
@@ -1186,6 +1413,11 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
     if (kq_amx_on && !act->no_amx)
         j = kq_amx_group(t, G, nb, act->q8k + tok0 * nb, n, Y + g * KQ_RP, ldy, m);
 #endif
+    if (kq_u_min(t) > 0 && n - j >= kq_u_min(t)) {
+        kq_u_groups_any(t, 1, G, kq_rp_group_bytes(t, k), nb, act->q8k + (tok0 + j) * nb, n - j,
+                        Y + j * ldy + g * KQ_RP, ldy, &m);
+        return;
+    }
     for (; j < n;) {
         const int64_t nt = n - j >= 4 ? 4 : n - j;
         for (int u = 0; u < nt; u++) {
@@ -1208,6 +1440,25 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
 #else
     (void)t; (void)P; (void)k; (void)rows; (void)g; (void)act; (void)tok0; (void)n; (void)Y; (void)ldy;
 #endif
+}
+
+/* kq_rp_group for groups g0 .. g0 + ngr - 1 (ngr 1 or 2) of one call: the unpacked-tile
+ * kernel takes both groups at once (each activation broadcast feeds both). */
+static void kq_rp_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ngr,
+                         const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy) {
+#if SIMD_AVX512_VNNI
+    if (t != KQ_MXFP4 && kq_u_min(t) > 0 && n >= kq_u_min(t) && !(KQ_AMX_BUILT && kq_amx_on && !act->no_amx)) {
+        const int64_t gb = kq_rp_group_bytes(t, k);
+        __mmask16 m[2];
+        for (int g = 0; g < ngr; g++) {
+            const int64_t nvalid = rows - (g0 + g) * KQ_RP;
+            m[g] = nvalid >= KQ_RP ? (__mmask16)0xFFFF : (__mmask16)((1u << nvalid) - 1);
+        }
+        kq_u_groups_any(t, ngr, P + g0 * gb, gb, k / KQ_QK, act->q8k + tok0 * k / KQ_QK, n, Y + g0 * KQ_RP, ldy, m);
+        return;
+    }
+#endif
+    for (int g = 0; g < ngr; g++) kq_rp_group(t, P, k, rows, g0 + g, act, tok0, n, Y, ldy);
 }
 
 /* q8_0 activations for MXFP4 plus the per-block sums of the int8 values */

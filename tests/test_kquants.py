@@ -332,6 +332,74 @@ def test_amx_tiles_give_the_vnni_bits(qt):
 
 
 @needs_repack
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_unpacked_tiles_give_the_4_token_kernel_bits(qt):
+    """Work items of many tokens run on unpacked super-blocks, two 16-row groups at a time:
+    the same bits as the 4-token kernel on the packed tiles, for token counts around its
+    threshold and its 6-token tiles, more than one work item (64 tokens), an odd number of
+    row groups with a masked last one, threads 1 and 2, in matmul and matmul_grouped."""
+    rng = np.random.default_rng(67)
+    rows, cols = 37, 768  # 3 row groups: a pair and a single, the last one masked
+    w = rand_weight(rng, qt, rows, cols)
+    p = kq.pack(w, int(qt))
+    x = rng.standard_normal((150, cols)).astype(np.float32)
+    counts = [7, 8, 0, 13, 70, 1, 40]
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    try:
+        kq._set_unpacked_min_tokens(0)  # the 4-token kernel only
+        ref = _mm(p, x, 1)
+        refg = np.empty((int(offs[-1]), rows), np.float32)
+        kq.matmul_grouped([p] * len(counts), offs, x[:len(refg)], refg, 1)
+        np.testing.assert_array_equal(refg, ref[:len(refg)])
+        for umin in (1, 8):
+            kq._set_unpacked_min_tokens(umin)
+            for n in (1, 5, 8, 13, 64, 65, 150):
+                for nt in (1, 2):
+                    np.testing.assert_array_equal(_mm(p, x[:n], nt), ref[:n])
+            for nt in (1, 2):
+                yg = np.full_like(refg, np.nan)
+                kq.matmul_grouped([p] * len(counts), offs, x[:len(refg)], yg, nt)
+                np.testing.assert_array_equal(yg, refg)
+        ye = emulated(x[:20], ref_dequant(w, qt, (rows, cols)), qt)  # and right, not only the same
+        np.testing.assert_allclose(ref[:20], ye, rtol=2e-5, atol=2e-5 * np.abs(ye).max())
+    finally:
+        kq._set_unpacked_min_tokens(-1)
+    assert kq._unpacked_min_tokens(int(qt)) > 0
+
+
+@pytest.mark.parametrize("qt", REPACKED + [QT.Q3_K], ids=RP_IDS + ["Q3_K"])
+def test_matmul_grouped_rows_equals_the_gathered_rows(qt):
+    """The row-mapped grouped matmul (each token's row quantized once, copied to every expert
+    that chose it) gives the bits of the grouped matmul over the gathered rows; so does
+    ExpertLinear.grouped(rows=), also for a type whose kernel module has no row map (Q8_0)."""
+    rng = np.random.default_rng(71)
+    n_exp, rows, cols, n_tok, k = 5, 40, 512, 23, 3
+    raw3 = rand_weight(rng, qt, n_exp * rows, cols).reshape(n_exp, rows, -1)
+    packs = [kq.pack(raw3[e], int(qt)) for e in range(n_exp)]
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    ids = np.stack([rng.permutation(n_exp)[:k] for _ in range(n_tok)]).astype(np.int32)
+    from llmcore.models.moe import group_by_expert
+    g = group_by_expert(ids, n_exp)
+    sel = [packs[int(e)] for e in g.expert_ids]
+    want = np.empty((n_tok * k, rows), np.float32)
+    kq.matmul_grouped(sel, g.offsets, np.ascontiguousarray(x[g.token]), want, 1)
+    for nt in (1, 2):
+        got = np.full_like(want, np.nan)
+        kq.matmul_grouped_rows(sel, g.offsets, x, g.token, got, nt)
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError):
+        kq.matmul_grouped_rows(sel, g.offsets, x, np.full(n_tok * k, n_tok, np.int64), want, 1)
+    el = quant.ExpertLinear(Tensor("blk.0.ffn_up_exps.weight", int(qt), (n_exp, rows, cols), raw3))
+    np.testing.assert_array_equal(el.grouped(x, g.expert_ids, g.offsets, rows=g.token),
+                                  el.grouped(x[g.token], g.expert_ids, g.offsets))
+    w8 = rng.standard_normal((n_exp, rows, cols)).astype(np.float32)
+    q8 = gguf.quants.quantize(w8.reshape(-1, cols), QT.Q8_0).reshape(n_exp, rows, -1)
+    el8 = quant.ExpertLinear(Tensor("blk.0.ffn_up_exps.weight", int(QT.Q8_0), (n_exp, rows, cols), q8))
+    np.testing.assert_array_equal(el8.grouped(x, g.expert_ids, g.offsets, rows=g.token),
+                                  el8.grouped(x[g.token], g.expert_ids, g.offsets))
+
+
+@needs_repack
 def test_repacked_row_subset_and_env(monkeypatch):
     rng = np.random.default_rng(43)
     raw3 = rand_weight(rng, QT.Q6_K, 3 * 20, 512).reshape(3, 20, -1)

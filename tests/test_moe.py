@@ -113,6 +113,38 @@ def test_routers():
     assert np.array_equal(ids4, ids) and np.allclose(w4.sum(1), 1.0)
 
 
+def test_softmax_router_kernel():
+    """The routing kernel: the k most probable experts, largest first and the lower id on a
+    tie, their softmax probabilities (float64 reference), renormalised or not, per token
+    whatever the batch and thread count; 256 experts as the qwen35moe files have."""
+    kern = pytest.importorskip("llmcore._kernels.moe")
+    rng = np.random.default_rng(5)
+    n, n_exp, k = 70, 256, 8
+    lg = rng.standard_normal((n, n_exp)).astype(np.float32)
+    lg[3, [7, 40, 200]] = lg[3].max() + 1.0   # a three-way tie on top: ids 7, 40, 200 in that order
+    lg[4, :] = 0.5                            # all tied: the first k ids
+    p = np.exp(lg.astype(np.float64) - lg.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want = np.argsort(-p, 1, kind="stable")[:, :k]
+    for norm in (False, True):
+        ids = np.empty((n, k), np.int32)
+        w = np.empty((n, k), np.float32)
+        kern.route_softmax_topk(lg, k, norm, ids, w, 2)
+        assert np.array_equal(ids, want)
+        assert ids[3, :3].tolist() == [7, 40, 200] and ids[4].tolist() == list(range(k))
+        pw = np.take_along_axis(p, want, 1)
+        np.testing.assert_allclose(w, pw / pw.sum(1, keepdims=True) if norm else pw, rtol=2e-6, atol=1e-9)
+        for a, b, nt in ((0, 1, 1), (5, 9, 2), (0, n, 1)):  # any batch, any thread count: the same bits
+            i2, w2 = np.empty((b - a, k), np.int32), np.empty((b - a, k), np.float32)
+            kern.route_softmax_topk(np.ascontiguousarray(lg[a:b]), k, norm, i2, w2, nt)
+            assert np.array_equal(i2, ids[a:b]) and np.array_equal(w2, w[a:b])
+    ids, w = M.route_softmax_norm(lg, k)  # the MoE block's router goes through it
+    assert np.array_equal(ids, want)
+    with pytest.raises(ValueError):
+        kern.route_softmax_topk(lg, n_exp + 1, True, np.empty((n, n_exp + 1), np.int32),
+                                np.empty((n, n_exp + 1), np.float32), 1)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_moe_f32_matches_reference(k):
     w = _weights()
@@ -180,9 +212,9 @@ def test_unselected_experts_are_not_computed(monkeypatch):
     calls = []
     orig = quant.ExpertLinear.grouped
 
-    def spy(self, x, expert_ids, offsets, out=None):
+    def spy(self, x, expert_ids, offsets, out=None, rows=None):
         calls.append((list(map(int, expert_ids)), np.diff(np.asarray(offsets)).tolist()))
-        return orig(self, x, expert_ids, offsets, out=out)
+        return orig(self, x, expert_ids, offsets, out=out, rows=rows)
 
     monkeypatch.setattr(quant.ExpertLinear, "grouped", spy)
     stats = M.MoEStats()

@@ -19,7 +19,9 @@ State per sequence: conv (K-1, C) and M (n_v, D, D) per layer, in the "rec" cach
 (:class:`~llmcore.cache.recurrent.RecurrentState`), overwritten at every token: it cannot be
 trimmed back, context checkpoints snapshot it. Everything between the projections (conv,
 norms, gates, the recurrence of every sequence of the step, the gated norm) is one kernel
-call: ``llmcore._kernels.deltanet.gated_delta_net`` (pyx/deltanet.pyx).
+call: ``llmcore._kernels.deltanet.gated_delta_net`` (pyx/deltanet.pyx), token by token for
+decode and short segments, in the chunked form for prefill chunks (64 positions, at fixed
+multiples of 64 of the sequence's positions).
 """
 from __future__ import annotations
 
@@ -118,8 +120,11 @@ class GatedDeltaNet:
         o = scratch("dnet.o", n, self.n_v * self.head_dim)
         work = n * self.n_v * self.head_dim * self.head_dim
         nt = get_num_threads() if work >= _MIN_PARALLEL_WORK else 1
+        # positions fix where the kernel's prefill chunks start (multiples of 64 of each
+        # sequence's positions), so a prompt cut there gives the bits of one call
         _dn.gated_delta_net(qkv, z, beta, alpha, self.dt_bias, self.ssm_a, self.conv_w, self.norm,
-                            self.head_map, convs, ssms, fb.seg_start, self.eps, o, nt)
+                            self.head_map, convs, ssms, fb.seg_start, self.eps, o, nt,
+                            seg_pos=np.asarray(fb.starts, dtype=np.int32))
         y = np.empty((n, self.out.out_features), dtype=np.float32)
         return matmul_into(self.out, o, y)
 

@@ -56,6 +56,14 @@ def _softmax(lg: np.ndarray) -> np.ndarray:
 
 
 def route_softmax(logits: np.ndarray, k: int, norm: bool = False):
+    """Top-k of the softmax (renormalised when ``norm``). With the kernels: one pass per token
+    with llama.cpp's softmax and sums (``llmcore._kernels.moe.route_softmax_topk``)."""
+    if _moe is not None:
+        lg = np.ascontiguousarray(logits, dtype=np.float32)
+        ids = np.empty((lg.shape[0], k), np.int32)
+        w = np.empty((lg.shape[0], k), np.float32)
+        _moe.route_softmax_topk(lg, k, norm, ids, w, get_num_threads())
+        return ids, w
     p = _softmax(logits)
     ids = _topk(p, k)
     w = np.take_along_axis(p, ids, 1)
@@ -279,17 +287,19 @@ class MoE:
         return np.asarray(ids, dtype=np.int32), np.asarray(w, dtype=np.float32)
 
     def experts(self, x: np.ndarray, g: Grouping) -> np.ndarray:
-        """Expert outputs for the sorted rows of ``g`` (unweighted), (n*k, d)."""
-        xs = np.ascontiguousarray(x[g.token])
+        """Expert outputs for the sorted rows of ``g`` (unweighted), (n*k, d). The tokens'
+        rows go in once (``rows=``: kernels that take a row map quantize each token once
+        instead of once per chosen expert, and nothing is gathered)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
         eids, offs = g.expert_ids, g.offsets
         if self.gate_up is not None:
-            gu = self.gate_up.grouped(xs, eids, offs)
+            gu = self.gate_up.grouped(x, eids, offs, rows=g.token)
             if self.gate_up_bias is not None:
                 gu += self.gate_up_bias[g.row_expert]
             h = self.act(gu[:, : self.n_ff], gu[:, self.n_ff:])
         else:
-            gg = self.gate.grouped(xs, eids, offs)
-            uu = self.up.grouped(xs, eids, offs)
+            gg = self.gate.grouped(x, eids, offs, rows=g.token)
+            uu = self.up.grouped(x, eids, offs, rows=g.token)
             if self.gate_up_bias is not None:
                 gg += self.gate_up_bias[g.row_expert, : self.n_ff]
                 uu += self.gate_up_bias[g.row_expert, self.n_ff:]
