@@ -16,6 +16,7 @@ import numpy as np
 
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int64_t, uint8_t
+from libc.stdlib cimport free, malloc
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 cdef extern from "simd.h" nogil:
@@ -47,6 +48,12 @@ cdef extern from "simd_quants.h" nogil:
     int64_t lq_tile_tokens(const lq_packed *P, int portable)
     void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                        int64_t n, int64_t tt, float *y, int portable)
+    int LQ_REC
+    void *lq_get_scratch(size_t nbytes)
+    int lq_tiles_ok(const lq_packed *P, int64_t n, int portable)
+    int64_t lq_quant_tile_tmp(int64_t K)
+    void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec)
+    void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
 
 SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
@@ -166,6 +173,25 @@ cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_thread
         with nogil, parallel(num_threads=nt):
             for c in prange(nch, schedule='static'):
                 lq_float_rows(P, c * FLOAT_CHUNK, min((c + 1) * FLOAT_CHUNK, R), xp, yp, n)
+        return 0
+    cdef int64_t ntl, nb = P.nb
+    cdef uint8_t *rec
+    cdef void *tmp
+    if lq_tiles_ok(P, n, portable):
+        # prefill: activations as token-tile records (simd_quants.h), quantized in parallel
+        ntl = (n + LQ_TT - 1) // LQ_TT
+        rec = <uint8_t *>lq_get_scratch(ntl * nb * LQ_REC)
+        if rec == NULL:
+            raise MemoryError("matmul: scratch allocation failed")
+        with nogil, parallel(num_threads=nt):
+            tmp = malloc(lq_quant_tile_tmp(K))
+            for i in prange(ntl, schedule='static'):
+                if tmp != NULL:
+                    lq_quant_tile(xp + i * LQ_TT * K, K, <int>min(<int64_t>LQ_TT, n - i * LQ_TT), P.moff, tmp,
+                                  rec + i * nb * LQ_REC)
+            free(tmp)
+            for g in prange(ng, schedule='static'):
+                lq_group_tiles(P, g, rec, n, yp, R)
         return 0
     if lq_act_buffers(n, K, &qa, &da, &sa) != 0:
         raise MemoryError("matmul: scratch allocation failed")

@@ -360,6 +360,139 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
 }
 #endif
 
+/* ---------------------------------------------------------------- prefill: token tiles */
+/* For a matmul of many tokens (prefill) the quantized activations are laid out by tiles of
+ * LQ_TT tokens: per tile and 32-value block one record of LQ_REC bytes,
+ *     int32 a[8][LQ_TT]  chunk c (4 int8) of token t at a[c][t]         (256 B)
+ *     float d[LQ_TT]     the tokens' scales da                          (32 B)
+ *     s[LQ_TT]           int32 moff * sum(q) (offset formats) or float s (Q4_1/Q5_1) (32 B)
+ * tile tau, block b at rec + (tau * nb + b) * LQ_REC; tokens past n are zero. Every load of
+ * the kernel is then at a fixed offset from one pointer (the row-major kernel needs a pointer
+ * per token and spills), and the T tokens' dot products run as T independent dpbusd chains.
+ * Same arithmetic as lq_kernel_vnni, operation for operation (the integer offset term starts
+ * the integer accumulator: |acc| < 2^21, so the float sum is exact either way): the same
+ * output bits. */
+#define LQ_REC 320
+
+/* Tokens [t0, t0 + nt) of x (row stride K floats; nt <= LQ_TT) as tile records at rec
+ * (nb * LQ_REC bytes); tmp: K int8 + 2 * nb floats of scratch. */
+static void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec) {
+    const int64_t nb = K / LQ_QK;
+    int8_t *q = (int8_t *)tmp;
+    float *d = (float *)(q + ((K + 63) & ~(int64_t)63)), *s = d + nb;
+    memset(rec, 0, (size_t)(nb * LQ_REC));
+    for (int t = 0; t < nt; t++) {
+        lq_quant_row_q8(x + t * K, K, q, d, s, moff);
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *r = rec + b * LQ_REC;
+            for (int c = 0; c < 8; c++) memcpy(r + 4 * (c * LQ_TT + t), q + b * LQ_QK + 4 * c, 4);
+            memcpy(r + 256 + 4 * t, &d[b], 4);
+            if (moff == 1.f) memcpy(r + 288 + 4 * t, &s[b], 4);
+            else { const int32_t si = (int32_t)s[b]; memcpy(r + 288 + 4 * t, &si, 4); }
+        }
+    }
+}
+
+/* scratch bytes lq_quant_tile needs for K */
+static inline int64_t lq_quant_tile_tmp(int64_t K) { return ((K + 63) & ~(int64_t)63) + 2 * (K / LQ_QK) * 4 + 64; }
+
+#if LQ_VNNI
+static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *blk, const int FMT, __m512i *w) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    if (FMT == 8) {
+        for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        return;
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        w[c] = _mm512_and_si512(v, m4);
+        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (FMT == 5) {
+        __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+        for (int c = 0; c < 4; c++) {
+            __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
+            __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
+            w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
+            w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
+        }
+    }
+}
+
+/* group g x one tile (records rec, nt valid tokens): y[t * ys + i], t < nt, i < nv */
+static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_packed *P, int64_t g, const uint8_t *rec,
+                                                                       const int FMT, const int HAS_M, float *y,
+                                                                       int64_t ys, int nv, int nt) {
+    const int64_t nb = P->nb, bb = P->blk_bytes;
+    const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
+    __m512 f[LQ_TT];
+#pragma GCC unroll 8
+    for (int t = 0; t < LQ_TT; t++) f[t] = _mm512_setzero_ps();
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb, rec += LQ_REC) {
+        __m512i w[8];
+        lq_unpack_vnni(blk, FMT, w);
+        const int32_t *a = (const int32_t *)rec;
+        const float *dA = (const float *)(rec + 256);
+        __m512i acc[LQ_TT];
+#pragma GCC unroll 8
+        for (int t = 0; t < LQ_TT; t++)
+            acc[t] = HAS_M ? _mm512_setzero_si512() : _mm512_set1_epi32(((const int32_t *)(rec + 288))[t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+#pragma GCC unroll 8
+            for (int t = 0; t < LQ_TT; t++) acc[t] = _mm512_dpbusd_epi32(acc[t], w[c], _mm512_set1_epi32(a[c * LQ_TT + t]));
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
+#pragma GCC unroll 8
+        for (int t = 0; t < LQ_TT; t++)
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(dv, _mm512_set1_ps(dA[t])), f[t]);
+        if (HAS_M) {
+            const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32)));
+            const float *sA = (const float *)(rec + 288);
+#pragma GCC unroll 8
+            for (int t = 0; t < LQ_TT; t++) f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sA[t]), f[t]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << nv) - 1u);
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ys, mask, f[t]);
+}
+
+static inline __attribute__((always_inline)) void lq_group_tiles_fmt(const lq_packed *P, int64_t g, const uint8_t *rec,
+                                                                      int64_t n, float *y, int64_t ys, int nv,
+                                                                      const int FMT, const int HAS_M) {
+    const int64_t tile = P->nb * LQ_REC;
+    for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
+        const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
+        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, y + t0 * ys, ys, nv, nt);
+    }
+}
+#endif
+
+/* Whether lq_group_tiles serves a matmul of n tokens (AVX-512 VNNI builds; AMX machines
+ * keep their tile path) */
+static int lq_amx_on_get(void);
+static inline int lq_tiles_ok(const lq_packed *P, int64_t n, int portable) {
+    (void)P;
+    return LQ_VNNI && !portable && !lq_amx_on_get() && n >= 2 * LQ_TT;
+}
+
+/* One work item of a prefill matmul: output row group g for the n tokens of the tile records
+ * rec (lq_quant_tile); y at the first token, row stride R. */
+static void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R) {
+#if LQ_VNNI
+    const int nv = (int)(P->rows - g * LQ_G < LQ_G ? P->rows - g * LQ_G : LQ_G);
+    float *yo = y + g * LQ_G;
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 4, 1);
+        else lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 5, 1);
+    } else if (P->fmt == LQ_FMT4) lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 4, 0);
+    else if (P->fmt == LQ_FMT5) lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 5, 0);
+    else lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 8, 0);
+#else
+    (void)P; (void)g; (void)rec; (void)n; (void)y; (void)R;
+#endif
+}
+
 
 /* ---------------------------------------------------------------- AMX (int8 tiles) */
 /* Builds for a CPU with AMX-INT8 (-march=native there) add a tile kernel for 16-token
@@ -537,6 +670,13 @@ static int64_t lq_group_amx(const lq_packed *P, int64_t g, const int8_t *qa, con
 #define LQ_AMX_BUILT 0
 static int lq_amx_init(int enable) { (void)enable; return 0; }
 #endif
+static int lq_amx_on_get(void) {
+#if LQ_AMX_BUILT
+    return lq_amx_on;
+#else
+    return 0;
+#endif
+}
 
 #if !LQ_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LQ_AVX2 1
