@@ -40,6 +40,10 @@ MXFP4, ``iquants`` for IQ4_NL and IQ4_XS) provides exactly:
 - ``matmul_grouped(packs, offsets, x, y, n_threads) -> None`` (MoE): rows
   ``offsets[i]:offsets[i+1]`` of y = those rows of x @ packs[i].T; packs of one type and
   shape, offsets int64 (len(packs) + 1,) from 0 to n. One parallel region for all experts.
+- optional, ``matmul_glu(packed, x, out, act_kind, n_threads) -> None`` (gated FFN, prefill):
+  out float32 (n, rows / 2) = act(x @ gate.T) * (x @ up.T) for a weight whose rows are
+  [gate; up]; act_kind 0 SiLU, 1 GELU; the bits of ``matmul`` then
+  ``activations.act_rows``. llmcore.models.layers.GatedFFN uses it where a module has it.
 - ``dequantize(raw, ggml_type, out, n_threads) -> None``: ``out`` float32 (rows, cols),
   equal to gguf.quants.dequantize bit for bit.
 - ``get_rows(raw, ggml_type, ids, out, n_threads) -> None``: ``ids`` int64 (k,), ``out``

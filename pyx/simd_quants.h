@@ -374,6 +374,9 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
  * output bits. */
 #define LQ_REC 320
 
+/* an activation row function of simd_activations.h: y = act(g) * u over n values */
+typedef void (*lq_act_fn)(const float *g, const float *u, float *y, int n);
+
 /* Tokens [t0, t0 + nt) of x (row stride K floats; nt <= LQ_TT) as tile records at rec
  * (nb * LQ_REC bytes); tmp: K int8 + 2 * nb floats of scratch. */
 static void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec) {
@@ -467,6 +470,39 @@ static inline __attribute__((always_inline)) void lq_group_tiles_fmt(const lq_pa
     }
 }
 #endif
+
+#if LQ_VNNI
+/* Gated FFN (prefill): gate group g and up group g + F/16 of a weight whose rows are
+ * [gate (F rows); up (F rows)], F % 16 == 0, for each tile, then out = act(gate) * up with the
+ * activation row function (simd_activations.h: the bits act_rows gives), so the (n, 2F)
+ * gate/up product never goes to memory. */
+static inline __attribute__((always_inline)) void lq_group_tiles_glu_fmt(
+        const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo, int64_t F,
+        lq_act_fn act, const int FMT, const int HAS_M) {
+    __attribute__((aligned(64))) float buf[2 * LQ_TT * LQ_G];
+    const int64_t tile = P->nb * LQ_REC, gu = g + F / LQ_G;
+    for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
+        const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
+        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, buf, LQ_G, LQ_G, nt);
+        lq_kernel_vnni_tile(P, gu, rec, FMT, HAS_M, buf + LQ_TT * LQ_G, LQ_G, LQ_G, nt);
+        for (int t = 0; t < nt; t++) act(buf + t * LQ_G, buf + (LQ_TT + t) * LQ_G, out + (t0 + t) * ldo + g * LQ_G, LQ_G);
+    }
+}
+#endif
+
+static void lq_group_tiles_glu(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo,
+                               int64_t F, lq_act_fn act) {
+#if LQ_VNNI
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 4, 1);
+        else lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 5, 1);
+    } else if (P->fmt == LQ_FMT4) lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 4, 0);
+    else if (P->fmt == LQ_FMT5) lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 5, 0);
+    else lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 8, 0);
+#else
+    (void)P; (void)g; (void)rec; (void)n; (void)out; (void)ldo; (void)F; (void)act;
+#endif
+}
 
 /* Whether lq_group_tiles serves a matmul of n tokens (AVX-512 VNNI builds; AMX machines
  * keep their tile path) */

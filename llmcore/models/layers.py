@@ -273,14 +273,22 @@ class GatedFFN:
         f = self.gate_up.fused
         self._fast = (_kernels.ENABLED and f is not None
                       and len(self.gate_up.sizes) == 2 and self.gate_up.sizes[0] == self.gate_up.sizes[1])
+        # gate/up product and activation in one kernel (no (n, 2F) intermediate) where the
+        # weight kernel has one (legacy quants)
+        self._glu = (self._fast and f._packed is not None and f.bias is None
+                     and hasattr(f._kernel, "matmul_glu"))
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(n, n_embd) output; written into `out` when given."""
         if self._fast and x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous:
             n, F = x.shape[0], self.gate_up.sizes[0]
-            gu = matmul_into(self.gate_up.fused, x, scratch("ffn.gu", n, 2 * F))
             a = scratch("ffn.act", n, F)
-            _activations.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
+            if self._glu and n > SCRATCH_MAX_ROWS:  # prefill
+                f = self.gate_up.fused
+                f._kernel.matmul_glu(f._packed, x, a, self.act_kind, quant._threads_for(n, f.nbytes))
+            else:
+                gu = matmul_into(self.gate_up.fused, x, scratch("ffn.gu", n, 2 * F))
+                _activations.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
             y = out if out is not None else np.empty((n, self.down.out_features), dtype=np.float32)
             return matmul_into(self.down, a, y)
         g, u = self.gate_up(x)
