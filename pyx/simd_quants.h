@@ -422,10 +422,36 @@ static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *
     }
 }
 
-/* group g x one tile (records rec, nt valid tokens): y[t * ys + i], t < nt, i < nv */
+/* The nb blocks of group g as VNNI chunks (lq_unpack_vnni's w[0..7], 512 B a block) into wu:
+ * a prefill work item unpacks its group once for all its token tiles. */
+static inline __attribute__((always_inline)) void lq_unpack_group(const lq_packed *P, int64_t g, const int FMT,
+                                                                   uint8_t *wu) {
+    const int64_t nb = P->nb, bb = P->blk_bytes;
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        __m512i w[8];
+        lq_unpack_vnni(blk, FMT, w);
+        for (int c = 0; c < 8; c++) _mm512_store_si512((void *)(wu + b * 512 + 64 * c), w[c]);
+    }
+}
+
+/* a thread's buffer for unpacked groups (64-byte aligned), or NULL */
+static __thread uint8_t *lq_unp_buf = NULL;
+static __thread size_t lq_unp_cap = 0;
+static uint8_t *lq_unpack_buffer(size_t bytes) {
+    if (bytes > lq_unp_cap) {
+        free(lq_unp_buf);
+        lq_unp_buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        lq_unp_cap = lq_unp_buf ? bytes : 0;
+    }
+    return lq_unp_buf;
+}
+
+/* group g x one tile (records rec, nt valid tokens): y[t * ys + i], t < nt, i < nv. wu: the
+ * group unpacked (lq_unpack_group), or NULL (unpack each block here; Q8_0 needs none). */
 static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_packed *P, int64_t g, const uint8_t *rec,
                                                                        const int FMT, const int HAS_M, float *y,
-                                                                       int64_t ys, int nv, int nt) {
+                                                                       int64_t ys, int nv, int nt, const uint8_t *wu) {
     const int64_t nb = P->nb, bb = P->blk_bytes;
     const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
     __m512 f[LQ_TT];
@@ -434,7 +460,10 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_p
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb, rec += LQ_REC) {
         __m512i w[8];
-        lq_unpack_vnni(blk, FMT, w);
+        if (FMT != 8 && wu)
+            for (int c = 0; c < 8; c++) w[c] = _mm512_load_si512((const void *)(wu + b * 512 + 64 * c));
+        else
+            lq_unpack_vnni(blk, FMT, w);
         const int32_t *a = (const int32_t *)rec;
         const float *dA = (const float *)(rec + 256);
         __m512i acc[LQ_TT];
@@ -464,9 +493,11 @@ static inline __attribute__((always_inline)) void lq_group_tiles_fmt(const lq_pa
                                                                       int64_t n, float *y, int64_t ys, int nv,
                                                                       const int FMT, const int HAS_M) {
     const int64_t tile = P->nb * LQ_REC;
+    uint8_t *wu = FMT != 8 && n > LQ_TT ? lq_unpack_buffer((size_t)P->nb * 512) : NULL;
+    if (wu) lq_unpack_group(P, g, FMT, wu);
     for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
         const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
-        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, y + t0 * ys, ys, nv, nt);
+        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, y + t0 * ys, ys, nv, nt, wu);
     }
 }
 #endif
@@ -481,10 +512,15 @@ static inline __attribute__((always_inline)) void lq_group_tiles_glu_fmt(
         lq_act_fn act, const int FMT, const int HAS_M) {
     __attribute__((aligned(64))) float buf[2 * LQ_TT * LQ_G];
     const int64_t tile = P->nb * LQ_REC, gu = g + F / LQ_G;
+    uint8_t *wu = FMT != 8 && n > LQ_TT ? lq_unpack_buffer((size_t)P->nb * 1024) : NULL;
+    if (wu) {
+        lq_unpack_group(P, g, FMT, wu);
+        lq_unpack_group(P, gu, FMT, wu + P->nb * 512);
+    }
     for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
         const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
-        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, buf, LQ_G, LQ_G, nt);
-        lq_kernel_vnni_tile(P, gu, rec, FMT, HAS_M, buf + LQ_TT * LQ_G, LQ_G, LQ_G, nt);
+        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, buf, LQ_G, LQ_G, nt, wu);
+        lq_kernel_vnni_tile(P, gu, rec, FMT, HAS_M, buf + LQ_TT * LQ_G, LQ_G, LQ_G, nt, wu ? wu + P->nb * 512 : NULL);
         for (int t = 0; t < nt; t++) act(buf + t * LQ_G, buf + (LQ_TT + t) * LQ_G, out + (t0 + t) * ldo + g * LQ_G, LQ_G);
     }
 }
