@@ -67,6 +67,17 @@ def rms_norm_into(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.
     return out
 
 
+def post_add_norm_into(x: np.ndarray, y: np.ndarray, post: "RMSNorm", norm: "RMSNorm",
+                       out: np.ndarray) -> np.ndarray:
+    """y = post(y); x += y; out = norm(x): a sublayer's post-norm, the residual add and the
+    next pre-norm, one kernel call (float32 (n, d) arrays with contiguous rows)."""
+    if not _kernels.ENABLED:
+        rms_norm_into(y, post.weight, post.eps, y)
+        return rms_norm_into(x, norm.weight, norm.eps, out, add=y)
+    _norms.rms_norm_post_add(x, y, post.weight, post.eps, norm.weight, norm.eps, out, get_num_threads())
+    return out
+
+
 def tensor_rows(t: Tensor, rows, name: str | None = None) -> Tensor:
     """Rows ``rows`` (output features) of a 2-D GGUF tensor as a new tensor, a copy in that
     order: how a projection stored in another layout (fused, interleaved by head) is split
