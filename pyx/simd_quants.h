@@ -540,12 +540,12 @@ static void lq_group_tiles_glu(const lq_packed *P, int64_t g, const uint8_t *rec
 #endif
 }
 
-/* Whether lq_group_tiles serves a matmul of n tokens (AVX-512 VNNI builds; AMX machines
- * keep their tile path) */
+/* Whether lq_group_tiles serves a matmul of n tokens (the quant formats on AVX-512 VNNI
+ * builds; AMX machines keep their tile path) */
 static int lq_amx_on_get(void);
 static inline int lq_tiles_ok(const lq_packed *P, int64_t n, int portable) {
-    (void)P;
-    return LQ_VNNI && !portable && !lq_amx_on_get() && n >= 2 * LQ_TT;
+    return LQ_VNNI && !portable && !lq_amx_on_get() && n >= 2 * LQ_TT
+        && (P->fmt == LQ_FMT4 || P->fmt == LQ_FMT5 || P->fmt == LQ_FMT8);
 }
 
 /* One work item of a prefill matmul: output row group g for the n tokens of the tile records

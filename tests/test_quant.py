@@ -136,12 +136,12 @@ def test_matmul_rows_do_not_depend_on_the_batch(qt):
 
 
 @needs_kernels
-@pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_matmul_glu_is_matmul_then_act_rows(qt):
     """quants.matmul_glu (a gated FFN's gate/up product and activation in one kernel) gives
     the bits of matmul followed by activations.act_rows, for prefill-sized inputs (token
     tiles, a partial last one), a few tokens (the unfused fallback), both activations, 1 and
-    2 threads; rows not a multiple of 32 take the fallback too."""
+    2 threads; rows not a multiple of 32 and the float types take the fallback."""
     act = _kernels.load("activations")
     for F, n in ((48, 37), (48, 3), (40, 20)):
         raw = random_blocks(qt, 2 * F, 128, seed=F + n)
