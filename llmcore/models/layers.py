@@ -89,7 +89,8 @@ def tensor_rows(t: Tensor, rows, name: str | None = None) -> Tensor:
 
 class FusedLinear:
     """Several Linears over the same input computed as one matmul (``quant.Linear.concat``:
-    same weight type and input size), else as separate Linears; returns the parts."""
+    same weight type and input size), else as one matmul per run of consecutive tensors of
+    one type (gemma3's Q5_0 q, k and Q8_0 v: [q; k] and v); returns the parts."""
 
     def __init__(self, tensors: Sequence[Tensor], biases: Sequence[np.ndarray | None] | None = None):
         self.in_features = int(tensors[0].shape[1])
@@ -99,9 +100,22 @@ class FusedLinear:
         biases = list(biases) if biases is not None else [None] * len(tensors)
         self.fused = (quant.Linear(tensors[0], bias=biases[0]) if len(tensors) == 1
                       else quant.Linear.concat(list(tensors), biases=biases))
-        self.parts = None
+        self.parts = None  # Linears of the runs, side by side at part_bounds
+        self.part_bounds = None
         if self.fused is None:
-            self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
+            self.parts, self.part_bounds = [], []
+            i = 0
+            while i < len(tensors):
+                j = i + 1
+                while j < len(tensors) and int(tensors[j].ggml_type) == int(tensors[i].ggml_type):
+                    j += 1
+                lin = quant.Linear.concat(tensors[i:j], biases=biases[i:j]) if j > i + 1 else None
+                if lin is None:
+                    j = i + 1
+                    lin = quant.Linear(tensors[i], bias=biases[i])
+                self.parts.append(lin)
+                self.part_bounds.append((self.bounds[i][0], self.bounds[j - 1][1]))
+                i = j
         self.out_features = sum(self.sizes)
 
     def into(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -111,7 +125,7 @@ class FusedLinear:
         if self.fused is not None:
             return matmul_into(self.fused, x, y)
         n = x.shape[0]
-        for (a, b), part in zip(self.bounds, self.parts):
+        for (a, b), part in zip(self.part_bounds, self.parts):
             if n == 1:
                 matmul_into(part, x, y[:, a:b])
             else:
@@ -124,7 +138,11 @@ class FusedLinear:
             if len(self.sizes) == 1:
                 return [y]
             return [y[:, a:b] for a, b in self.bounds]
-        return [p(x) for p in self.parts]
+        out = []
+        for p in self.parts:
+            y = p(x)
+            out.extend([y] if len(p.parts) == 1 else p.split(y))
+        return out
 
 
 class Embedding:
