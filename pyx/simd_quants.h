@@ -211,9 +211,65 @@ static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *ou
 #pragma GCC pop_options
 
 /* ---------------------------------------------------------------- activation quantization */
-/* One row of K floats (K % 32 == 0) -> q int8[K], d[K/32], s[K/32] = moff * d * sum(q). */
+#if defined(__AVX512F__)
+/* lane j of the result: the max of v[j] (operands in simd_hsum16x16's tree, then put back in
+ * block order) */
+static inline __m512 lq_hmax16x16(const __m512 *v) {
+    __m512 a[8], b[4], e[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++) {
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        e[i] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 r = _mm512_max_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+#endif
+
+/* One row of K floats (K % 32 == 0) -> q int8[K], d[K/32], s[K/32] = moff * d * sum(q).
+ * AVX-512: 16 blocks at a time, their maxima and sums reduced together (a 16 x 16 tree, not
+ * one horizontal reduction per block); the same values (max is exact, the sums are of small
+ * integers, exact in float). */
 static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff) {
-    for (int64_t b = 0; b < K / LQ_QK; b++) {
+    int64_t b = 0;
+#if defined(__AVX512F__)
+    for (; b + 16 <= K / LQ_QK; b += 16) {
+        const float *xb = x + b * LQ_QK;
+        __m512 t[16];
+        for (int j = 0; j < 16; j++)
+            t[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16)));
+        const __m512 amax = lq_hmax16x16(t);
+        const __m512 db = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
+        const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                              _mm512_set1_ps(127.f), amax);
+        float idb[16];
+        _mm512_storeu_ps(idb, id);
+        for (int j = 0; j < 16; j++) {
+            const __m512 vid = _mm512_set1_ps(idb[j]);
+            const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j), vid));
+            const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16), vid));
+            _mm_storeu_si128((__m128i *)(q + (b + j) * LQ_QK), _mm512_cvtepi32_epi8(i0));
+            _mm_storeu_si128((__m128i *)(q + (b + j) * LQ_QK + 16), _mm512_cvtepi32_epi8(i1));
+            t[j] = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+        }
+        __m512 sum = simd_hsum16x16(t);  /* integers below 2^13: exact in any order */
+        sum = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sum);
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtps_ph(db, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_ps(d + b, d16);
+        if (moff == 1.f)
+            _mm512_storeu_ps(s + b, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(db, sum),
+                                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        else
+            _mm512_storeu_ps(s + b, _mm512_mul_ps(_mm512_set1_ps(moff), sum));
+    }
+#endif
+    for (; b < K / LQ_QK; b++) {
         const float *xb = x + b * LQ_QK;
 #if defined(__AVX512F__)
         __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
@@ -377,27 +433,55 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
 /* an activation row function of simd_activations.h: y = act(g) * u over n values */
 typedef void (*lq_act_fn)(const float *g, const float *u, float *y, int n);
 
-/* Tokens [t0, t0 + nt) of x (row stride K floats; nt <= LQ_TT) as tile records at rec
- * (nb * LQ_REC bytes); tmp: K int8 + 2 * nb floats of scratch. */
+/* scratch bytes lq_quant_tile needs for K */
+static inline int64_t lq_quant_tile_tmp(int64_t K) {
+    return LQ_TT * (((K + 63) & ~(int64_t)63) + 2 * (K / LQ_QK) * 4) + 128;
+}
+
+/* Tokens [0, nt) of x (row stride K floats; nt <= LQ_TT) as tile records at rec (nb * LQ_REC
+ * bytes); tmp: lq_quant_tile_tmp(K) bytes of scratch. The tokens' rows are quantized
+ * (lq_quant_row_q8), then each block's 8 x 8 dwords transposed into the record. */
 static void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec) {
-    const int64_t nb = K / LQ_QK;
-    int8_t *q = (int8_t *)tmp;
-    float *d = (float *)(q + ((K + 63) & ~(int64_t)63)), *s = d + nb;
-    memset(rec, 0, (size_t)(nb * LQ_REC));
-    for (int t = 0; t < nt; t++) {
-        lq_quant_row_q8(x + t * K, K, q, d, s, moff);
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *r = rec + b * LQ_REC;
-            for (int c = 0; c < 8; c++) memcpy(r + 4 * (c * LQ_TT + t), q + b * LQ_QK + 4 * c, 4);
-            memcpy(r + 256 + 4 * t, &d[b], 4);
-            if (moff == 1.f) memcpy(r + 288 + 4 * t, &s[b], 4);
-            else { const int32_t si = (int32_t)s[b]; memcpy(r + 288 + 4 * t, &si, 4); }
+    const int64_t nb = K / LQ_QK, qs = (K + 63) & ~(int64_t)63;
+    int8_t *q = (int8_t *)(((uintptr_t)tmp + 63) & ~(uintptr_t)63);
+    float *d = (float *)(q + LQ_TT * qs), *s = d + LQ_TT * nb;
+    for (int t = 0; t < LQ_TT; t++) {
+        if (t < nt) lq_quant_row_q8(x + t * K, K, q + t * qs, d + t * nb, s + t * nb, moff);
+        else {
+            memset(q + t * qs, 0, (size_t)K);
+            for (int64_t b = 0; b < nb; b++) d[t * nb + b] = s[t * nb + b] = 0.f;
+        }
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *r = rec + b * LQ_REC;
+#if defined(__AVX2__)
+        __m256i v[8], u[8];
+        for (int t = 0; t < 8; t++) v[t] = _mm256_loadu_si256((const __m256i *)(q + t * qs + b * LQ_QK));
+        for (int t = 0; t < 8; t += 2) {
+            u[t] = _mm256_unpacklo_epi32(v[t], v[t + 1]);
+            u[t + 1] = _mm256_unpackhi_epi32(v[t], v[t + 1]);
+        }
+        for (int t = 0; t < 8; t += 4) {
+            v[t] = _mm256_unpacklo_epi64(u[t], u[t + 2]);
+            v[t + 1] = _mm256_unpackhi_epi64(u[t], u[t + 2]);
+            v[t + 2] = _mm256_unpacklo_epi64(u[t + 1], u[t + 3]);
+            v[t + 3] = _mm256_unpackhi_epi64(u[t + 1], u[t + 3]);
+        }
+        for (int c = 0; c < 4; c++) {  /* chunk c of tokens 0..7, and chunk c + 4 */
+            _mm256_storeu_si256((__m256i *)(r + 32 * c), _mm256_permute2x128_si256(v[c], v[c + 4], 0x20));
+            _mm256_storeu_si256((__m256i *)(r + 32 * (c + 4)), _mm256_permute2x128_si256(v[c], v[c + 4], 0x31));
+        }
+#else
+        for (int t = 0; t < LQ_TT; t++)
+            for (int c = 0; c < 8; c++) memcpy(r + 4 * (c * LQ_TT + t), q + t * qs + b * LQ_QK + 4 * c, 4);
+#endif
+        for (int t = 0; t < LQ_TT; t++) {
+            memcpy(r + 256 + 4 * t, &d[t * nb + b], 4);
+            if (moff == 1.f) memcpy(r + 288 + 4 * t, &s[t * nb + b], 4);
+            else { const int32_t si = (int32_t)s[t * nb + b]; memcpy(r + 288 + 4 * t, &si, 4); }
         }
     }
 }
-
-/* scratch bytes lq_quant_tile needs for K */
-static inline int64_t lq_quant_tile_tmp(int64_t K) { return ((K + 63) & ~(int64_t)63) + 2 * (K / LQ_QK) * 4 + 64; }
 
 #if LQ_VNNI
 static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *blk, const int FMT, __m512i *w) {
