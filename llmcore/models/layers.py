@@ -19,7 +19,7 @@ from .batch import ForwardBatch
 # The fast paths call the kernels directly (no wrapper checks); with LLMCORE_NO_KERNELS=1
 # the layers run the llmcore.nn ops (NumPy references) instead.
 if _kernels.ENABLED:
-    _norms, _activations, _attention = (_kernels.load(m) for m in ("norms", "activations", "attention"))
+    _norms, _activations, _attention, _rope = (_kernels.load(m) for m in ("norms", "activations", "attention", "rope"))
 _FUSED_QKV = _kernels.ENABLED
 
 # Decode and batched decode (a few rows per step) reuse per-thread scratch activations
@@ -27,6 +27,8 @@ _FUSED_QKV = _kernels.ENABLED
 # so the scratch stays small. Scratch never escapes a layer call.
 SCRATCH_MAX_ROWS = 64
 _tls = threading.local()
+# steps of at least this many tokens compute each rope cos/sin table once for all layers
+ROPE_TABLE_MIN_ROWS = 16
 
 
 def scratch(tag: str, n: int, *dims: int) -> np.ndarray:
@@ -257,12 +259,19 @@ class Attention:
         _, _, kb, vb, code, bs, krow, vrow = self._pool_views(pool)
         tables = fb.tables_for(self.group)
         nt = get_num_threads()
+        cs = None
+        if self.rope_dim and n >= ROPE_TABLE_MIN_ROWS:
+            key = (self.rope_dim, self.rope_base, self.rope_freq_scale)
+            cs = fb.rope_tables.get(key)
+            if cs is None:
+                cs = fb.rope_tables[key] = np.empty((n, self.rope_dim), dtype=np.float32)
+                _rope.cos_sin_table(fb.positions, self.rope_dim, self.rope_base, self.rope_freq_scale, cs, nt)
         bad = _attention.qkv_post(qkv, q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start,
                                    fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale,
                                    None if self.q_norm is None else self.q_norm.weight,
                                    None if self.k_norm is None else self.k_norm.weight,
                                    self.q_norm.eps if self.q_norm is not None else
-                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt)
+                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt, cs)
         if bad:
             raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
         o = scratch("attn.o", n, H * Dv)
