@@ -2,7 +2,7 @@
 """Attention over the paged KV cache: the two kernels of an attention layer after its fused
 q/k/v projection. ``qkv_post`` normalises and rotates q and k and writes k and v into their
 cache slots; ``attention`` computes softmax(q k^T * scale) v over each sequence's blocks,
-blocked (flash-style): each K/V block is read once per work item of up to 48 query rows
+blocked (flash-style): each K/V block is read once per work item of up to 96 query rows
 with an online softmax.
 
 Called through llmcore/nn.py (and the fused path of llmcore/models/layers.py), which own
