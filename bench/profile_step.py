@@ -66,8 +66,12 @@ def main(argv=None):
         wrap(attention, "qkv_post")
         wrap(activations, "act_rows")
         wrap(attention, "attention", "attention (kernel)")
+        quants = _kernels.load("quants")
+        wrap(quants, "matmul_glu", "ffn gate+up+act (matmul_glu)")
     if hasattr(L, "rms_norm_into"):
         wrap(L, "rms_norm_into", "rms_norm (+add)")
+    if hasattr(L, "post_add_norm_into"):
+        wrap(L, "post_add_norm_into", "rms_norm (post+add+pre)")
     if hasattr(L, "matmul_into"):
         mm = L.matmul_into
 

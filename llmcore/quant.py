@@ -45,6 +45,10 @@ MXFP4, ``iquants`` for IQ4_NL and IQ4_XS) provides exactly:
   A module may also have ``matmul_grouped_rows(packs, offsets, x, rows, y, n_threads)``:
   row i of the problem is x[rows[i]] (ExpertLinear.grouped gathers the rows itself for the
   others).
+- optional, ``matmul_glu(packed, x, out, act_kind, n_threads) -> None`` (gated FFN, prefill):
+  out float32 (n, rows / 2) = act(x @ gate.T) * (x @ up.T) for a weight whose rows are
+  [gate; up]; act_kind 0 SiLU, 1 GELU; the bits of ``matmul`` then
+  ``activations.act_rows``. llmcore.models.layers.GatedFFN uses it where a module has it.
 - ``dequantize(raw, ggml_type, out, n_threads) -> None``: ``out`` float32 (rows, cols),
   equal to gguf.quants.dequantize bit for bit.
 - ``get_rows(raw, ggml_type, ids, out, n_threads) -> None``: ``ids`` int64 (k,), ``out``

@@ -2,7 +2,7 @@
 """Attention over the paged KV cache: the two kernels of an attention layer after its fused
 q/k/v projection. ``qkv_post`` normalises and rotates q and k and writes k and v into their
 cache slots; ``attention`` computes softmax(q k^T * scale) v over each sequence's blocks,
-blocked (flash-style): each K/V block is read once per work item of up to 48 query rows
+blocked (flash-style): each K/V block is read once per work item of up to 96 query rows
 with an online softmax.
 
 Called through llmcore/nn.py (and the fused path of llmcore/models/layers.py), which own
@@ -39,7 +39,8 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
              int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
              const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] positions,
              int n_rot, float base, bint neox, float freq_scale,
-             const float[::1] q_norm, const float[::1] k_norm, float eps, int n_threads=1):
+             const float[::1] q_norm, const float[::1] k_norm, float eps, int n_threads=1,
+             const float[:, ::1] cs_table=None):
     """After the fused q/k/v projection, in one pass per token: q (and k) per-head RMS norm,
     rope on q and k (one cos/sin table per position), q written contiguous to q_out, k and v
     stored (quantized) into their block slots. Same arithmetic as rms_norm + rope + kv_store.
@@ -53,6 +54,8 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
     n_rot, base, neox, freq_scale : rope (as rope.rope, no freq factors)
     q_norm, k_norm : float32 (D,) or None: per-head RMS norm weights (eps)
     n_threads : OpenMP threads over tokens (small inputs run on one)
+    cs_table : float32 (N, n_rot) or None: the tokens' cos/sin tables (rope.cos_sin_table with
+        these positions and rope parameters: the same values), shared by a step's layers
     """
     cdef Py_ssize_t N = q_out.shape[0], i
     cdef int H = <int>q_out.shape[1], D = <int>q_out.shape[2], KVH = n_kv_heads
@@ -67,6 +70,10 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
         raise ValueError("qkv_post: positions / seg_start do not match q")
     if n_rot > D or n_rot % 2:
         raise ValueError("qkv_post: n_rot must be even and <= head_dim")
+    if cs_table is not None and (cs_table.shape[0] != N or cs_table.shape[1] != n_rot):
+        raise ValueError("qkv_post: cs_table must be (N, n_rot)")
+    cdef const float *cst = &cs_table[0, 0] if cs_table is not None and n_rot > 0 else NULL
+    cdef const float *csp
     cdef int32_t *blk = <int32_t *>malloc(N * sizeof(int32_t))
     if blk == NULL:
         raise MemoryError()
@@ -102,21 +109,23 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
         for i in prange(N, schedule='static'):
             src = base_p + i * qs
             p = positions[i]
-            if n_rot > 0:
+            csp = cst + i * n_rot
+            if cst == NULL and n_rot > 0:
                 rope_cos_sin(<float>p, n_rot, theta_scale, freq_scale, NULL, cs)
+                csp = cs
             qo = qop + i * H * D
             memcpy(qo, src, H * D * sizeof(float))
             for h in range(H):
                 if qn != NULL:
                     rms_row(qo + h * D, NULL, qn, eps, qo + h * D, D)
                 if n_rot > 0:
-                    rope_apply(qo + h * D, n_rot, neox, cs)
+                    rope_apply(qo + h * D, n_rot, neox, csp)
             for h in range(KVH):
                 memcpy(tmp, src + H * D + h * D, D * sizeof(float))
                 if kn != NULL:
                     rms_row(tmp, NULL, kn, eps, tmp, D)
                 if n_rot > 0:
-                    rope_apply(tmp, n_rot, neox, cs)
+                    rope_apply(tmp, n_rot, neox, csp)
                 store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
                 store_row(src + H * D + KVH * D + h * Dv, kv_type,
                           vp + blk[i] * vbs + ((p % block_size) * KVH + h) * v_row, Dv)

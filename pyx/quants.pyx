@@ -14,8 +14,9 @@ import os
 
 import numpy as np
 
-from cython.parallel cimport parallel, prange
+from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int64_t, uint8_t
+from libc.stdlib cimport free, malloc
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 cdef extern from "simd.h" nogil:
@@ -47,6 +48,19 @@ cdef extern from "simd_quants.h" nogil:
     int64_t lq_tile_tokens(const lq_packed *P, int portable)
     void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                        int64_t n, int64_t tt, float *y, int portable)
+    int LQ_REC
+    void *lq_get_scratch(size_t nbytes)
+    int lq_tiles_ok(const lq_packed *P, int64_t n, int portable)
+    int64_t lq_quant_tile_tmp(int64_t K)
+    void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec)
+    void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
+    ctypedef void (*lq_act_fn)(const float *g, const float *u, float *y, int n) noexcept nogil
+    void lq_group_tiles_glu(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo,
+                            int64_t F, lq_act_fn act)
+
+cdef extern from "simd_activations.h" nogil:
+    void act_silu_row(const float *g, const float *u, float *y, int n)
+    void act_gelu_row(const float *g, const float *u, float *y, int n)
 
 SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
@@ -143,6 +157,13 @@ def pack(const uint8_t[:, ::1] raw, int ggml_type, repack=None, alloc=None):
     return pk
 
 
+cdef uint8_t *_tile_tmp(int64_t K, int nt) except NULL:
+    """Per-thread scratch of lq_quant_tile for nt threads (free() it)."""
+    cdef uint8_t *tmp = <uint8_t *>malloc(nt * lq_quant_tile_tmp(K))
+    if tmp == NULL:
+        raise MemoryError("matmul: scratch allocation failed")
+    return tmp
+
 cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_threads, bint portable) except -1:
     cdef int64_t n = x.shape[0], R = pk.rows, K = pk.cols, ng = pk.p.ngroups, i, g, c, nch, tt
     cdef const lq_packed *P = &pk.p
@@ -167,6 +188,25 @@ cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_thread
             for c in prange(nch, schedule='static'):
                 lq_float_rows(P, c * FLOAT_CHUNK, min((c + 1) * FLOAT_CHUNK, R), xp, yp, n)
         return 0
+    cdef int64_t ntl, nb = P.nb, tsz
+    cdef uint8_t *rec
+    cdef uint8_t *tmp
+    if lq_tiles_ok(P, n, portable):
+        # prefill: activations as token-tile records (simd_quants.h), quantized in parallel
+        ntl = (n + LQ_TT - 1) // LQ_TT
+        rec = <uint8_t *>lq_get_scratch(ntl * nb * LQ_REC)
+        if rec == NULL:
+            raise MemoryError("matmul: scratch allocation failed")
+        tmp = _tile_tmp(K, nt)
+        tsz = lq_quant_tile_tmp(K)
+        with nogil, parallel(num_threads=nt):  # one region: quantize x, barrier, row groups
+            for i in prange(ntl, schedule='static'):
+                lq_quant_tile(xp + i * LQ_TT * K, K, <int>min(<int64_t>LQ_TT, n - i * LQ_TT), P.moff,
+                              tmp + threadid() * tsz, rec + i * nb * LQ_REC)
+            for g in prange(ng, schedule='static'):
+                lq_group_tiles(P, g, rec, n, yp, R)
+        free(tmp)
+        return 0
     if lq_act_buffers(n, K, &qa, &da, &sa) != 0:
         raise MemoryError("matmul: scratch allocation failed")
     if nt > ng and n == 1:
@@ -187,6 +227,54 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
     n_threads : OpenMP threads (one parallel region); results do not depend on it
     """
     _matmul(packed, x, y, n_threads, False)
+
+
+def matmul_glu(Packed packed, const float[:, ::1] x, float[:, ::1] out, int act_kind, int n_threads):
+    """out = act(x @ gate.T) * (x @ up.T) for a weight whose rows are [gate; up] (a gated
+    FFN's fused gate/up projection): the bits of matmul followed by activations.act_rows.
+    Prefill-sized inputs on AVX-512 VNNI builds compute each 16-column strip of gate and up
+    tile by tile and write only the product (the (n, 2F) projection never goes to memory).
+
+    x : float32 (n, cols); out : float32 (n, rows / 2), overwritten
+    act_kind : 0 SiLU, 1 GELU (tanh approximation)
+    n_threads : OpenMP threads (one parallel region); results do not depend on it
+    """
+    cdef int64_t n = x.shape[0], R = packed.rows, K = packed.cols, F = packed.rows // 2
+    cdef const lq_packed *P = &packed.p
+    cdef int nt = n_threads if n_threads > 0 else 1
+    cdef int64_t ntl, nb = P.nb, i, g, tsz
+    cdef uint8_t *rec
+    cdef uint8_t *tmp
+    cdef lq_act_fn act = act_silu_row if act_kind == 0 else act_gelu_row
+    if R % 2 or x.shape[1] != K or out.shape[0] != n or out.shape[1] != F:
+        raise ValueError(f"matmul_glu: x {tuple(x.shape)[:2]}, out {tuple(out.shape)[:2]} for weights {(R, K)}")
+    if act_kind not in (0, 1):
+        raise ValueError("matmul_glu: act_kind must be 0 (SiLU) or 1 (GELU)")
+    if n == 0 or F == 0:
+        return
+    cdef const float *xp = &x[0, 0]
+    cdef float *op = &out[0, 0]
+    cdef float[:, ::1] gu
+    if not (K > 0 and F % LQ_G == 0 and lq_tiles_ok(P, n, 0)):
+        gu = np.empty((n, R), dtype=np.float32)
+        _matmul(packed, x, gu, n_threads, False)
+        with nogil:
+            for i in prange(n, num_threads=nt if n * F >= 65536 else 1, schedule='static'):
+                act(&gu[i, 0], &gu[i, F], op + i * F, <int>F)
+        return
+    ntl = (n + LQ_TT - 1) // LQ_TT
+    rec = <uint8_t *>lq_get_scratch(ntl * nb * LQ_REC)
+    if rec == NULL:
+        raise MemoryError("matmul_glu: scratch allocation failed")
+    tmp = _tile_tmp(K, nt)
+    tsz = lq_quant_tile_tmp(K)
+    with nogil, parallel(num_threads=nt):  # one region: quantize x, barrier, gate/up group pairs
+        for i in prange(ntl, schedule='static'):
+            lq_quant_tile(xp + i * LQ_TT * K, K, <int>min(<int64_t>LQ_TT, n - i * LQ_TT), P.moff,
+                          tmp + threadid() * tsz, rec + i * nb * LQ_REC)
+        for g in prange(F // LQ_G, schedule='static'):
+            lq_group_tiles_glu(P, g, rec, n, op, F, F, act)
+    free(tmp)
 
 
 def matmul_portable(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads):

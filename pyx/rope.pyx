@@ -49,3 +49,25 @@ def rope(float[:, :, :] x, const int32_t[::1] positions, int n_rot, float base, 
         for i in prange(n, schedule='static'):
             _rope_row(&x[i, 0, 0], hs, nh, <float>positions[i], n_rot, theta_scale, freq_scale, ff, neox, cs)
         free(cs)
+
+
+def cos_sin_table(const int32_t[::1] positions, int n_rot, float base, float freq_scale, float[:, ::1] out,
+                  int n_threads=1):
+    """out[i] = the cos/sin table of position positions[i] (rope.pxd rope_cos_sin: the values
+    rope and attention.qkv_post compute per token), for a step whose layers share it.
+
+    positions : int32 (n,); out : float32 (n, n_rot), written
+    n_rot, base, freq_scale : as rope (no freq factors)
+    n_threads : OpenMP threads (small inputs run on one)
+    """
+    cdef Py_ssize_t n = positions.shape[0], i
+    if out.shape[0] != n or out.shape[1] != n_rot or n_rot <= 0 or n_rot % 2:
+        raise ValueError("cos_sin_table: out must be (len(positions), n_rot), n_rot even and > 0")
+    if n == 0:
+        return
+    cdef float theta_scale = powf(base, -2.0 / n_rot)
+    if n_threads < 1 or n * n_rot < 32768:
+        n_threads = 1
+    with nogil:
+        for i in prange(n, num_threads=n_threads, schedule='static'):
+            rope_cos_sin(<float>positions[i], n_rot, theta_scale, freq_scale, NULL, &out[i, 0])

@@ -205,9 +205,14 @@ static void attn_merge(const attn_ctx *c, int t, int h) {
 
 /* st[j*ldq + r] = sum_d k[j*ldk + d] * qt[d*ldq + r], j < nk, r < 16*nv */
 #if ATTN_AVX512
-/* NK keys x NV lane vectors of accumulators (NK * NV <= 24 registers) */
+/* NK keys x NV lane vectors of accumulators (NK * NV <= 24 registers). bmax != NULL: also
+ * the lanes' maximum score over the nk keys (16 * NV floats), so the softmax of a block that
+ * needs no mask or cap skips its max pass. */
 static inline __attribute__((always_inline)) void attn_tile_scores_nv(
-        const int NV, const int NK, const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st) {
+        const int NV, const int NK, const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st,
+        float *bmax) {
+    __m512 bm[4];
+    for (int v = 0; v < NV; v++) bm[v] = _mm512_set1_ps(-INFINITY);
     int j0 = 0;
     for (; j0 + NK <= nk; j0 += NK) {
         __m512 a[16][4];
@@ -223,7 +228,10 @@ static inline __attribute__((always_inline)) void attn_tile_scores_nv(
             }
         }
         for (int jj = 0; jj < NK; jj++)
-            for (int v = 0; v < NV; v++) _mm512_storeu_ps(st + (long)(j0 + jj) * ldq + 16 * v, a[jj][v]);
+            for (int v = 0; v < NV; v++) {
+                _mm512_storeu_ps(st + (long)(j0 + jj) * ldq + 16 * v, a[jj][v]);
+                if (bmax) bm[v] = _mm512_max_ps(bm[v], a[jj][v]);
+            }
     }
     for (; j0 < nk; j0++) {
         __m512 a[4];
@@ -233,23 +241,29 @@ static inline __attribute__((always_inline)) void attn_tile_scores_nv(
             const __m512 kb = _mm512_set1_ps(kr[d]);
             for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(kb, _mm512_loadu_ps(qt + (long)d * ldq + 16 * v), a[v]);
         }
-        for (int v = 0; v < NV; v++) _mm512_storeu_ps(st + (long)j0 * ldq + 16 * v, a[v]);
+        for (int v = 0; v < NV; v++) {
+            _mm512_storeu_ps(st + (long)j0 * ldq + 16 * v, a[v]);
+            if (bmax) bm[v] = _mm512_max_ps(bm[v], a[v]);
+        }
     }
+    if (bmax)
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(bmax + 16 * v, bm[v]);
 }
 #endif
 
-static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st) {
+static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st,
+                             float *bmax) {
 #if ATTN_AVX512
     /* passes of up to 4 lane vectors (K read again from L1 per pass): 4, 3 | 2, 3 | 3 */
     for (int v0 = 0; v0 < nv;) {
         const int left = nv - v0, w = left == 4 ? 4 : left >= 3 ? 3 : left;
         const float *q = qt + 16 * v0;
-        float *o = st + 16 * v0;
+        float *o = st + 16 * v0, *bm = bmax ? bmax + 16 * v0 : NULL;
         switch (w) {
-            case 1: attn_tile_scores_nv(1, 16, q, ldq, k, ldk, nk, D, o); break;
-            case 2: attn_tile_scores_nv(2, 12, q, ldq, k, ldk, nk, D, o); break;
-            case 3: attn_tile_scores_nv(3, 8, q, ldq, k, ldk, nk, D, o); break;
-            default: attn_tile_scores_nv(4, 6, q, ldq, k, ldk, nk, D, o); break;
+            case 1: attn_tile_scores_nv(1, 16, q, ldq, k, ldk, nk, D, o, bm); break;
+            case 2: attn_tile_scores_nv(2, 12, q, ldq, k, ldk, nk, D, o, bm); break;
+            case 3: attn_tile_scores_nv(3, 8, q, ldq, k, ldk, nk, D, o, bm); break;
+            default: attn_tile_scores_nv(4, 6, q, ldq, k, ldk, nk, D, o, bm); break;
         }
         v0 += w;
     }
@@ -264,20 +278,28 @@ static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, l
             for (int r = 0; r < R; r++) s[r] += kd * q[r];
         }
     }
+    if (bmax)
+        for (int r = 0; r < R; r++) {
+            float mx = -INFINITY;
+            for (int j = 0; j < nk; j++) mx = st[(long)j * ldq + r] > mx ? st[(long)j * ldq + r] : mx;
+            bmax[r] = mx;
+        }
 #endif
 }
 
 /* Scores st (nk keys at positions kpos0.., lanes r < 16*nv) -> probabilities, and the
  * online-softmax update of m, l; alpha = exp(m_old - m_new) per lane. With need_mask, keys a
- * lane does not see (kpos > qpos, or outside the window) are dropped. */
+ * lane does not see (kpos > qpos, or outside the window) are dropped. bmax: the lanes' max
+ * score over the block from attn_tile_scores (only without mask and softcap), or NULL. */
 static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask, const int32_t *qpos,
-                              int kpos0, int window, float softcap, float *m, float *l, float *alpha) {
+                              int kpos0, int window, float softcap, float *m, float *l, float *alpha,
+                              const float *bmax) {
 #if ATTN_AVX512
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int v = 0; v < nv; v++) {
         const __m512i qp = _mm512_loadu_si512((const void *)(qpos + 16 * v));
-        __m512 bm = ninf;
-        for (int j = 0; j < nk; j++) {
+        __m512 bm = bmax ? _mm512_loadu_ps(bmax + 16 * v) : ninf;
+        for (int j = 0; j < nk && !bmax; j++) {
             float *s = st + (long)j * ldq + 16 * v;
             __m512 x = _mm512_loadu_ps(s);
             if (softcap > 0.0f) x = attn_softcap16(x, softcap);
@@ -320,8 +342,8 @@ static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask,
 #else
     const int R = 16 * nv;
     for (int r = 0; r < R; r++) {
-        float bm = -INFINITY;
-        for (int j = 0; j < nk; j++) {
+        float bm = bmax ? bmax[r] : -INFINITY;
+        for (int j = 0; j < nk && !bmax; j++) {
             float *s = st + (long)j * ldq + r;
             float x = *s;
             if (softcap > 0.0f) x = attn_softcap1(x, softcap);
@@ -424,6 +446,73 @@ static inline int attn_key_lo(int qp, int window) {
     return lo > 0 ? lo : 0;
 }
 
+#if ATTN_AVX512
+/* r[i] (row i of a 16 x 16 block) -> r[j] (its column j) */
+static inline void attn_transpose16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+#endif
+
+/* Q^T of a tile item: qt[d * ldq + r] = q row r (f16-rounded for an f16 cache) * qscale, 0 in
+ * the padding lanes r >= R. AVX-512: 16 x 16 blocks through registers (a head dim that is
+ * not a multiple of 16 takes the scalar loop). */
+static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, int ldq, int r16, float qscale,
+                         float *qt) {
+    const int D = c->D;
+#if ATTN_AVX512
+    if (D % 16 == 0) {
+        const __m512 sc = _mm512_set1_ps(qscale);
+        for (int r0 = 0; r0 < ldq; r0 += 16) {
+            const float *src[16];
+            for (int i = 0; i < 16; i++) {
+                const int r = r0 + i;
+                src[i] = r < R ? c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D : NULL;
+            }
+            for (int d0 = 0; d0 < D; d0 += 16) {
+                __m512 x[16];
+                for (int i = 0; i < 16; i++) {
+                    if (!src[i]) { x[i] = _mm512_setzero_ps(); continue; }
+                    __m512 v = _mm512_loadu_ps(src[i] + d0);
+                    if (r16) v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    x[i] = _mm512_mul_ps(v, sc);
+                }
+                attn_transpose16(x);
+                for (int i = 0; i < 16; i++) _mm512_storeu_ps(qt + (long)(d0 + i) * ldq + r0, x[i]);
+            }
+        }
+        return;
+    }
+#endif
+    for (int r = 0; r < ldq; r++) {
+        if (r >= R) {
+            for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = 0.0f;
+            continue;
+        }
+        const float *src = c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D;
+        for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = (r16 ? simd_f16_round(src[d]) : src[d]) * qscale;
+    }
+}
+
 static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int D = c->D, Dv = c->Dv, bs = c->bs, KVH = c->KVH, kvh = it->h0 / c->G;
     const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
@@ -436,6 +525,7 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
     float *m = st + (long)bs * ATTN_MAX_ROWS;
     float *l = m + ATTN_MAX_ROWS, *alpha = l + ATTN_MAX_ROWS;
     int32_t *qp = (int32_t *)(alpha + ATTN_MAX_ROWS);
+    float *bmax = (float *)(qp + ATTN_MAX_ROWS);
     const int r16 = c->kv_type == ATTN_KV_F16;
     const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
     int min_qp = INT_MAX, max_qp = -1, lo_all = INT_MAX;
@@ -444,18 +534,16 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         l[r] = 0.0f;
         if (r >= R) {  /* padding lanes: no query, every key masked */
             qp[r] = -1;
-            for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = 0.0f;
             continue;
         }
-        const int t = c->toks[it->tok0 + r % nt], h = it->h0 + r / nt;
-        const float *src = c->q + ((long)t * c->H + h) * D;
-        for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = (r16 ? simd_f16_round(src[d]) : src[d]) * qscale;
+        const int t = c->toks[it->tok0 + r % nt];
         qp[r] = c->q_pos[t];
         min_qp = qp[r] < min_qp ? qp[r] : min_qp;
         max_qp = qp[r] > max_qp ? qp[r] : max_qp;
         const int lo = attn_key_lo(qp[r], c->window);
         lo_all = lo < lo_all ? lo : lo_all;
     }
+    attn_tile_qt(c, it, R, nt, ldq, r16, qscale, qt);
     memset(o, 0, (size_t)R * Dv * sizeof(float));
     const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
     const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
@@ -468,10 +556,6 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         if (jhi > bs - 1) jhi = bs - 1;
         if (jhi < jlo) continue;
         const int nk = jhi - jlo + 1;
-        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, while this one is computed */
-            attn_prefetch_rows(c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row, ks, bs, c->k_row);
-            attn_prefetch_rows(c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row, vs, bs, c->v_row);
-        }
         const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
         const uint8_t *vb = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
         const float *kp, *vp;
@@ -488,9 +572,15 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
             vp = NULL;
             ldv = Dv;
         }
-        attn_tile_scores(qt, ldq, nv, kp, ldk, nk, D, st);
         const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
-        attn_tile_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha);
+        const int fold_max = !need_mask && cap <= 0.0f;
+        attn_tile_scores(qt, ldq, nv, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
+        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, while this one's softmax and P.V run */
+            attn_prefetch_rows(c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row, ks, bs, c->k_row);
+            attn_prefetch_rows(c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row, vs, bs, c->v_row);
+        }
+        attn_tile_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha,
+                          fold_max ? bmax : NULL);
         if (c->kv_type != ATTN_KV_F32) {
             attn_load_rows(vb, vs, c->kv_type, jlo, jhi + 1, Dv, vf, Dv);
             vp = vf + (long)jlo * Dv;

@@ -211,9 +211,65 @@ static void lq_dequant_row(const uint8_t *row, int type, int64_t cols, float *ou
 #pragma GCC pop_options
 
 /* ---------------------------------------------------------------- activation quantization */
-/* One row of K floats (K % 32 == 0) -> q int8[K], d[K/32], s[K/32] = moff * d * sum(q). */
+#if defined(__AVX512F__)
+/* lane j of the result: the max of v[j] (operands in simd_hsum16x16's tree, then put back in
+ * block order) */
+static inline __m512 lq_hmax16x16(const __m512 *v) {
+    __m512 a[8], b[4], e[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_max_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++) {
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        e[i] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 r = _mm512_max_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+#endif
+
+/* One row of K floats (K % 32 == 0) -> q int8[K], d[K/32], s[K/32] = moff * d * sum(q).
+ * AVX-512: 16 blocks at a time, their maxima and sums reduced together (a 16 x 16 tree, not
+ * one horizontal reduction per block); the same values (max is exact, the sums are of small
+ * integers, exact in float). */
 static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff) {
-    for (int64_t b = 0; b < K / LQ_QK; b++) {
+    int64_t b = 0;
+#if defined(__AVX512F__)
+    for (; b + 16 <= K / LQ_QK; b += 16) {
+        const float *xb = x + b * LQ_QK;
+        __m512 t[16];
+        for (int j = 0; j < 16; j++)
+            t[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * j + 16)));
+        const __m512 amax = lq_hmax16x16(t);
+        const __m512 db = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
+        const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                              _mm512_set1_ps(127.f), amax);
+        float idb[16];
+        _mm512_storeu_ps(idb, id);
+        for (int j = 0; j < 16; j++) {
+            const __m512 vid = _mm512_set1_ps(idb[j]);
+            const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j), vid));
+            const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16), vid));
+            _mm_storeu_si128((__m128i *)(q + (b + j) * LQ_QK), _mm512_cvtepi32_epi8(i0));
+            _mm_storeu_si128((__m128i *)(q + (b + j) * LQ_QK + 16), _mm512_cvtepi32_epi8(i1));
+            t[j] = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+        }
+        __m512 sum = simd_hsum16x16(t);  /* integers below 2^13: exact in any order */
+        sum = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sum);
+        const __m512 d16 = _mm512_cvtph_ps(_mm512_cvtps_ph(db, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_ps(d + b, d16);
+        if (moff == 1.f)
+            _mm512_storeu_ps(s + b, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(db, sum),
+                                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        else
+            _mm512_storeu_ps(s + b, _mm512_mul_ps(_mm512_set1_ps(moff), sum));
+    }
+#endif
+    for (; b < K / LQ_QK; b++) {
         const float *xb = x + b * LQ_QK;
 #if defined(__AVX512F__)
         __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
@@ -359,6 +415,239 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
     else { LQ_T_SWITCH(8, 0) }
 }
 #endif
+
+/* ---------------------------------------------------------------- prefill: token tiles */
+/* For a matmul of many tokens (prefill) the quantized activations are laid out by tiles of
+ * LQ_TT tokens: per tile and 32-value block one record of LQ_REC bytes,
+ *     int32 a[8][LQ_TT]  chunk c (4 int8) of token t at a[c][t]         (256 B)
+ *     float d[LQ_TT]     the tokens' scales da                          (32 B)
+ *     s[LQ_TT]           int32 moff * sum(q) (offset formats) or float s (Q4_1/Q5_1) (32 B)
+ * tile tau, block b at rec + (tau * nb + b) * LQ_REC; tokens past n are zero. Every load of
+ * the kernel is then at a fixed offset from one pointer (the row-major kernel needs a pointer
+ * per token and spills), and the T tokens' dot products run as T independent dpbusd chains.
+ * Same arithmetic as lq_kernel_vnni, operation for operation (the integer offset term starts
+ * the integer accumulator: |acc| < 2^21, so the float sum is exact either way): the same
+ * output bits. */
+#define LQ_REC 320
+
+/* an activation row function of simd_activations.h: y = act(g) * u over n values */
+typedef void (*lq_act_fn)(const float *g, const float *u, float *y, int n);
+
+/* scratch bytes lq_quant_tile needs for K */
+static inline int64_t lq_quant_tile_tmp(int64_t K) {
+    return LQ_TT * (((K + 63) & ~(int64_t)63) + 2 * (K / LQ_QK) * 4) + 128;
+}
+
+/* Tokens [0, nt) of x (row stride K floats; nt <= LQ_TT) as tile records at rec (nb * LQ_REC
+ * bytes); tmp: lq_quant_tile_tmp(K) bytes of scratch. The tokens' rows are quantized
+ * (lq_quant_row_q8), then each block's 8 x 8 dwords transposed into the record. */
+static void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec) {
+    const int64_t nb = K / LQ_QK, qs = (K + 63) & ~(int64_t)63;
+    int8_t *q = (int8_t *)(((uintptr_t)tmp + 63) & ~(uintptr_t)63);
+    float *d = (float *)(q + LQ_TT * qs), *s = d + LQ_TT * nb;
+    for (int t = 0; t < LQ_TT; t++) {
+        if (t < nt) lq_quant_row_q8(x + t * K, K, q + t * qs, d + t * nb, s + t * nb, moff);
+        else {
+            memset(q + t * qs, 0, (size_t)K);
+            for (int64_t b = 0; b < nb; b++) d[t * nb + b] = s[t * nb + b] = 0.f;
+        }
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *r = rec + b * LQ_REC;
+#if defined(__AVX2__)
+        __m256i v[8], u[8];
+        for (int t = 0; t < 8; t++) v[t] = _mm256_loadu_si256((const __m256i *)(q + t * qs + b * LQ_QK));
+        for (int t = 0; t < 8; t += 2) {
+            u[t] = _mm256_unpacklo_epi32(v[t], v[t + 1]);
+            u[t + 1] = _mm256_unpackhi_epi32(v[t], v[t + 1]);
+        }
+        for (int t = 0; t < 8; t += 4) {
+            v[t] = _mm256_unpacklo_epi64(u[t], u[t + 2]);
+            v[t + 1] = _mm256_unpackhi_epi64(u[t], u[t + 2]);
+            v[t + 2] = _mm256_unpacklo_epi64(u[t + 1], u[t + 3]);
+            v[t + 3] = _mm256_unpackhi_epi64(u[t + 1], u[t + 3]);
+        }
+        for (int c = 0; c < 4; c++) {  /* chunk c of tokens 0..7, and chunk c + 4 */
+            _mm256_storeu_si256((__m256i *)(r + 32 * c), _mm256_permute2x128_si256(v[c], v[c + 4], 0x20));
+            _mm256_storeu_si256((__m256i *)(r + 32 * (c + 4)), _mm256_permute2x128_si256(v[c], v[c + 4], 0x31));
+        }
+#else
+        for (int t = 0; t < LQ_TT; t++)
+            for (int c = 0; c < 8; c++) memcpy(r + 4 * (c * LQ_TT + t), q + t * qs + b * LQ_QK + 4 * c, 4);
+#endif
+        for (int t = 0; t < LQ_TT; t++) {
+            memcpy(r + 256 + 4 * t, &d[t * nb + b], 4);
+            if (moff == 1.f) memcpy(r + 288 + 4 * t, &s[t * nb + b], 4);
+            else { const int32_t si = (int32_t)s[t * nb + b]; memcpy(r + 288 + 4 * t, &si, 4); }
+        }
+    }
+}
+
+#if LQ_VNNI
+static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *blk, const int FMT, __m512i *w) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    if (FMT == 8) {
+        for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        return;
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        w[c] = _mm512_and_si512(v, m4);
+        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (FMT == 5) {
+        __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+        for (int c = 0; c < 4; c++) {
+            __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
+            __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
+            w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
+            w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
+        }
+    }
+}
+
+/* The nb blocks of group g as VNNI chunks (lq_unpack_vnni's w[0..7], 512 B a block) into wu:
+ * a prefill work item unpacks its group once for all its token tiles. */
+static inline __attribute__((always_inline)) void lq_unpack_group(const lq_packed *P, int64_t g, const int FMT,
+                                                                   uint8_t *wu) {
+    const int64_t nb = P->nb, bb = P->blk_bytes;
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        __m512i w[8];
+        lq_unpack_vnni(blk, FMT, w);
+        for (int c = 0; c < 8; c++) _mm512_store_si512((void *)(wu + b * 512 + 64 * c), w[c]);
+    }
+}
+
+/* a thread's buffer for unpacked groups (64-byte aligned), or NULL */
+static __thread uint8_t *lq_unp_buf = NULL;
+static __thread size_t lq_unp_cap = 0;
+static uint8_t *lq_unpack_buffer(size_t bytes) {
+    if (bytes > lq_unp_cap) {
+        free(lq_unp_buf);
+        lq_unp_buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        lq_unp_cap = lq_unp_buf ? bytes : 0;
+    }
+    return lq_unp_buf;
+}
+
+/* group g x one tile (records rec, nt valid tokens): y[t * ys + i], t < nt, i < nv. wu: the
+ * group unpacked (lq_unpack_group), or NULL (unpack each block here; Q8_0 needs none). */
+static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_packed *P, int64_t g, const uint8_t *rec,
+                                                                       const int FMT, const int HAS_M, float *y,
+                                                                       int64_t ys, int nv, int nt, const uint8_t *wu) {
+    const int64_t nb = P->nb, bb = P->blk_bytes;
+    const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
+    __m512 f[LQ_TT];
+#pragma GCC unroll 8
+    for (int t = 0; t < LQ_TT; t++) f[t] = _mm512_setzero_ps();
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb, rec += LQ_REC) {
+        __m512i w[8];
+        if (FMT != 8 && wu)
+            for (int c = 0; c < 8; c++) w[c] = _mm512_load_si512((const void *)(wu + b * 512 + 64 * c));
+        else
+            lq_unpack_vnni(blk, FMT, w);
+        const int32_t *a = (const int32_t *)rec;
+        const float *dA = (const float *)(rec + 256);
+        __m512i acc[LQ_TT];
+#pragma GCC unroll 8
+        for (int t = 0; t < LQ_TT; t++)
+            acc[t] = HAS_M ? _mm512_setzero_si512() : _mm512_set1_epi32(((const int32_t *)(rec + 288))[t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+#pragma GCC unroll 8
+            for (int t = 0; t < LQ_TT; t++) acc[t] = _mm512_dpbusd_epi32(acc[t], w[c], _mm512_set1_epi32(a[c * LQ_TT + t]));
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
+#pragma GCC unroll 8
+        for (int t = 0; t < LQ_TT; t++)
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(dv, _mm512_set1_ps(dA[t])), f[t]);
+        if (HAS_M) {
+            const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32)));
+            const float *sA = (const float *)(rec + 288);
+#pragma GCC unroll 8
+            for (int t = 0; t < LQ_TT; t++) f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sA[t]), f[t]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << nv) - 1u);
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * ys, mask, f[t]);
+}
+
+static inline __attribute__((always_inline)) void lq_group_tiles_fmt(const lq_packed *P, int64_t g, const uint8_t *rec,
+                                                                      int64_t n, float *y, int64_t ys, int nv,
+                                                                      const int FMT, const int HAS_M) {
+    const int64_t tile = P->nb * LQ_REC;
+    uint8_t *wu = FMT != 8 && n > LQ_TT ? lq_unpack_buffer((size_t)P->nb * 512) : NULL;
+    if (wu) lq_unpack_group(P, g, FMT, wu);
+    for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
+        const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
+        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, y + t0 * ys, ys, nv, nt, wu);
+    }
+}
+#endif
+
+#if LQ_VNNI
+/* Gated FFN (prefill): gate group g and up group g + F/16 of a weight whose rows are
+ * [gate (F rows); up (F rows)], F % 16 == 0, for each tile, then out = act(gate) * up with the
+ * activation row function (simd_activations.h: the bits act_rows gives), so the (n, 2F)
+ * gate/up product never goes to memory. */
+static inline __attribute__((always_inline)) void lq_group_tiles_glu_fmt(
+        const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo, int64_t F,
+        lq_act_fn act, const int FMT, const int HAS_M) {
+    __attribute__((aligned(64))) float buf[2 * LQ_TT * LQ_G];
+    const int64_t tile = P->nb * LQ_REC, gu = g + F / LQ_G;
+    uint8_t *wu = FMT != 8 && n > LQ_TT ? lq_unpack_buffer((size_t)P->nb * 1024) : NULL;
+    if (wu) {
+        lq_unpack_group(P, g, FMT, wu);
+        lq_unpack_group(P, gu, FMT, wu + P->nb * 512);
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
+        const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
+        lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, buf, LQ_G, LQ_G, nt, wu);
+        lq_kernel_vnni_tile(P, gu, rec, FMT, HAS_M, buf + LQ_TT * LQ_G, LQ_G, LQ_G, nt, wu ? wu + P->nb * 512 : NULL);
+        for (int t = 0; t < nt; t++) act(buf + t * LQ_G, buf + (LQ_TT + t) * LQ_G, out + (t0 + t) * ldo + g * LQ_G, LQ_G);
+    }
+}
+#endif
+
+static void lq_group_tiles_glu(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo,
+                               int64_t F, lq_act_fn act) {
+#if LQ_VNNI
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 4, 1);
+        else lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 5, 1);
+    } else if (P->fmt == LQ_FMT4) lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 4, 0);
+    else if (P->fmt == LQ_FMT5) lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 5, 0);
+    else lq_group_tiles_glu_fmt(P, g, rec, n, out, ldo, F, act, 8, 0);
+#else
+    (void)P; (void)g; (void)rec; (void)n; (void)out; (void)ldo; (void)F; (void)act;
+#endif
+}
+
+/* Whether lq_group_tiles serves a matmul of n tokens (the quant formats on AVX-512 VNNI
+ * builds; AMX machines keep their tile path) */
+static int lq_amx_on_get(void);
+static inline int lq_tiles_ok(const lq_packed *P, int64_t n, int portable) {
+    return LQ_VNNI && !portable && !lq_amx_on_get() && n >= 2 * LQ_TT
+        && (P->fmt == LQ_FMT4 || P->fmt == LQ_FMT5 || P->fmt == LQ_FMT8);
+}
+
+/* One work item of a prefill matmul: output row group g for the n tokens of the tile records
+ * rec (lq_quant_tile); y at the first token, row stride R. */
+static void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R) {
+#if LQ_VNNI
+    const int nv = (int)(P->rows - g * LQ_G < LQ_G ? P->rows - g * LQ_G : LQ_G);
+    float *yo = y + g * LQ_G;
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 4, 1);
+        else lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 5, 1);
+    } else if (P->fmt == LQ_FMT4) lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 4, 0);
+    else if (P->fmt == LQ_FMT5) lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 5, 0);
+    else lq_group_tiles_fmt(P, g, rec, n, yo, R, nv, 8, 0);
+#else
+    (void)P; (void)g; (void)rec; (void)n; (void)y; (void)R;
+#endif
+}
 
 
 /* ---------------------------------------------------------------- AMX (int8 tiles) */
@@ -537,6 +826,13 @@ static int64_t lq_group_amx(const lq_packed *P, int64_t g, const int8_t *qa, con
 #define LQ_AMX_BUILT 0
 static int lq_amx_init(int enable) { (void)enable; return 0; }
 #endif
+static int lq_amx_on_get(void) {
+#if LQ_AMX_BUILT
+    return lq_amx_on;
+#else
+    return 0;
+#endif
+}
 
 #if !LQ_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LQ_AVX2 1

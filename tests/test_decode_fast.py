@@ -95,3 +95,33 @@ def test_batched_decode_equals_one_at_a_time(tiny_models, name):
         m.forward([(st, p)])
     got = np.stack([m.forward([(st, [int(s[k])]) for st, s in zip(sts, steps)]) for k in range(4)], axis=1)
     np.testing.assert_allclose(got, np.stack(alone), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+def test_shared_rope_tables_give_the_same_bits(tiny_models, monkeypatch):
+    """A prefill step computes each rope cos/sin table once for all its layers
+    (rope.cos_sin_table, ForwardBatch.rope_tables): the logits are the bits of computing the
+    table per token in every layer, and rope.cos_sin_table is qkv_post's own table."""
+    from llmcore import _kernels
+    from llmcore.models import layers, load_model
+
+    rope = _kernels.load("rope")
+    pos = np.array([0, 1, 7, 100, 4095], np.int32)
+    tab = np.empty((len(pos), 16), np.float32)
+    rope.cos_sin_table(pos, 16, 10000.0, 0.5, tab, 2)
+    theta = (pos[:, None].astype(np.float64) * 0.5 * 10000.0 ** (-np.arange(8) / 8))
+    np.testing.assert_allclose(tab[:, 0::2], np.cos(theta), atol=1e-3)
+    np.testing.assert_allclose(tab[:, 1::2], np.sin(theta), atol=1e-3)
+
+    m = load_model(tiny_models["qwen3-q8_0"], block_size=16)
+    prompt = rand_tokens(40, seed=3)
+
+    def run():
+        st = m.new_state()
+        out = m.forward([(st, prompt)])[0]
+        st.release()
+        return out
+
+    shared = run()
+    monkeypatch.setattr(layers, "ROPE_TABLE_MIN_ROWS", 10 ** 9)
+    np.testing.assert_array_equal(shared, run())

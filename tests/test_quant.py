@@ -117,9 +117,10 @@ def test_matmul_vs_float(qt, rows, n):
 @needs_kernels
 @pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
 def test_matmul_rows_do_not_depend_on_the_batch(qt):
-    """A token's outputs are the same bits alone or in a batch: 40 tokens go through two
-    16-token tiles (the AMX kernel where it is in use) and an 8-token VNNI/AVX2 tile, one
-    token through the single-token kernel; rows not a multiple of 16 (a masked last group)."""
+    """A token's outputs are the same bits alone or in a batch: 40 tokens go through the
+    prefill kernel (AVX-512 VNNI: token-tile records, 5 tiles of 8; AMX: two 16-token tiles
+    and an 8-token tile; AVX2: 8-token tiles), one token through the single-token kernel;
+    rows not a multiple of 16 (a masked last group)."""
     rows, cols, n = 37, 192, 40
     raw = random_blocks(qt, rows, cols, seed=5)
     pk = kq.pack(raw, int(qt))
@@ -132,6 +133,29 @@ def test_matmul_rows_do_not_depend_on_the_batch(qt):
         np.testing.assert_array_equal(y[i], yi[0])
     w = ref_dequant(raw, qt, rows, cols)
     assert nmse(y, x.astype(np.float64) @ w.T.astype(np.float64)) < 5e-4
+
+
+@needs_kernels
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
+def test_matmul_glu_is_matmul_then_act_rows(qt):
+    """quants.matmul_glu (a gated FFN's gate/up product and activation in one kernel) gives
+    the bits of matmul followed by activations.act_rows, for prefill-sized inputs (token
+    tiles, a partial last one), a few tokens (the unfused fallback), both activations, 1 and
+    2 threads; rows not a multiple of 32 and the float types take the fallback."""
+    act = _kernels.load("activations")
+    for F, n in ((48, 37), (48, 3), (40, 20)):
+        raw = random_blocks(qt, 2 * F, 128, seed=F + n)
+        pk = kq.pack(raw, int(qt))
+        x = np.random.default_rng(n).standard_normal((n, 128)).astype(np.float32)
+        gu = np.empty((n, 2 * F), np.float32)
+        kq.matmul(pk, x, gu, 1)
+        for kind in (0, 1):
+            want = np.empty((n, F), np.float32)
+            act.act_rows(kind, gu[:, :F], gu[:, F:], want, 1)
+            for nt in (1, 2):
+                got = np.full((n, F), np.nan, np.float32)
+                kq.matmul_glu(pk, x, got, kind, nt)
+                np.testing.assert_array_equal(got, want)
 
 
 @needs_kernels

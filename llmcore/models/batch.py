@@ -19,13 +19,15 @@ class ForwardBatch:
     - ``last_rows``: int (S,) row index of each segment's last token
     - ``logit_rows``: the rows whose logits the step returns: ``last_rows``, or the last
       ``n_logits[i]`` rows of each segment when given (speculative decoding verifies them)
+    - ``rope_tables``: cos/sin tables of the positions per rope configuration, computed by
+      the first attention layer that needs one and shared by the others
     - ``decode_seqs``: uint8 (S,), 1 for a segment whose every position's logits are wanted
       (a verify segment): attention gives each of its tokens the bits decoding it alone
       gives, so speculative greedy output is plain decoding's; None when there is none
     """
 
     __slots__ = ("tokens", "positions", "seg_start", "seqs", "lengths", "starts",
-                 "block_tables", "last_rows", "logit_rows", "decode_seqs", "n_tokens", "n_seqs")
+                 "block_tables", "last_rows", "logit_rows", "decode_seqs", "n_tokens", "n_seqs", "rope_tables")
 
     def __init__(self, seqs, token_arrays, starts, n_logits=None):
         self.seqs = seqs
@@ -56,6 +58,7 @@ class ForwardBatch:
             if any(k > 1 for k in n_logits):
                 self.decode_seqs = np.array([k > 1 for k in n_logits], dtype=np.uint8)
         self.block_tables: dict[str, np.ndarray] = {}
+        self.rope_tables: dict[tuple, np.ndarray] = {}  # the layers' cos/sin tables (layers.Attention)
 
     def tables_for(self, group: str) -> np.ndarray:
         bt = self.block_tables.get(group)

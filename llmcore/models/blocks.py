@@ -7,7 +7,8 @@
 
 The post norms are optional (gemma3 has them) and so is the FFN (mamba's blocks are a mixer
 only). :func:`run_blocks` runs a stack with each residual add fused into the norm that
-follows it (``x += y; h = rms_norm(x) * w`` in one kernel call) and, for decode-sized
+follows it (``x += y; h = rms_norm(x) * w`` in one kernel call, with the sublayer's post
+norm of y too where there is one) and, for decode-sized
 batches, the activations in scratch: the arithmetic of applying the blocks one by one
 (:meth:`PreNormBlock.__call__`), bit for bit, in fewer passes over memory.
 """
@@ -54,19 +55,20 @@ class PreNormBlock:
         self.mixer_norm, self.mixer, self.mixer_post_norm = mixer_norm, mixer, mixer_post_norm
         self.ffn_norm, self.ffn, self.ffn_post_norm = ffn_norm, ffn, ffn_post_norm
 
-    def mix(self, h: np.ndarray, fb: ForwardBatch, out: np.ndarray | None = None) -> np.ndarray:
+    def mix(self, h: np.ndarray, fb: ForwardBatch, out: np.ndarray | None = None,
+            post: bool = True) -> np.ndarray:
         """The mixer's residual update for the normed input h (written into `out` by an
-        Attention, the mixer that can)."""
+        Attention, the mixer that can); post=False leaves the post norm to the caller."""
         m = self.mixer
         y = m(h, fb, out=out) if out is not None and isinstance(m, Attention) else m(h, fb)
-        return _post_norm(self.mixer_post_norm, y)
+        return _post_norm(self.mixer_post_norm, y) if post else y
 
-    def feed_forward(self, h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def feed_forward(self, h: np.ndarray, out: np.ndarray | None = None, post: bool = True) -> np.ndarray:
         """The FFN's residual update for the normed input h (written into `out` by a
-        GatedFFN, the FFN that can)."""
+        GatedFFN, the FFN that can); post=False leaves the post norm to the caller."""
         f = self.ffn
         y = f(h, out=out) if out is not None and isinstance(f, GatedFFN) else f(h)
-        return _post_norm(self.ffn_post_norm, y)
+        return _post_norm(self.ffn_post_norm, y) if post else y
 
     def __call__(self, x: np.ndarray, fb: ForwardBatch) -> np.ndarray:
         """The recipe, one step at a time (x updated in place)."""
@@ -74,6 +76,19 @@ class PreNormBlock:
         if self.ffn is not None:
             x += self.feed_forward(self.ffn_norm(x))
         return x
+
+
+def _add_norm(x: np.ndarray, h: np.ndarray, upd: np.ndarray, post: RMSNorm | None, nxt: RMSNorm | None) -> None:
+    """x += post(upd) (upd normalised in place), then h = nxt(x): one kernel when both norms
+    are there (gemma3's post norms), else the two steps."""
+    if post is not None and nxt is not None and upd.flags.c_contiguous:
+        L.post_add_norm_into(x, upd, post, nxt, h)
+        return
+    _post_norm(post, upd)
+    if nxt is not None:
+        L.rms_norm_into(x, nxt.weight, nxt.eps, h, add=upd)
+    else:
+        x += upd
 
 
 def run_blocks(blocks: Sequence[PreNormBlock], x: np.ndarray, fb: ForwardBatch) -> np.ndarray:
@@ -89,15 +104,13 @@ def run_blocks(blocks: Sequence[PreNormBlock], x: np.ndarray, fb: ForwardBatch) 
     L.rms_norm_into(x, norm.weight, norm.eps, h)
     last = len(blocks) - 1
     for i, blk in enumerate(blocks):
-        upd = blk.mix(h, fb, out=y)
+        upd = blk.mix(h, fb, out=y, post=False)
         if blk.ffn is not None:
-            L.rms_norm_into(x, blk.ffn_norm.weight, blk.ffn_norm.eps, h, add=upd)
-            upd = blk.feed_forward(h, out=y)
-        if i < last:
-            norm = blocks[i + 1].mixer_norm
-            L.rms_norm_into(x, norm.weight, norm.eps, h, add=upd)
+            _add_norm(x, h, upd, blk.mixer_post_norm, blk.ffn_norm)
+            upd = blk.feed_forward(h, out=y, post=False)
+            _add_norm(x, h, upd, blk.ffn_post_norm, blocks[i + 1].mixer_norm if i < last else None)
         else:
-            x += upd
+            _add_norm(x, h, upd, blk.mixer_post_norm, blocks[i + 1].mixer_norm if i < last else None)
     return x
 
 

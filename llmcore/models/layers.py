@@ -19,7 +19,7 @@ from .batch import ForwardBatch
 # The fast paths call the kernels directly (no wrapper checks); with LLMCORE_NO_KERNELS=1
 # the layers run the llmcore.nn ops (NumPy references) instead.
 if _kernels.ENABLED:
-    _norms, _activations, _attention = (_kernels.load(m) for m in ("norms", "activations", "attention"))
+    _norms, _activations, _attention, _rope = (_kernels.load(m) for m in ("norms", "activations", "attention", "rope"))
 _FUSED_QKV = _kernels.ENABLED
 
 # Decode and batched decode (a few rows per step) reuse per-thread scratch activations
@@ -27,6 +27,8 @@ _FUSED_QKV = _kernels.ENABLED
 # so the scratch stays small. Scratch never escapes a layer call.
 SCRATCH_MAX_ROWS = 64
 _tls = threading.local()
+# steps of at least this many tokens compute each rope cos/sin table once for all layers
+ROPE_TABLE_MIN_ROWS = 16
 
 
 def scratch(tag: str, n: int, *dims: int) -> np.ndarray:
@@ -67,6 +69,17 @@ def rms_norm_into(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.
     return out
 
 
+def post_add_norm_into(x: np.ndarray, y: np.ndarray, post: "RMSNorm", norm: "RMSNorm",
+                       out: np.ndarray) -> np.ndarray:
+    """y = post(y); x += y; out = norm(x): a sublayer's post-norm, the residual add and the
+    next pre-norm, one kernel call (float32 (n, d) arrays with contiguous rows)."""
+    if not _kernels.ENABLED:
+        rms_norm_into(y, post.weight, post.eps, y)
+        return rms_norm_into(x, norm.weight, norm.eps, out, add=y)
+    _norms.rms_norm_post_add(x, y, post.weight, post.eps, norm.weight, norm.eps, out, get_num_threads())
+    return out
+
+
 def tensor_rows(t: Tensor, rows, name: str | None = None) -> Tensor:
     """Rows ``rows`` (output features) of a 2-D GGUF tensor as a new tensor, a copy in that
     order: how a projection stored in another layout (fused, interleaved by head) is split
@@ -78,7 +91,8 @@ def tensor_rows(t: Tensor, rows, name: str | None = None) -> Tensor:
 
 class FusedLinear:
     """Several Linears over the same input computed as one matmul (``quant.Linear.concat``:
-    same weight type and input size), else as separate Linears; returns the parts."""
+    same weight type and input size), else as one matmul per run of consecutive tensors of
+    one type (gemma3's Q5_0 q, k and Q8_0 v: [q; k] and v); returns the parts."""
 
     def __init__(self, tensors: Sequence[Tensor], biases: Sequence[np.ndarray | None] | None = None):
         self.in_features = int(tensors[0].shape[1])
@@ -88,9 +102,22 @@ class FusedLinear:
         biases = list(biases) if biases is not None else [None] * len(tensors)
         self.fused = (quant.Linear(tensors[0], bias=biases[0]) if len(tensors) == 1
                       else quant.Linear.concat(list(tensors), biases=biases))
-        self.parts = None
+        self.parts = None  # Linears of the runs, side by side at part_bounds
+        self.part_bounds = None
         if self.fused is None:
-            self.parts = [quant.Linear(t, bias=b) for t, b in zip(tensors, biases)]
+            self.parts, self.part_bounds = [], []
+            i = 0
+            while i < len(tensors):
+                j = i + 1
+                while j < len(tensors) and int(tensors[j].ggml_type) == int(tensors[i].ggml_type):
+                    j += 1
+                lin = quant.Linear.concat(tensors[i:j], biases=biases[i:j]) if j > i + 1 else None
+                if lin is None:
+                    j = i + 1
+                    lin = quant.Linear(tensors[i], bias=biases[i])
+                self.parts.append(lin)
+                self.part_bounds.append((self.bounds[i][0], self.bounds[j - 1][1]))
+                i = j
         self.out_features = sum(self.sizes)
 
     def into(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -100,7 +127,7 @@ class FusedLinear:
         if self.fused is not None:
             return matmul_into(self.fused, x, y)
         n = x.shape[0]
-        for (a, b), part in zip(self.bounds, self.parts):
+        for (a, b), part in zip(self.part_bounds, self.parts):
             if n == 1:
                 matmul_into(part, x, y[:, a:b])
             else:
@@ -113,7 +140,11 @@ class FusedLinear:
             if len(self.sizes) == 1:
                 return [y]
             return [y[:, a:b] for a, b in self.bounds]
-        return [p(x) for p in self.parts]
+        out = []
+        for p in self.parts:
+            y = p(x)
+            out.extend([y] if len(p.parts) == 1 else p.split(y))
+        return out
 
 
 class Embedding:
@@ -228,12 +259,19 @@ class Attention:
         _, _, kb, vb, code, bs, krow, vrow = self._pool_views(pool)
         tables = fb.tables_for(self.group)
         nt = get_num_threads()
+        cs = None
+        if self.rope_dim and n >= ROPE_TABLE_MIN_ROWS:
+            key = (self.rope_dim, self.rope_base, self.rope_freq_scale)
+            cs = fb.rope_tables.get(key)
+            if cs is None:
+                cs = fb.rope_tables[key] = np.empty((n, self.rope_dim), dtype=np.float32)
+                _rope.cos_sin_table(fb.positions, self.rope_dim, self.rope_base, self.rope_freq_scale, cs, nt)
         bad = _attention.qkv_post(qkv, q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start,
                                    fb.positions, self.rope_dim, self.rope_base, self.rope_neox, self.rope_freq_scale,
                                    None if self.q_norm is None else self.q_norm.weight,
                                    None if self.k_norm is None else self.k_norm.weight,
                                    self.q_norm.eps if self.q_norm is not None else
-                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt)
+                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt, cs)
         if bad:
             raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
         o = scratch("attn.o", n, H * Dv)
@@ -273,14 +311,22 @@ class GatedFFN:
         f = self.gate_up.fused
         self._fast = (_kernels.ENABLED and f is not None
                       and len(self.gate_up.sizes) == 2 and self.gate_up.sizes[0] == self.gate_up.sizes[1])
+        # gate/up product and activation in one kernel (no (n, 2F) intermediate) where the
+        # weight kernel has one (legacy quants)
+        self._glu = (self._fast and f._packed is not None and f.bias is None
+                     and hasattr(f._kernel, "matmul_glu"))
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(n, n_embd) output; written into `out` when given."""
         if self._fast and x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous:
             n, F = x.shape[0], self.gate_up.sizes[0]
-            gu = matmul_into(self.gate_up.fused, x, scratch("ffn.gu", n, 2 * F))
             a = scratch("ffn.act", n, F)
-            _activations.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
+            if self._glu and n > SCRATCH_MAX_ROWS:  # prefill
+                f = self.gate_up.fused
+                f._kernel.matmul_glu(f._packed, x, a, self.act_kind, quant._threads_for(n, f.nbytes))
+            else:
+                gu = matmul_into(self.gate_up.fused, x, scratch("ffn.gu", n, 2 * F))
+                _activations.act_rows(self.act_kind, gu[:, :F], gu[:, F:], a, get_num_threads())
             y = out if out is not None else np.empty((n, self.down.out_features), dtype=np.float32)
             return matmul_into(self.down, a, y)
         g, u = self.gate_up(x)
