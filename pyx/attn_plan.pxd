@@ -311,8 +311,9 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
                     n_toks += 1
                 m = mem_next[m]
             # many rows per kv head (decodes sharing these blocks, none asking for decode
-            # numerics): tile items (rows in lanes); else all heads in one rows item when
-            # they fit (each block read front to back once), else rows items per kv head
+            # numerics): tile items (rows in lanes); else rows items per kv head (its rows
+            # of each block are a strided stream of their own: measured faster than one item
+            # reading whole blocks, and several items share a sequence's attention out)
             if (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]:
                 tk = tk0
                 while tk < n_toks:
@@ -325,9 +326,6 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
                             items[n_items].kind = 0
                             n_items += 1
                     tk += T_tile
-            elif (n_toks - tk0) * H <= ATTN_MAX_ROWS:
-                _rows_item(&items[n_items], grp_rep[gi], 0, H, tk0, n_toks, grp_b0[gi], grp_b1[gi], ch)
-                n_items += 1
             else:
                 tk = tk0
                 while tk < n_toks:

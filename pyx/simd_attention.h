@@ -40,6 +40,10 @@
 /* storage type codes: kv_rows.pxd's T_* (attention.pyx checks they agree) */
 enum { ATTN_KV_F32 = 0, ATTN_KV_F16 = 1, ATTN_KV_Q8_0 = 2, ATTN_KV_Q4_0 = 3 };
 
+#ifndef ATTN_PF_AHEAD
+#define ATTN_PF_AHEAD 2  /* decode: blocks prefetched ahead of the one computed */
+#endif
+
 enum {
     ATTN_TILE_ROWS = 96,   /* rows of a tile item: 6 vectors of 16 lanes */
     ATTN_MAX_ROWS = 96,    /* rows of any item */
@@ -854,6 +858,13 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
     /* the item's kv heads are adjacent rows of each (token) slot: prefetch that span */
     const int pf_k = (kv1 - kv0 + 1) * c->k_row, pf_v = (kv1 - kv0 + 1) * c->v_row;
+    /* the first blocks are cold (the weights of a step's other work evicted them): ask for
+     * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
+    for (int b = it->b0; b < it->b1 && b < it->b0 + ATTN_PF_AHEAD; b++)
+        if (table[b] >= 0) {
+            attn_prefetch_rows(c->k + table[b] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
+            attn_prefetch_rows(c->v + table[b] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
+        }
     for (int b = it->b0; b < it->b1; b++) {
         const int blk = table[b];
         if (blk < 0) continue;
@@ -862,9 +873,12 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
         if (j0 < 0) j0 = 0;
         if (j1 > bs) j1 = bs;
         if (j1 <= j0) continue;
-        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, while this one is computed */
-            attn_prefetch_rows(c->k + table[b + 1] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
-            attn_prefetch_rows(c->v + table[b + 1] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
+        {
+            const int bn = b + ATTN_PF_AHEAD;  /* the block ATTN_PF_AHEAD on, while this one is computed */
+            if (bn < it->b1 && table[bn] >= 0) {
+                attn_prefetch_rows(c->k + table[bn] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
+                attn_prefetch_rows(c->v + table[bn] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
+            }
         }
         for (int kvh = kv0; kvh <= kv1; kvh++) {
             /* rows of this kv head: heads [ha, hb) */

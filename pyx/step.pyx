@@ -126,6 +126,10 @@ cdef enum:
     QK_K = 256
     QK8 = 32
     MAX_TOKENS = 64   # the largest step run here (llmcore.models.decode_step)
+    # chunks of a matmul per thread: few keep each thread's weight stream long (measured:
+    # 1-2 per thread beat 4 on an idle machine), more than one lets the other threads
+    # take a descheduled thread's share
+    MM_CHUNKS = 2
 
 # a waiting thread spins this long before it sleeps (team.h)
 cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
@@ -562,7 +566,7 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
     """A matmul as one phase: chunks of consecutive work items (a few per thread, so each
     streams contiguous weights), taken by whichever thread is free."""
     cdef int64_t total = L.item0[L.n_parts], chunk, i0, i1, it
-    chunk = total // (4 * nt)
+    chunk = total // (MM_CHUNKS * nt)
     if chunk < 1:
         chunk = 1
     while True:
