@@ -75,6 +75,9 @@ class BlockTableState(CacheState):
         pool = self.pool
         new_total = pool.blocks_for(start + n) - self._n_blocks
         cow = self._cow_last(n)
+        if new_total <= 0 and not cow:  # room in the last block (most decode steps)
+            self.n_tokens = start + n
+            return start
         ids = pool.alloc(new_total + (1 if cow else 0))  # all-or-nothing
         if cow:
             last = int(self._table[self._n_blocks - 1])

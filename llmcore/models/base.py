@@ -281,7 +281,8 @@ class Model:
         if any(t.size == 0 for t in toks):
             raise ValueError("forward: empty segment")
         flat = toks[0] if len(toks) == 1 else np.concatenate(toks)
-        if flat.min() < 0 or flat.max() >= self.n_vocab:
+        lo, hi = (int(flat[0]), int(flat[0])) if flat.shape[0] == 1 else (flat.min(), flat.max())
+        if lo < 0 or hi >= self.n_vocab:
             raise ValueError(f"forward: token id out of range [0, {self.n_vocab})")
         starts = [s.n_tokens for s in seqs]
         # reserve room in every cache of every sequence, all-or-nothing

@@ -34,10 +34,16 @@ class ForwardBatch:
         self.n_seqs = len(seqs)
         self.lengths = [len(t) for t in token_arrays]
         self.starts = starts
-        self.tokens = np.concatenate(token_arrays).astype(np.int32, copy=False) if token_arrays else np.zeros(0, np.int32)
+        if len(token_arrays) == 1:
+            self.tokens = np.asarray(token_arrays[0], dtype=np.int32)
+        else:
+            self.tokens = np.concatenate(token_arrays).astype(np.int32, copy=False) if token_arrays else np.zeros(0, np.int32)
         self.n_tokens = int(self.tokens.shape[0])
-        seg = np.zeros(self.n_seqs + 1, dtype=np.int32)
-        np.cumsum(self.lengths, out=seg[1:])
+        if self.n_tokens == self.n_seqs:  # one token per sequence (decode)
+            seg = np.arange(self.n_seqs + 1, dtype=np.int32)
+        else:
+            seg = np.zeros(self.n_seqs + 1, dtype=np.int32)
+            np.cumsum(self.lengths, out=seg[1:])
         self.seg_start = seg
         if self.n_seqs == 1:
             self.positions = np.arange(starts[0], starts[0] + self.lengths[0], dtype=np.int32)

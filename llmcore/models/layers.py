@@ -152,9 +152,17 @@ class Embedding:
         self.tensor = tensor
         self.scale = scale
         self.n_vocab, self.dim = tensor.shape
+        # the kernel and the rows' bytes, found once: a decode step looks up one row
+        self._kernel = quant.kernel_for(tensor.ggml_type)
+        self._rows = quant._c_uint8(tensor.raw()).reshape(self.n_vocab, -1) if self._kernel is not None else None
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        x = quant.get_rows(self.tensor, ids)
+        if self._kernel is not None:  # the kernel checks the ids' range (IndexError)
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            x = np.empty((ids.shape[0], self.dim), dtype=np.float32)
+            self._kernel.get_rows(self._rows, int(self.tensor.ggml_type), ids, x, get_num_threads())
+        else:
+            x = quant.get_rows(self.tensor, ids)
         if self.scale != 1.0:
             x *= np.float32(self.scale)
         return np.ascontiguousarray(x, dtype=np.float32)
