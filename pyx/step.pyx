@@ -47,7 +47,7 @@ from cython.parallel cimport parallel
 from libc.math cimport powf
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
                         attn_run_item, attn_scratch_floats)
@@ -624,7 +624,7 @@ cdef class Program:
         self.n_embd = n_embd
         self.n_vocab = n_vocab
         self.keep = []
-        self.max_out = n_vocab
+        self.max_out = 0
         self.max_k = n_embd
         self.n_plans = 0
         self.n_ropes = 0
@@ -632,6 +632,7 @@ cdef class Program:
         self.out_norm = self._f32(out_norm, n_embd)
         self.out_eps = out_eps
         self._linear(&self.head, head_parts, None, n_embd)
+        self.max_out = 0  # the head writes the logits: the layers' outputs size the buffers
         if self.head.out_features != n_vocab:
             raise ValueError("Program: the head's rows are not the vocabulary")
 
@@ -721,6 +722,11 @@ cdef class Program:
         self.pool_arrays = list(kv_pools)  # keeps the storage alive
         self.pools_set = 1
 
+    def workspace_bytes(self, int n):
+        """Bytes of the workspace a step of n tokens uses (run(work=...))."""
+        return (((6 * n * self.max_k + 4 * n * self.max_out) * 4 + 63) // 64 * 64 + 3 * self.max_parts_bytes
+                + (3 + 12 * self.n_layers) * sizeof(team_phase_t) + 64)
+
     def add_rope(self, int n_rot, float base, float freq_scale):
         """Id of a rope configuration (one cos/sin table per token and step each)."""
         cdef int i
@@ -805,7 +811,7 @@ cdef class Program:
 
     def run(self, const float[:, ::1] x, const int32_t[::1] positions, const int32_t[::1] seg_start, list tables,
             const int64_t[::1] logit_rows, float[:, ::1] logits, const uint8_t[::1] decode_seqs,
-            int n_threads, double[::1] prof=None):
+            int n_threads, double[::1] prof=None, work=None):
         """One step: logits of the rows ``logit_rows`` of the step's tokens.
 
         x : float32 (n, n_embd), the tokens' embeddings (n <= TOKENS_MAX)
@@ -816,6 +822,7 @@ cdef class Program:
         decode_seqs : uint8 (S,) or None, as attention.attention's
         prof : float64 (len(PHASES),) or None: nanoseconds thread 0 spent in each phase are
             added to it (benchmarks)
+        work : a uint8 array the step may use for its buffers (workspace_bytes(n)), or None
         Raises ValueError (nothing written to the caches) when a position maps to no block.
         """
         if not self.ready:
@@ -826,7 +833,8 @@ cdef class Program:
         cdef layer_t *L
         cdef plan_geom_t *g
         cdef const int32_t[:, ::1] tab
-        cdef int64_t nblk
+        cdef int64_t nblk, f_bytes, a_bytes, p_bytes
+        cdef size_t base
         if n < 1 or n > MAX_TOKENS or x.shape[1] != d:
             raise ValueError(f"Program.run: x must be (1..{MAX_TOKENS}, {d})")
         if positions.shape[0] != n or S < 1 or seg_start[0] != 0 or seg_start[S] != n:
@@ -862,19 +870,21 @@ cdef class Program:
         st.prof = &prof[0] if prof is not None else NULL
         keep = []
         try:
-            # shared buffers
-            buf = np.empty(6 * n * self.max_k + 4 * n * self.max_out + 64, dtype=np.float32)
-            keep.append(buf)
-            _shared_layout(&st, <float *><size_t>buf.ctypes.data, n, self.max_k, self.max_out)
+            # the step's buffers: activations, quantized inputs, phase counters (zeroed), in
+            # the caller's workspace when it is large enough (no fresh pages every step)
+            f_bytes = ((6 * n * self.max_k + 4 * n * self.max_out) * 4 + 63) // 64 * 64
+            a_bytes = 3 * self.max_parts_bytes
+            p_bytes = (3 + 12 * self.n_layers) * sizeof(team_phase_t)
+            if work is None or work.nbytes < f_bytes + a_bytes + p_bytes + 64:
+                work = np.empty(f_bytes + a_bytes + p_bytes + 64, dtype=np.uint8)
+            keep.append(work)
+            base = ((<size_t>work.ctypes.data) + 63) & ~(<size_t>63)
+            _shared_layout(&st, <float *>base, n, self.max_k, self.max_out)
             memcpy(st.x, &x[0, 0], n * d * sizeof(float))
-            # the phases of the step (see _thread_main), zeroed
-            phases = np.zeros((3 + 12 * self.n_layers) * sizeof(team_phase_t) + 64, dtype=np.uint8)
-            keep.append(phases)
-            st.ph = <team_phase_t *>((((<size_t>phases.ctypes.data) + 63) & ~(<size_t>63)))
-            abuf = np.empty(3 * self.max_parts_bytes + 64, dtype=np.uint8)
-            keep.append(abuf)
             for p in range(3):
-                st.acts[p].qa = <int8_t *>((((<size_t>abuf.ctypes.data) + 63) & ~(<size_t>63)) + p * self.max_parts_bytes)
+                st.acts[p].qa = <int8_t *>(base + f_bytes + p * self.max_parts_bytes)
+            st.ph = <team_phase_t *>(base + f_bytes + a_bytes)
+            memset(st.ph, 0, p_bytes)
             # attention plans and block ids; rope tables
             for p in range(self.n_plans):
                 g = &self.plans[p]

@@ -14,6 +14,7 @@ layer-by-layer path's: the same work items compute every output element.
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -127,6 +128,7 @@ class DecodeStep:
                 plan_id=plan, q_norm=q_norm, k_norm=k_norm, qk_eps=q_eps if q_norm is not None else k_eps,
                 scale=attn.scale, softcap=attn.softcap, sinks=attn.sinks)
             self.pools.append((attn, pool))
+        self._tls = threading.local()  # per calling thread: the step's workspace
         self.distinct_pools = list({id(p): p for _, p in self.pools}.values())
         self._grows = None
         self.prof: np.ndarray | None = None  # float64 (len(step.PHASES),): ns per phase are added (benchmarks)
@@ -155,9 +157,12 @@ class DecodeStep:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         logits = np.empty((rows.shape[0], self.n_vocab), dtype=np.float32)
         self._check_pools()
+        work = getattr(self._tls, "work", None)
+        if work is None or work.nbytes < self.prog.workspace_bytes(fb.n_tokens):
+            work = self._tls.work = np.empty(self.prog.workspace_bytes(max(fb.n_tokens, 8)), np.uint8)
         self.prog.run(np.ascontiguousarray(x, dtype=np.float32), fb.positions, fb.seg_start,
                       [fb.tables_for(g) for g in self.groups], rows, logits,
-                      fb.decode_seqs, get_num_threads(), self.prof)
+                      fb.decode_seqs, get_num_threads(), self.prof, work)
         if self.softcap:
             logits = np.tanh(logits / self.softcap) * self.softcap
         return logits
