@@ -80,6 +80,8 @@ class AdaptiveThreads:
     cores) two threads can win, since they get a larger share of the CPUs: measured.
     """
 
+    OUTLIER = 1.25  # a step's time counts at most this many times the mean so far
+
     def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5, max_backoff: int = 8,
                  busy=other_runnable, n_cpus: int | None = None):
         self.n_max = max(1, n_max)
@@ -133,7 +135,12 @@ class AdaptiveThreads:
         old = self._ema.get(key)
         count, step = self._exploring.pop(b, (0, 0))
         exploring = count == n_threads
-        # an exploring step's measurement replaces the count's stale mean
+        # an exploring step's measurement replaces the count's stale mean; otherwise one
+        # slow step (a pool growth, a collection, another process's burst) moves the mean by
+        # at most OUTLIER - 1 of it, so it cannot flip the choice alone: sustained slowness
+        # still moves it within a few steps
+        if old is not None and not exploring:
+            seconds = min(seconds, old * self.OUTLIER)
         self._ema[key] = seconds if old is None or exploring else old + self.alpha * (seconds - old)
         if exploring:
             if self._best(b) == n_threads:  # the re-measured count won: it is the choice now

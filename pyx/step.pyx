@@ -57,21 +57,17 @@ from rope cimport rope_apply, rope_cos_sin
 
 cdef extern from "team.h" nogil:
     ctypedef struct team_t:
-        int n
-    void team_init(team_t *t, int n, long spin_ns)
-    void team_join(team_t *t)
-    int team_region_size()
-    int team_thread()
-    void team_barrier(team_t *t)
-    int64_t team_next(team_t *t, int64_t chunk)
-    long team_now_ns()
+        long spin_ns
     ctypedef struct team_phase_t:
         int64_t next
+    void team_init(team_t *t, long spin_ns)
+    int team_region_size()
+    int team_thread()
+    long team_now_ns()
     int64_t team_phase_take(team_phase_t *p, int64_t chunk)
     void team_phase_finish(team_phase_t *p, int64_t n_done, int64_t total)
     void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total)
     void team_flag_set(int *flag)
-    int team_flag_get(const int *flag)
 
 cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
@@ -336,7 +332,6 @@ cdef inline void _rows_item(const linear_t *L, const float *x, int64_t r, acts_t
 cdef void _thread_main(const layer_t *layers, const linear_t *head, const float *out_norm, float out_eps,
                        step_t *S) noexcept nogil:
     """One thread's part of the step: every phase's items that it takes (team.h phases)."""
-    team_join(&S.team)
     cdef int tid = team_thread(), nt = team_region_size()
     cdef int n = S.n, d = S.d, i, l, j, hh, H, KVH, D, Dv
     cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk
@@ -921,7 +916,7 @@ cdef class Program:
                                      powf(self.ropes[p].base, -2.0 / self.ropes[p].n_rot), self.ropes[p].freq_scale,
                                      NULL, st.rope[p] + i * self.ropes[p].n_rot)
             st.attn_buf = max(st.attn_buf, self.max_k)
-            team_init(&st.team, nt, _spin_ns)
+            team_init(&st.team, _spin_ns)
             with nogil, parallel(num_threads=nt):
                 _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st)
             if st.failed:

@@ -1,18 +1,23 @@
-/* A team of threads inside one OpenMP parallel region: a barrier that spins briefly and
- * then sleeps, and a shared work counter.
+/* A team of threads inside one OpenMP parallel region, working through phases.
  *
- * A decode step (pyx/step.pyx) runs every layer of a model inside one parallel region and
- * separates its phases (a matmul, the attention, ...) with this barrier, a few hundred
- * times per step. OpenMP's own barrier follows the process's wait policy: llmcore makes
- * waiters sleep at once (OMP_WAIT_POLICY=PASSIVE, the cores are shared), and a futex
- * round trip per phase would cost more than most phases. Here a waiter spins for at most
- * `spin_ns` (phases are microseconds long on an idle core), then sleeps on a futex; the
- * last thread to arrive wakes sleepers only when there are any. A thread descheduled by
- * another process therefore costs its partner at most the spin, never a busy time slice.
+ * A decode step (pyx/step.pyx) runs every layer of a model inside one parallel region, as
+ * a sequence of phases (a matmul, the attention, a norm, ...), a few hundred per step. A
+ * phase is a set of work items that any thread of the team may take (team_phase_take),
+ * each done by exactly one thread; a thread moves on to the next phase once every item of
+ * this one is done, whoever did them (team_phase_wait). Unlike a barrier this never waits
+ * for a thread that has nothing left to do: a thread another process has descheduled
+ * finds, when it runs again, the phases it missed done and skips them, so a step is never
+ * slower on two threads than the one thread that runs.
  *
- * Memory order: every arrival is a sequentially consistent read-modify-write and the
- * release of a generation a sequentially consistent store, so everything a thread wrote
- * before the barrier is visible to every thread after it.
+ * Waiting: OpenMP's own waits follow the process's wait policy, and llmcore makes waiters
+ * sleep at once (OMP_WAIT_POLICY=PASSIVE, the cores are shared); a futex round trip per
+ * phase would cost more than most phases. Here a waiter spins for at most `spin_ns`
+ * (phases are microseconds long on an idle core), then sleeps on a futex; the thread that
+ * finishes a phase wakes sleepers only when there are any.
+ *
+ * Memory order: finishing items is a sequentially consistent read-modify-write, so
+ * everything a thread wrote for its items is visible to every thread that sees the phase
+ * done.
  */
 #ifndef LLMCORE_TEAM_H
 #define LLMCORE_TEAM_H
@@ -35,28 +40,19 @@
 #endif
 
 typedef struct {
-    /* each on its own cache line: arrivals, the generation waiters watch, the sleepers */
-    int n;
-    long spin_ns;
-    char _pad0[64 - sizeof(int) - sizeof(long)];
-    int count;
-    char _pad1[64 - sizeof(int)];
-    int gen;
-    char _pad2[64 - sizeof(int)];
-    int sleepers;
-    char _pad3[64 - sizeof(int)];
-    int64_t work;        /* next work item of the current phase (team_next) */
-    char _pad4[64 - sizeof(int64_t)];
+    long spin_ns;        /* how long a waiter spins before it sleeps */
 } team_t;
 
-static inline void team_init(team_t *t, int n, long spin_ns) {
-    t->n = n;
-    t->spin_ns = spin_ns;
-    t->count = 0;
-    t->gen = 0;
-    t->sleepers = 0;
-    t->work = 0;
-}
+/* A phase: its counters on a cache line of their own. */
+typedef struct {
+    int64_t next;        /* next item to take */
+    int64_t done;        /* items done */
+    int state;           /* futex word: 1 once done == total */
+    int sleepers;
+    char _pad[64 - 2 * sizeof(int64_t) - 2 * sizeof(int)];
+} team_phase_t;
+
+static inline void team_init(team_t *t, long spin_ns) { t->spin_ns = spin_ns; }
 
 /* Threads of the enclosing parallel region and this one's number (1 and 0 outside one or
  * in a build without OpenMP). */
@@ -74,11 +70,6 @@ static inline int team_thread(void) {
 #else
     return 0;
 #endif
-}
-
-/* Join the team: every thread of the region calls this first (all store the same size). */
-static inline void team_join(team_t *t) {
-    __atomic_store_n(&t->n, team_region_size(), __ATOMIC_RELAXED);
 }
 
 static inline long team_now_ns(void) {
@@ -103,60 +94,7 @@ static inline void team_futex_wake_all(int *addr) {
 #endif
 }
 
-/* Wait until all t->n threads have arrived. The last one also resets the work counter
- * for the next phase (nobody reads it until they have all left this barrier). */
-static inline void team_barrier(team_t *t) {
-    if (t->n <= 1) {
-        t->work = 0;
-        return;
-    }
-    const int gen = __atomic_load_n(&t->gen, __ATOMIC_SEQ_CST);
-    if (__atomic_add_fetch(&t->count, 1, __ATOMIC_SEQ_CST) == t->n) {
-        __atomic_store_n(&t->count, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&t->work, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&t->gen, gen + 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&t->sleepers, __ATOMIC_SEQ_CST) > 0) team_futex_wake_all(&t->gen);
-        return;
-    }
-    /* spin: check the generation often, the clock every 64 pauses */
-    long deadline = 0;
-    for (int i = 0;; i++) {
-        if (__atomic_load_n(&t->gen, __ATOMIC_ACQUIRE) != gen) return;
-        TEAM_PAUSE();
-        if ((i & 63) == 63) {
-            const long now = team_now_ns();
-            if (deadline == 0) deadline = now + t->spin_ns;
-            else if (now >= deadline) break;
-        }
-    }
-    /* sleep: registered as a sleeper before the last look, so the releaser cannot miss us
-     * (it stores the generation, then reads sleepers; we add ourselves, then the futex
-     * compares the generation atomically) */
-    __atomic_add_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&t->gen, __ATOMIC_SEQ_CST) == gen) team_futex_wait(&t->gen, gen);
-    __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
-}
-
-/* The next `chunk` work items of the current phase: returns the first, >= n when none are
- * left. All threads of the phase call it until it runs out; team_barrier resets it. */
-static inline int64_t team_next(team_t *t, int64_t chunk) {
-    return __atomic_fetch_add(&t->work, chunk, __ATOMIC_RELAXED);
-}
-
-/* A phase of work items that any thread of the team may take (team_phase_take), each
- * item done by exactly one thread. A thread that finishes the last item releases the
- * phase; team_phase_wait returns once every item is done, whoever did them. Unlike a
- * barrier this never waits for a thread that has nothing left to do: a thread another
- * process has descheduled finds, when it runs again, the phases it missed done and skips
- * them, so a step is never slower on two threads than the one thread that runs. */
-typedef struct {
-    int64_t next;        /* next item to take */
-    int64_t done;        /* items done */
-    int state;           /* futex word: 1 once done == total */
-    int sleepers;
-    char _pad[64 - 2 * sizeof(int64_t) - 2 * sizeof(int)];
-} team_phase_t;
-
+/* The next `chunk` items of p: returns the first, >= the phase's total when none are left. */
 static inline int64_t team_phase_take(team_phase_t *p, int64_t chunk) {
     return __atomic_fetch_add(&p->next, chunk, __ATOMIC_RELAXED);
 }
@@ -170,11 +108,13 @@ static inline void team_phase_finish(team_phase_t *p, int64_t n_done, int64_t to
     }
 }
 
-/* Wait until all `total` items of p are done (spin up to t->spin_ns, then sleep). */
+/* Wait until all `total` items of p are done (spin up to t->spin_ns, then sleep). The
+ * sleeper registers before its last look at the state, so the finisher (which stores the
+ * state, then reads the sleepers) cannot miss it; the futex compares the state atomically. */
 static inline void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total) {
     if (total <= 0 || __atomic_load_n(&p->done, __ATOMIC_ACQUIRE) == total) return;
     long deadline = 0;
-    for (int i = 0;; i++) {
+    for (int i = 0;; i++) {  /* spin: the count often, the clock every 64 pauses */
         if (__atomic_load_n(&p->done, __ATOMIC_ACQUIRE) == total) return;
         TEAM_PAUSE();
         if ((i & 63) == 63) {
@@ -188,8 +128,7 @@ static inline void team_phase_wait(const team_t *t, team_phase_t *p, int64_t tot
     __atomic_sub_fetch(&p->sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
-/* A flag any thread may raise before a barrier and every thread reads after it. */
+/* A flag any thread may raise (a scratch allocation failed). */
 static inline void team_flag_set(int *flag) { __atomic_store_n(flag, 1, __ATOMIC_RELAXED); }
-static inline int team_flag_get(const int *flag) { return __atomic_load_n(flag, __ATOMIC_RELAXED); }
 
 #endif /* LLMCORE_TEAM_H */

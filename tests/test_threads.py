@@ -67,3 +67,15 @@ def test_adaptive_does_not_try_more_threads_while_other_processes_fill_the_cpus(
 def test_other_runnable_reads_the_machine():
     n = other_runnable()
     assert n is None or n >= 0
+
+
+def test_adaptive_one_slow_step_does_not_flip_the_choice():
+    """Two threads win by 30%; a single step 3x slower (a pool growth, another process's
+    burst) must not switch decoding to one thread; a lasting slowdown must."""
+    at = AdaptiveThreads(2, explore_every=8, busy=quiet, n_cpus=2)
+    _drive(at, {1: 1.3, 2: 1.0}, 40)
+    assert at.choose(1) == 2
+    at.record(1, 2, 3.0)  # one outlier
+    assert _drive(at, {1: 1.3, 2: 1.0}, 6) == [2] * 6
+    used = _drive(at, {1: 1.3, 2: 3.0}, 40)  # two threads stay slow
+    assert used[-10:].count(1) >= 9
