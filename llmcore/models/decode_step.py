@@ -86,7 +86,7 @@ class DecodeStep:
         d = model.args.n_embd
         self.prog = prog = step.Program(len(blocks), d, out_w, out_eps, _parts(head.proj), head.proj.out_features)
         self.groups: list[str] = []  # plan id -> cache group
-        self.pools = []  # layer -> (pool, layer index)
+        self.pools = []  # per layer: (its Attention, its BlockPool)
         for i, blk in enumerate(blocks):
             if type(blk) is not PreNormBlock or blk.ffn is None:
                 raise Unsupported("a block that is not attention + feed-forward")
