@@ -207,7 +207,8 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
     cdef int32_t *chunk0 = tinfo + N
     cdef int32_t *nparts = tinfo + 2 * N
     cdef long n_items = 0, n_toks = 0, n_slots = 0, tk0, tk, i, kv_bytes = 0
-    cdef int n_grp, gi, m, found
+    cdef int n_grp, gi, m, found, T
+    cdef bint tile
     cdef uint64_t hsh
     cdef attn_item *it
     for t in range(N):
@@ -314,29 +315,19 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
             # numerics): tile items (rows in lanes); else rows items per kv head (its rows
             # of each block are a strided stream of their own: measured faster than one item
             # reading whole blocks, and several items share a sequence's attention out)
-            if (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]:
-                tk = tk0
-                while tk < n_toks:
-                    for kvh in range(KVH):
-                        for gc in range(n_gc):
-                            _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
-                                       kvh * G + (G if G < (gc + 1) * Gi else (gc + 1) * Gi), tk,
-                                       tk + T_tile if tk + T_tile < n_toks else n_toks,
-                                       grp_b0[gi], grp_b1[gi], ch)
+            tile = (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]
+            T = T_tile if tile else T_rows
+            tk = tk0
+            while tk < n_toks:
+                for kvh in range(KVH):
+                    for gc in range(n_gc):
+                        _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
+                                   kvh * G + (G if G < (gc + 1) * Gi else (gc + 1) * Gi), tk,
+                                   tk + T if tk + T < n_toks else n_toks, grp_b0[gi], grp_b1[gi], ch)
+                        if tile:
                             items[n_items].kind = 0
-                            n_items += 1
-                    tk += T_tile
-            else:
-                tk = tk0
-                while tk < n_toks:
-                    for kvh in range(KVH):
-                        for gc in range(n_gc):
-                            _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
-                                       kvh * G + (G if G < (gc + 1) * Gi else (gc + 1) * Gi), tk,
-                                       tk + T_rows if tk + T_rows < n_toks else n_toks,
-                                       grp_b0[gi], grp_b1[gi], ch)
-                            n_items += 1
-                    tk += T_rows
+                        n_items += 1
+                tk += T
             kv_bytes += <long>(grp_b1[gi] - grp_b0[gi]) * bs * (k_row + v_row) * KVH
     free(seq_lo)
     free(grp_rep)
