@@ -59,7 +59,6 @@ but slow. ``LLMCORE_NO_KERNELS=1`` forces that fallback for every type (tests, d
 """
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 
@@ -72,6 +71,7 @@ except ImportError:  # pragma: no cover - gguf is a hard dependency
     raise
 
 from . import _kernels
+from .hugepages import HUGE_PAGE, huge_page_mapping
 from .threads import get_num_threads
 
 # A parallel region costs a wake-up of the other threads: a few microseconds while they
@@ -103,7 +103,6 @@ class WeightArena:
     """
 
     CHUNK = 64 << 20
-    HUGE = 2 << 20
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -111,16 +110,7 @@ class WeightArena:
         self._used = 0
 
     def _new_chunk(self, nbytes: int) -> np.ndarray:
-        size = max(self.CHUNK, -(-nbytes // self.HUGE) * self.HUGE)
-        m = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                m.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # pragma: no cover - kernels without THP
-                pass
-        buf = np.frombuffer(m, dtype=np.uint8)
-        off = (-buf.ctypes.data) % self.HUGE
-        return buf[off:off + size]
+        return huge_page_mapping(max(self.CHUNK, -(-nbytes // HUGE_PAGE) * HUGE_PAGE))
 
     def alloc(self, nbytes: int) -> np.ndarray:
         """A writable uint8 (nbytes,) array on a 64-byte boundary."""

@@ -41,7 +41,7 @@
 enum { ATTN_KV_F32 = 0, ATTN_KV_F16 = 1, ATTN_KV_Q8_0 = 2, ATTN_KV_Q4_0 = 3 };
 
 #ifndef ATTN_PF_AHEAD
-#define ATTN_PF_AHEAD 2  /* decode: blocks prefetched ahead of the one computed */
+#define ATTN_PF_AHEAD 1  /* decode: blocks prefetched ahead of the one computed (1 measured best) */
 #endif
 
 enum {
@@ -79,6 +79,21 @@ typedef struct {
 typedef struct {
     int32_t kind, seq, h0, h1, tok0, tok1, b0, b1, chunk;
 } attn_item;
+
+/* Rows of a block to prefetch while another is computed: row j at p + j * stride, bytes
+ * long. The rows kernels ask for row j of it as they reach key j, so the requests flow at
+ * the pace of the arithmetic (a whole block asked for at once overflows the miss buffers
+ * and most of the prefetches are dropped). */
+typedef struct {
+    const uint8_t *p;
+    long stride;
+    int bytes;
+} attn_pf;
+
+static inline void attn_pf_row(const attn_pf *pf, int j) {
+    if (pf)
+        for (int c = 0; c < pf->bytes; c += 64) __builtin_prefetch(pf->p + (long)j * pf->stride + c, 0, 3);
+}
 
 /* floats of per-thread scratch an item needs */
 static inline long attn_scratch_floats(int D, int Dv, int bs) {
@@ -610,7 +625,7 @@ static inline __m512 attn_kvec(const void *k, const int F16, long off, __mmask16
  * q held in registers; ND == 0: any D (masked tail). */
 static inline __attribute__((always_inline)) void attn_rows_scores_nd(
         const int RB, const int F16, const int ND, const float *q, int D, const void *k, long ldk, int j0, int j1,
-        float *s, int ldS) {
+        float *s, int ldS, const attn_pf *pf) {
     __m512 qv[4][4];
     if (ND > 0)
         for (int r = 0; r < RB; r++)
@@ -620,6 +635,8 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
     for (int jb = j0 & ~15; jb < j1; jb += 16) {
         __m512 tmp[4][16];
         for (int jj = 0; jj < 16; jj += KG) {
+            for (int u = 0; u < KG && jj + u < 16; u++)
+                if (jb + jj + u >= j0 && jb + jj + u < j1) attn_pf_row(pf, jb + jj + u);
             if (ND > 0) {
                 __m512 a[4][4];
                 for (int u = 0; u < KG; u++)
@@ -659,11 +676,11 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
 
 static inline __attribute__((always_inline)) void attn_rows_scores_rb(
         const int RB, const int F16, const float *q, int D, const void *k, long ldk, int j0, int j1,
-        float *s, int ldS) {
+        float *s, int ldS, const attn_pf *pf) {
     switch (D) {  /* the common head dims with q in registers (same sums as the loop) */
-        case 64: attn_rows_scores_nd(RB, F16, 4, q, D, k, ldk, j0, j1, s, ldS); break;
-        case 32: attn_rows_scores_nd(RB, F16, 2, q, D, k, ldk, j0, j1, s, ldS); break;
-        default: attn_rows_scores_nd(RB, F16, 0, q, D, k, ldk, j0, j1, s, ldS); break;
+        case 64: attn_rows_scores_nd(RB, F16, 4, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+        case 32: attn_rows_scores_nd(RB, F16, 2, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+        default: attn_rows_scores_nd(RB, F16, 0, q, D, k, ldk, j0, j1, s, ldS, pf); break;
     }
 }
 
@@ -686,7 +703,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_rb(
  * vectors of values from c0 (the last masked by kl) */
 static inline __attribute__((always_inline)) void attn_rows_pv_rb(
         const int RB, const int F16, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
-        int c0, int j0, int j1, const float *alpha, __mmask16 kl) {
+        int c0, int j0, int j1, const float *alpha, __mmask16 kl, const attn_pf *pf) {
     __m512 acc[4][4];
     __mmask16 km[4];
     for (int i = 0; i < NV; i++) km[i] = i == NV - 1 ? kl : (__mmask16)0xFFFF;
@@ -696,6 +713,7 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
             acc[r][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(km[i], o + (long)r * Dv + c0 + 16 * i), a);
     }
     for (int j = j0; j < j1; j++) {
+        attn_pf_row(pf, j);
         __m512 vv[4];
         for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, F16, (long)j * ldv + c0 + 16 * i, km[i]);
         for (int r = 0; r < RB; r++) {
@@ -720,11 +738,11 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
 /* RB rows: every 64-value chunk of the outputs */
 static inline __attribute__((always_inline)) void attn_rows_pv_all(
         const int RB, const int F16, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
-        int j0, int j1, const float *alpha) {
+        int j0, int j1, const float *alpha, const attn_pf *pf) {
     for (int c0 = 0; c0 < Dv; c0 += 64) {
         const int w = Dv - c0 < 64 ? Dv - c0 : 64, nv = (w + 15) / 16;
         const __mmask16 kl = simd_mask16(w - 16 * (nv - 1));
-        ATTN_ROWS_PV(RB, F16, nv, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, kl);
+        ATTN_ROWS_PV(RB, F16, nv, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, kl, c0 == 0 ? pf : NULL);
     }
 }
 #endif
@@ -732,11 +750,13 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
 /* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block: f32 rows (f16 = 0, k
  * floats, ldk floats apart) or f16 rows (f16 = 1, elements) */
 static void attn_rows_scores(const float *q, int R, int D, const void *k, int f16, long ldk, int j0, int j1,
-                             float *s, int ldS) {
+                             float *s, int ldS, const attn_pf *pf) {
 #if ATTN_AVX512
     for (int r = 0; r < R; r += 4)
-        ATTN_RB_SWITCH(attn_rows_scores_rb, R - r, f16, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS);
+        ATTN_RB_SWITCH(attn_rows_scores_rb, R - r, f16, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
+                       r == 0 ? pf : NULL);
 #else
+    (void)pf;
     for (int r = 0; r < R; r++)
         for (int j = j0; j < j1; j++) {
             float acc = 0.0f;
@@ -750,11 +770,13 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int f1
 }
 
 static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const void *v, int f16, long ldv,
-                         int j0, int j1, const float *alpha) {
+                         int j0, int j1, const float *alpha, const attn_pf *pf) {
 #if ATTN_AVX512
     for (int r = 0; r < R; r += 4)
-        ATTN_RB_SWITCH(attn_rows_pv_all, R - r, f16, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r);
+        ATTN_RB_SWITCH(attn_rows_pv_all, R - r, f16, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r,
+                       r == 0 ? pf : NULL);
 #else
+    (void)pf;
     for (int r = 0; r < R; r++) {
         float *orow = o + (long)r * Dv;
         for (int cc = 0; cc < Dv; cc++) orow[cc] *= alpha[r];
@@ -873,13 +895,9 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
         if (j0 < 0) j0 = 0;
         if (j1 > bs) j1 = bs;
         if (j1 <= j0) continue;
-        {
-            const int bn = b + ATTN_PF_AHEAD;  /* the block ATTN_PF_AHEAD on, while this one is computed */
-            if (bn < it->b1 && table[bn] >= 0) {
-                attn_prefetch_rows(c->k + table[bn] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
-                attn_prefetch_rows(c->v + table[bn] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
-            }
-        }
+        /* the block ATTN_PF_AHEAD on is asked for while this one is computed: row by row by
+         * the kernels reading f16 in place, all at once before a conversion */
+        const int bn = b + ATTN_PF_AHEAD, blk_n = bn < it->b1 ? table[bn] : -1;
         for (int kvh = kv0; kvh <= kv1; kvh++) {
             /* rows of this kv head: heads [ha, hb) */
             const int ha = kvh * G > it->h0 ? kvh * G : it->h0, hb = (kvh + 1) * G < it->h1 ? (kvh + 1) * G : it->h1;
@@ -889,6 +907,16 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             const void *kp, *vp;
             int f16 = 0;
             long ldk, ldv;
+            attn_pf pfk = {NULL, ks, c->k_row}, pfv = {NULL, vs, c->v_row};
+            if (blk_n >= 0) {
+                pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
+                pfv.p = c->v + blk_n * c->v_bstride + (long)kvh * c->v_row;
+            }
+            const int pf_rows = blk_n >= 0 && (c->kv_type == ATTN_KV_F32 || (r16 && rn <= 4));
+            if (blk_n >= 0 && !pf_rows) {
+                attn_prefetch_rows(pfk.p, ks, bs, c->k_row);
+                attn_prefetch_rows(pfv.p, vs, bs, c->v_row);
+            }
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
             } else if (r16 && rn <= 4) {  /* few rows read f16 K/V in place; more convert once */
@@ -898,13 +926,15 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
                 kp = kf; vp = vf; ldk = D; ldv = Dv;
             }
-            attn_rows_scores(q + (long)ra * D, rn, D, kp, f16, ldk, j0, j1, s + (long)ra * ldS, ldS);
+            attn_rows_scores(q + (long)ra * D, rn, D, kp, f16, ldk, j0, j1, s + (long)ra * ldS, ldS,
+                             pf_rows ? &pfk : NULL);
             for (int r = ra; r < ra + rn; r++) {
                 const int a = lo[r] - k0, z = hi[r] - k0;
                 alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
                                              cap, m + r, l16 + 16 * r);
             }
-            attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, f16, ldv, j0, j1, alpha + ra);
+            attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, f16, ldv, j0, j1, alpha + ra,
+                         pf_rows ? &pfv : NULL);
         }
     }
     for (int r = 0; r < R; r++) {

@@ -50,6 +50,21 @@ def test_growth_keeps_contents():
     assert not set(a.tolist()) & set(b.tolist())
 
 
+def test_large_storage_on_huge_page_boundaries():
+    """Layers' storage of a MiB or more is its own mapping from a 2 MiB boundary (where
+    transparent huge pages can back it); growth keeps contents there too."""
+    from llmcore.hugepages import HUGE_PAGE
+
+    p = BlockPool(2, 3, 64, block_size=32, grow_blocks=64)  # 64 blocks x 32 x 3 x 64 x f16 = 768 KiB
+    a = p.alloc(1)
+    p.k[0][a[0]] = 2.0
+    p.alloc(200)  # past 1 MiB per layer: a mapping of its own
+    assert p.k[0].nbytes >= 1 << 20
+    for arr in (*p.k, *p.v):
+        assert arr.ctypes.data % HUGE_PAGE == 0 and not arr.any() or arr is p.k[0]
+    assert np.all(p.k[0][a[0]] == 2.0) and p.k[0].ctypes.data % HUGE_PAGE == 0
+
+
 def test_limit_by_blocks_and_bytes():
     p = make_pool(max_blocks=5)
     p.alloc(4)

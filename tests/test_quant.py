@@ -6,6 +6,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 from llmcore import _kernels, quant
+from llmcore.hugepages import HUGE_PAGE
 from llmcore.gguf_file import Tensor
 
 kq = pytest.importorskip("llmcore._kernels.quants")
@@ -197,7 +198,7 @@ def test_weight_arena_allocations():
         assert buf.dtype == np.uint8 and buf.shape == (n,) and buf.ctypes.data % 64 == 0
         assert buf.flags.writeable
     assert b.ctypes.data >= a.ctypes.data + 100  # consecutive, not overlapping
-    assert big.ctypes.data % arena.HUGE == 0
+    assert big.ctypes.data % HUGE_PAGE == 0
     a[:] = 1
     b[:] = 2
     assert (a == 1).all()
@@ -209,7 +210,7 @@ def test_linear_weights_are_packed_in_load_order():
     ts = [Tensor(f"w{i}", int(QT.Q8_0), (64, 128), make_raw(QT.Q8_0, 64, 128, seed=i)) for i in range(2)]
     a, b = (quant.Linear(t)._packed for t in ts)
     start = b.buf.ctypes.data
-    assert start == a.buf.ctypes.data + -(-a.nbytes // 64) * 64 or start % quant.WeightArena.HUGE == 0
+    assert start == a.buf.ctypes.data + -(-a.nbytes // 64) * 64 or start % HUGE_PAGE == 0
 
 FLOAT_EXACT = {QT.F32, QT.F16, QT.BF16}
 
