@@ -153,3 +153,26 @@ def test_quantized_kv_row_shapes():
     assert p.bytes_per_token == 2 * 2 * 68
     with pytest.raises(ValueError):
         BlockPool(1, 2, 16, kv_type=nn.KV_Q4_0)
+
+
+def test_limited_pool_grows_in_place():
+    """A pool with a limit reserves its address space once: growth keeps the arrays'
+    memory (views of one mapping per layer, on a 2 MiB boundary), and the contents."""
+    from llmcore.hugepages import HUGE_PAGE
+
+    p = BlockPool(2, 3, 64, block_size=32, grow_blocks=8, max_blocks=4096)
+    a = p.alloc(3)
+    p.k[1][a[2]] = 5.0
+    p.v[0][a[0]] = -2.0
+    start = [x.ctypes.data for x in (*p.k, *p.v)]
+    p.alloc(100)
+    p.alloc(1000)
+    assert p.n_grows >= 3 and p.capacity >= 1103
+    assert [x.ctypes.data for x in (*p.k, *p.v)] == start and all(s % HUGE_PAGE == 0 for s in start)
+    assert np.all(p.k[1][a[2]] == 5.0) and np.all(p.v[0][a[0]] == -2.0)
+    assert p.k[0].shape[0] == p.capacity and not p.k[0][a[2]].any()
+    with pytest.raises(KVCacheFullError):
+        p.alloc(4096)
+    p.max_blocks = 8192  # a raised limit: one copy into a new reservation
+    p.alloc(4096)
+    assert np.all(p.k[1][a[2]] == 5.0) and p.k[0].shape[0] == p.capacity >= 5199

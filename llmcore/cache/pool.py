@@ -53,7 +53,8 @@ def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
 OWN_MAPPING_BYTES = 1 << 20
 
 
-def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str) -> np.ndarray:
+def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str,
+               reserve_only: bool = False) -> np.ndarray:
     """Zeroed storage of one layer's K or V for n_blocks blocks.
 
     Large storage lives in its own anonymous memory mapping, not on the malloc heap: a
@@ -70,7 +71,7 @@ def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, k
     nbytes = int(np.prod(shape, dtype=np.int64)) * empty.dtype.itemsize
     if nbytes < OWN_MAPPING_BYTES:
         return np.zeros(shape, dtype=empty.dtype)
-    return np.frombuffer(huge_page_mapping(nbytes), dtype=empty.dtype).reshape(shape)
+    return np.frombuffer(huge_page_mapping(nbytes, reserve_only=reserve_only), dtype=empty.dtype).reshape(shape)
 
 
 
@@ -105,6 +106,7 @@ class BlockPool:
         self.k: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_k, kv_type) for _ in range(n_layers)]
         self.v: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_v, kv_type) for _ in range(n_layers)]
         self.refcount = np.zeros(0, dtype=np.int32)
+        self._reserved: list[list[np.ndarray]] | None = None  # (K, V) x layers: max_blocks each
         self._free: list[int] = []  # stack of free ids (low ids popped first)
         self.n_grows = 0
 
@@ -153,12 +155,30 @@ class BlockPool:
                     f"{self.max_blocks * self.bytes_per_block // (1 << 20)} MiB)")
             new_cap = min(new_cap, self.max_blocks)
         old = self.capacity
-        for arrs, hd in ((self.k, self.head_dim_k), (self.v, self.head_dim_v)):
-            for i, a in enumerate(arrs):
-                b = _make_pool(new_cap, self.block_size, self.n_kv_heads, hd, self.kv_type)
-                if old:
-                    b[:old] = a
-                arrs[i] = b
+        if self._reserved is not None and new_cap > self._reserved[0][0].shape[0]:
+            self._reserved = None  # the limit was raised since: reserve again (one copy)
+        if (self._reserved is None and self.max_blocks is not None
+                and self.max_blocks * self.bytes_per_block >= 2 * self.n_layers * OWN_MAPPING_BYTES):
+            # a limited pool (of own mappings) reserves address space for all of it at
+            # once: growing is then a longer view, never a copy (a copy of every layer
+            # stalled the step that grew it); memory is only taken as blocks are written
+            res = [[_make_pool(self.max_blocks, self.block_size, self.n_kv_heads, hd, self.kv_type, reserve_only=True)
+                    for _ in range(self.n_layers)] for hd in (self.head_dim_k, self.head_dim_v)]
+            for arrs, rs in zip((self.k, self.v), res):
+                for a, r in zip(arrs, rs):
+                    r[:old] = a
+            self._reserved = res
+        if self._reserved is not None:
+            for arrs, rs in zip((self.k, self.v), self._reserved):
+                for i, r in enumerate(rs):
+                    arrs[i] = r[:new_cap]
+        else:
+            for arrs, hd in ((self.k, self.head_dim_k), (self.v, self.head_dim_v)):
+                for i, a in enumerate(arrs):
+                    b = _make_pool(new_cap, self.block_size, self.n_kv_heads, hd, self.kv_type)
+                    if old:
+                        b[:old] = a
+                    arrs[i] = b
         rc = np.zeros(new_cap, dtype=np.int32)
         rc[:old] = self.refcount
         self.refcount = rc
