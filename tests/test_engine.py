@@ -273,3 +273,27 @@ async def test_a_steps_events_reach_the_loop_in_one_wakeup_in_order(monkeypatch)
     assert len(calls) == 2
     assert [(await t1.next_event()).text for _ in range(2)] == ["a", "c"]
     assert [(await t2.next_event()).text for _ in range(2)] == ["b", "d"]
+
+
+async def test_ready_events_take_what_is_queued_and_report_an_error_after_the_tokens():
+    """Task.ready_events: the events already queued, no waiting; an error behind tokens
+    comes out on the next call (the tokens are not lost to it); `limit` caps a batch."""
+    from llmcore.engine.events import ErrorEvent
+    from llmcore.engine.task import Task
+
+    loop = asyncio.get_running_loop()
+    t = Task([1], GenParams(), loop, lambda: None, None)
+    assert t.ready_events() == []
+    for i, s in enumerate("abc"):
+        t.put(TokenEvent([i], s))
+    t.put(ErrorEvent(ContextFullError("full")))
+    await asyncio.sleep(0)  # call_soon_threadsafe deliveries
+    assert (await t.next_event()).text == "a"  # already queued: returned at once
+    assert [e.text for e in t.ready_events()] == ["b", "c"]
+    with pytest.raises(ContextFullError):
+        t.ready_events()
+    u = Task([1], GenParams(), loop, lambda: None, None)
+    u.put(TokenEvent([1], "x"))
+    u.put(TokenEvent([2], "y"))
+    await asyncio.sleep(0)
+    assert [e.text for e in u.ready_events(limit=1)] == ["x"] and [e.text for e in u.ready_events()] == ["y"]

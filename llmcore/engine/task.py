@@ -104,7 +104,11 @@ class Task:
     async def next_event(self, timeout: float | None = None):
         """Next event; raises asyncio.TimeoutError after `timeout` seconds without one.
 
-        One getter future survives timeouts, so no event is ever lost to a timeout."""
+        One getter future survives timeouts, so no event is ever lost to a timeout. An
+        event already queued is returned without a getter task (the common case while
+        generating: a task and a wait per token cost more than the token's encoding)."""
+        if self._getter is None and not self._aq.empty():
+            return self._check(self._aq.get_nowait())
         if self._getter is None:
             self._getter = asyncio.ensure_future(self._aq.get())
         done, _ = await asyncio.wait({self._getter}, timeout=timeout)
@@ -113,6 +117,21 @@ class Task:
         ev = self._getter.result()
         self._getter = None
         return self._check(ev)
+
+    def ready_events(self, limit: int = 64) -> list:
+        """Events already queued (at most `limit`), without waiting: a stream that fell a
+        step behind writes them together. Stops after a final event; an error is raised
+        as next_event raises it, once the events before it have been returned."""
+        out = []
+        while len(out) < limit and self._getter is None and not self._aq.empty():
+            ev = self._aq.get_nowait()
+            if isinstance(ev, ErrorEvent) and out:
+                self._aq.put_nowait(ev)  # after these: the next call raises it (nothing else follows an error)
+                break
+            out.append(self._check(ev))
+            if isinstance(ev, FinalEvent):
+                break
+        return out
 
     def close(self) -> None:
         """Caller is done with this task: cancel it if still running, drop the getter."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -28,6 +29,16 @@ class SSEEvent:
 
 
 DONE = SSEEvent("[DONE]")  # OpenAI streams end with it
+
+
+if sys.version_info >= (3, 11):
+    async def _with_timeout(aw, seconds: float):
+        """await aw, TimeoutError after `seconds`: a timer handle, not a task per write
+        (asyncio.wait_for wraps each write in a task before Python 3.12)."""
+        async with asyncio.timeout(seconds):
+            return await aw
+else:  # pragma: no cover - Python 3.10
+    _with_timeout = asyncio.wait_for
 
 
 class SSEWriter:
@@ -55,7 +66,7 @@ class SSEWriter:
             raise ClientGone()
         try:
             # a client that stopped reading holds its slot until the write times out
-            await asyncio.wait_for(self.resp.write(data), self.request.app[CONFIG].body_timeout_s)
+            await _with_timeout(self.resp.write(data), self.request.app[CONFIG].body_timeout_s)
         except asyncio.TimeoutError:
             if self.request.transport is not None:
                 self.request.transport.abort()  # what is buffered will never be read
@@ -64,8 +75,8 @@ class SSEWriter:
             raise ClientGone() from e
 
     async def send(self, events: list[SSEEvent]) -> None:
-        for ev in events:
-            await self._write(ev.encode())
+        if events:
+            await self._write(b"".join(ev.encode() for ev in events))
 
     async def comment(self, text: str = "keep-alive") -> None:
         await self._write(f": {text}\n\n".encode())

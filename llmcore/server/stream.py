@@ -8,6 +8,7 @@ shape (encoder.error)."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 
 from aiohttp import web
 
@@ -31,8 +32,18 @@ async def respond(request: web.Request, task: Task, encoder: Encoder, stream: bo
         await sse.prepare()
         try:
             await sse.send(encoder.opening())
-            async for ev in events(request, task, sse):
-                await sse.send(encoder.final(ev) if isinstance(ev, FinalEvent) else encoder.token(ev))
+            async with aclosing(events(request, task, sse)) as evs:
+                async for ev in evs:
+                    batch = [ev]
+                    try:
+                        if not isinstance(ev, FinalEvent):
+                            # what else is queued goes out in the same write (one send per step and stream)
+                            batch += task.ready_events()
+                    finally:  # an error queued behind them is reported after them
+                        await sse.send(encode(encoder, batch))
+                    if isinstance(batch[-1], FinalEvent):
+                        request[FINAL_EVENT] = batch[-1]  # for the request's log line
+                        break
         except ClientGone:
             raise
         except Exception as exc:  # noqa: BLE001 - headers are out: report in-band
@@ -42,6 +53,13 @@ async def respond(request: web.Request, task: Task, encoder: Encoder, stream: bo
     except ClientGone:
         task.close()
     return await sse.close()
+
+
+def encode(encoder: Encoder, batch: list) -> list:
+    out = []
+    for ev in batch:
+        out += encoder.final(ev) if isinstance(ev, FinalEvent) else encoder.token(ev)
+    return out
 
 
 async def events(request: web.Request, task: Task, sse: SSEWriter | None):
