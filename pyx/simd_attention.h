@@ -41,10 +41,9 @@
 enum { ATTN_KV_F32 = 0, ATTN_KV_F16 = 1, ATTN_KV_Q8_0 = 2, ATTN_KV_Q4_0 = 3 };
 
 #ifndef ATTN_PF_AHEAD
-/* decode: blocks prefetched ahead of the one computed, row by row as the kernels read f16
- * or f32 rows in place (1 measured best), or all at once before a conversion (2) */
+/* decode: blocks prefetched ahead of the one computed, row by row as the kernels reach each
+ * key (1 measured best, for rows read in place and for blocks converted to f32 first) */
 #define ATTN_PF_AHEAD 1
-#define ATTN_PF_AHEAD_BURST 2
 #endif
 
 enum {
@@ -883,14 +882,9 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
     /* the item's kv heads are adjacent rows of each (token) slot: prefetch that span */
     const int pf_k = (kv1 - kv0 + 1) * c->k_row, pf_v = (kv1 - kv0 + 1) * c->v_row;
-    /* few rows per kv head read f16 K/V in place (rows prefetched one by one); more convert
-     * each block to f32 once (blocks prefetched whole) */
-    const int G_item = it->h1 - it->h0 < G ? it->h1 - it->h0 : G;
-    const int in_place = c->kv_type == ATTN_KV_F32 || (r16 && G_item * nt <= 4);
-    const int ahead = in_place ? ATTN_PF_AHEAD : ATTN_PF_AHEAD_BURST;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
-     * them all at once, then keep `ahead` blocks in flight */
-    for (int b = it->b0; b < it->b1 && b < it->b0 + ahead; b++)
+     * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
+    for (int b = it->b0; b < it->b1 && b < it->b0 + ATTN_PF_AHEAD; b++)
         if (table[b] >= 0) {
             attn_prefetch_rows(c->k + table[b] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
             attn_prefetch_rows(c->v + table[b] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
@@ -903,8 +897,10 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
         if (j0 < 0) j0 = 0;
         if (j1 > bs) j1 = bs;
         if (j1 <= j0) continue;
-        /* the block `ahead` on is asked for while this one is computed */
-        const int bn = b + ahead, blk_n = bn < it->b1 ? table[bn] : -1;
+        /* the block ATTN_PF_AHEAD on is asked for, row by row, while this one is computed
+         * (by the first rows' pass over the keys: a block converted to f32 first is then
+         * asked for over the scores of its first rows, not all at once) */
+        const int bn = b + ATTN_PF_AHEAD, blk_n = bn < it->b1 ? table[bn] : -1;
         for (int kvh = kv0; kvh <= kv1; kvh++) {
             /* rows of this kv head: heads [ha, hb) */
             const int ha = kvh * G > it->h0 ? kvh * G : it->h0, hb = (kvh + 1) * G < it->h1 ? (kvh + 1) * G : it->h1;
@@ -919,14 +915,10 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
                 pfv.p = c->v + blk_n * c->v_bstride + (long)kvh * c->v_row;
             }
-            const int pf_rows = blk_n >= 0 && in_place;
-            if (blk_n >= 0 && !pf_rows) {
-                attn_prefetch_rows(pfk.p, ks, bs, c->k_row);
-                attn_prefetch_rows(pfv.p, vs, bs, c->v_row);
-            }
+            const int pf_rows = blk_n >= 0;
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
-            } else if (in_place) {
+            } else if (r16 && rn <= 4) {  /* few rows read f16 K/V in place; more convert once */
                 kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; f16 = 1;
             } else {
                 attn_load_rows(kb, ks, c->kv_type, j0, j1, D, kf, D);
