@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Per-op CPU time of one SmolLM2 decode step and one prefill (min over N runs).
 
-    python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20] [--batch B]
+    python bench/profile_step.py [-t 1] [--ctx 128] [--pp 512] [-n 20] [--batch B] [--verify K]
 
 --batch B times a batched decode step: B sequences of --ctx tokens each advance one token.
+--verify K times a speculative verify step instead: K drafted tokens and the last sampled
+one (K+1 rows, every position's logits, each with a one-token decode's bits).
 A model whose decode steps run fused (pyx/step.pyx, one kernel call) reports that call's
 phases instead of per-op times (thread 0's wall time up to the end of each phase;
 LLMCORE_FUSED_STEP=0 times the layer-by-layer path).
@@ -33,6 +35,8 @@ def main(argv=None):
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("-n", type=int, default=20)
     ap.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
+    ap.add_argument("--verify", type=int, default=0,
+                    help="K: the step is a speculative verify of K drafted tokens (K+1 rows, every logit)")
     a = ap.parse_args(argv)
     from llmcore import _kernels, nn, quant, threads
     from llmcore.models import load_model
@@ -113,9 +117,9 @@ def main(argv=None):
         step_kernel = _kernels.load("step")
         step.prof = np.zeros(len(step_kernel.PHASES))
     rng = np.random.default_rng(0)
-    prompt = rng.integers(100, 30000, max(a.pp, a.ctx + 1)).astype(np.int32)
+    prompt = rng.integers(100, 30000, max(a.pp, a.ctx + 1 + a.verify)).astype(np.int32)
     # distinct contexts per sequence of a batched step
-    prompts = [prompt] + [rng.integers(100, 30000, a.ctx + 1).astype(np.int32) for _ in range(a.batch - 1)]
+    prompts = [prompt] + [rng.integers(100, 30000, a.ctx + 1 + a.verify).astype(np.int32) for _ in range(a.batch - 1)]
 
     def run(kind):
         best = None
@@ -128,7 +132,11 @@ def main(argv=None):
             if step is not None:
                 step.prof[:] = 0
             t0, w0 = clock(), time.perf_counter_ns()
-            if kind == "decode":
+            if kind == "decode" and a.verify:
+                lg = model.forward([(st, p[a.ctx:a.ctx + a.verify + 1]) for st, p in zip(sts, prompts)],
+                                   n_logits=[a.verify + 1] * len(sts))
+                np.argmax(lg, axis=1).tolist()
+            elif kind == "decode":
                 lg = model.forward([(st, p[a.ctx:a.ctx + 1]) for st, p in zip(sts, prompts)])
                 np.argmax(lg, axis=1).tolist()
             else:
@@ -143,7 +151,8 @@ def main(argv=None):
             if best is None or tot < best[0]:
                 best = (tot, wall, dict(acc), dict(cnt))
         tot, wall, ac, cn = best
-        what = f"ctx {a.ctx}, {a.batch} sequence(s)" if kind == "decode" else f"pp {a.pp}"
+        what = (f"ctx {a.ctx}, {a.batch} sequence(s)" + (f", verify of {a.verify} drafted" if a.verify else "")
+                if kind == "decode" else f"pp {a.pp}")
         print(f"\n== {kind} ({what}), "
               f"{a.threads} thread(s): total {tot / 1e6:.2f} ms (wall {wall / 1e6:.2f} ms)")
         other = tot - sum(ac.values())
