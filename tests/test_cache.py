@@ -176,3 +176,25 @@ def test_limited_pool_grows_in_place():
     p.max_blocks = 8192  # a raised limit: one copy into a new reservation
     p.alloc(4096)
     assert np.all(p.k[1][a[2]] == 5.0) and p.k[0].shape[0] == p.capacity >= 5199
+
+
+def test_pool_grows_by_copies_when_address_space_cannot_be_reserved(monkeypatch):
+    """Strict overcommit or a ulimit refuses the reservation: the pool grows as before."""
+    import llmcore.cache.pool as pool_mod
+
+    real = pool_mod.huge_page_mapping
+
+    def refuse_reservations(nbytes, reserve_only=False):
+        if reserve_only:
+            raise OSError(12, "Cannot allocate memory")
+        return real(nbytes)
+
+    monkeypatch.setattr(pool_mod, "huge_page_mapping", refuse_reservations)
+    p = BlockPool(2, 3, 64, block_size=32, grow_blocks=64, max_blocks=4096)
+    a = p.alloc(100)
+    p.k[1][a[7]] = 4.0
+    p.alloc(900)
+    assert p.capacity >= 1000 and p._reserved is None
+    assert np.all(p.k[1][a[7]] == 4.0)
+    with pytest.raises(KVCacheFullError):
+        p.alloc(4096)

@@ -107,6 +107,7 @@ class BlockPool:
         self.v: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_v, kv_type) for _ in range(n_layers)]
         self.refcount = np.zeros(0, dtype=np.int32)
         self._reserved: list[list[np.ndarray]] | None = None  # (K, V) x layers: max_blocks each
+        self._may_reserve = True
         self._free: list[int] = []  # stack of free ids (low ids popped first)
         self.n_grows = 0
 
@@ -157,17 +158,23 @@ class BlockPool:
         old = self.capacity
         if self._reserved is not None and new_cap > self._reserved[0][0].shape[0]:
             self._reserved = None  # the limit was raised since: reserve again (one copy)
-        if (self._reserved is None and self.max_blocks is not None
+        if (self._reserved is None and self._may_reserve and self.max_blocks is not None
                 and self.max_blocks * self.bytes_per_block >= 2 * self.n_layers * OWN_MAPPING_BYTES):
             # a limited pool (of own mappings) reserves address space for all of it at
             # once: growing is then a longer view, never a copy (a copy of every layer
             # stalled the step that grew it); memory is only taken as blocks are written
-            res = [[_make_pool(self.max_blocks, self.block_size, self.n_kv_heads, hd, self.kv_type, reserve_only=True)
-                    for _ in range(self.n_layers)] for hd in (self.head_dim_k, self.head_dim_v)]
-            for arrs, rs in zip((self.k, self.v), res):
-                for a, r in zip(arrs, rs):
-                    r[:old] = a
-            self._reserved = res
+            try:
+                res = [[_make_pool(self.max_blocks, self.block_size, self.n_kv_heads, hd, self.kv_type,
+                                   reserve_only=True)
+                        for _ in range(self.n_layers)] for hd in (self.head_dim_k, self.head_dim_v)]
+            except (OSError, MemoryError, ValueError, OverflowError):
+                # no such address space (strict overcommit, a ulimit): grow by copies
+                self._may_reserve = False
+            else:
+                for arrs, rs in zip((self.k, self.v), res):
+                    for a, r in zip(arrs, rs):
+                        r[:old] = a
+                self._reserved = res
         if self._reserved is not None:
             for arrs, rs in zip((self.k, self.v), self._reserved):
                 for i, r in enumerate(rs):
