@@ -434,6 +434,33 @@ def test_budget_eviction_keeps_blocks_until_written_urgent_gives_them_back_at_on
         io.close()
 
 
+def test_queued_writes_hold_at_most_their_share_of_the_pool(tiny_models, tmp_path):
+    """Budget evictions keep their blocks until written only while the queued writes hold
+    at most held_limit_bytes: a writer that falls behind must not fill the KV pool (under
+    a fast load the queue held every block of a small pool and decodes failed)."""
+    m, pc, pol, io, disk, slot_state = spill_setup(tiny_models["llama-f32"], tmp_path, None)
+    pool = m.pools["kv"]
+    tier = pc.on_evict.__self__
+    try:
+        for seed in (1, 2):
+            s = slot_state(seed)
+            pol.save(s)
+            pol.clear(s)
+        per = pool.blocks_for(200)
+        assert pool.n_used == 2 * per and pc.n_entries == 2
+        tier.held_limit_bytes = int(1.5 * 200 * pool.bytes_per_token)  # room for one entry's blocks
+        pc.limit_bytes = 0  # the budget evicts both before the writer has run
+        pc.enforce()
+        assert pc.n_entries == 0 and pool.n_used == per  # the first holds its blocks, the second was copied
+        assert 0 < tier.held_bytes <= tier.held_limit_bytes
+        assert io.drain(30)
+        assert pool.n_used == 0 and tier.held_bytes == 0 and disk.index.n_entries == 2
+        for seed in (1, 2):
+            assert disk.best(toks(seed, 200))[1] == 200
+    finally:
+        io.close()
+
+
 def test_a_model_without_a_file_runs_without_the_tier(tmp_path):
     from fakes import FakeModel, FakeTokenizer
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import metrics
 from ..cache.checkpoints import CheckpointBudget, plan_positions
-from ..cache.disk import DiskCache
+from ..cache.disk import MAX_PENDING_BYTES, DiskCache
 from ..cache.disk_io import IOWorker
 from ..cache.prompt_cache import PromptCache
 from ..cache.state_file import Fingerprint, model_fingerprint
@@ -181,8 +181,15 @@ class Engine:
                             "no disk tier")
             else:
                 limit = None if cfg.cache_disk_mib < 0 else cfg.cache_disk_mib << 20
-                self.disk = DiskCache(cfg.cache_dir, limit, self.io, fingerprint=self.fingerprint)
-                self.disk_tier = DiskTier(self.disk, self.prefix, self.c, cfg.cache_disk_wait_s)
+                # copies queued for the writer are RAM the cache budget no longer counts: at
+                # most as much as the budget itself (8 MiB at least) waits; past that an
+                # evicted entry is not written (a cache: it is only lost)
+                pending = MAX_PENDING_BYTES if ram_budget is None else min(MAX_PENDING_BYTES, max(8 << 20, ram_budget))
+                self.disk = DiskCache(cfg.cache_dir, limit, self.io, fingerprint=self.fingerprint,
+                                      max_pending_bytes=pending)
+                kv_limit = sum((p.max_blocks or 0) * p.bytes_per_block for p in self.model.pools.values())
+                self.disk_tier = DiskTier(self.disk, self.prefix, self.c, cfg.cache_disk_wait_s,
+                                          held_limit_bytes=kv_limit // 4 if kv_limit else None)
                 self.pcache.on_evict = self.disk_tier.on_evict
                 self.disk.start()
         self.slot_files = SlotFiles(cfg.slot_save_path, self.io, self.prefix, self.fingerprint,

@@ -3,8 +3,11 @@
 - Spilling: an entry the RAM cache evicts is written to disk (``on_evict``, the RAM
   cache's hook), unless the disk already serves it. A budget eviction keeps the entry's
   KV blocks referenced until the I/O thread has written them (no copy; blocks a snapshot
-  holds never change); an urgent one (KV pool or checkpoint budget full: the memory is
-  needed now) copies the arrays first so the blocks go back at once.
+  holds never change), as long as the writes in flight hold at most ``held_limit_bytes``
+  (a quarter of the KV pools: under a fast load the writer falls behind, and queued
+  writes holding blocks filled a small pool until decodes failed); beyond it, and for an
+  urgent one (KV pool or checkpoint budget full: the memory is needed now), the arrays are
+  copied first so the blocks go back at once.
 - Serving: a waiting request whose prompt the disk can serve better than the slots and
   the RAM cache (by at least ``MIN_GAIN_TOKENS``) waits while its file is read
   (``must_wait``: the scheduler admits the requests behind it meanwhile, no step waits),
@@ -46,11 +49,14 @@ class DiskWait:
 
 
 class DiskTier:
-    def __init__(self, disk: DiskCache, prefix: PrefixPolicy, counters: EngineCounters, wait_s: float):
+    def __init__(self, disk: DiskCache, prefix: PrefixPolicy, counters: EngineCounters, wait_s: float,
+                 held_limit_bytes: int | None = None):
         self.disk = disk
         self.prefix = prefix
         self.c = counters
         self.wait_s = max(0.0, wait_s)
+        self.held_limit_bytes = held_limit_bytes  # None: no limit
+        self.held_bytes = 0  # state bytes whose blocks queued writes hold
 
     # ---- spilling ------------------------------------------------------------------------
     def on_evict(self, entry: CacheEntry, urgent: bool) -> None:
@@ -68,12 +74,17 @@ class DiskTier:
         contents = export_state(st, entry.state, cks, entry.trim_floor)
         if not disk.can_write(contents.nbytes, bounded):
             return disk.write(contents, bounded=bounded)  # counts the skip
+        nbytes = contents.nbytes
+        if self.held_limit_bytes is not None and self.held_bytes + nbytes > self.held_limit_bytes:
+            copy = True  # the writer is behind: do not let its queue hold the pools
         if copy:  # read the arrays now: the blocks go back as the entry is released
             return disk.write(contents.loaded(), bounded=bounded)
         snap = st.retain_snapshot(entry.state)
         held = [ck.acquire() for ck in cks]
+        self.held_bytes += nbytes
 
         def release() -> None:
+            self.held_bytes -= nbytes
             st.release_snapshot(snap)
             for ck in held:
                 ck.release()
