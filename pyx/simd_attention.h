@@ -915,7 +915,6 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
                 pfv.p = c->v + blk_n * c->v_bstride + (long)kvh * c->v_row;
             }
-            const int pf_rows = blk_n >= 0;
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
             } else if (r16 && rn <= 4) {  /* few rows read f16 K/V in place; more convert once */
@@ -926,14 +925,14 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 kp = kf; vp = vf; ldk = D; ldv = Dv;
             }
             attn_rows_scores(q + (long)ra * D, rn, D, kp, f16, ldk, j0, j1, s + (long)ra * ldS, ldS,
-                             pf_rows ? &pfk : NULL);
+                             blk_n >= 0 ? &pfk : NULL);
             for (int r = ra; r < ra + rn; r++) {
                 const int a = lo[r] - k0, z = hi[r] - k0;
                 alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
                                              cap, m + r, l16 + 16 * r);
             }
             attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, f16, ldv, j0, j1, alpha + ra,
-                         pf_rows ? &pfv : NULL);
+                         blk_n >= 0 ? &pfv : NULL);
         }
     }
     for (int r = 0; r < R; r++) {

@@ -1188,34 +1188,10 @@ static inline void kq_amx_config(int sbv) {
     _tile_loadconfig(&cfg);
 }
 
-/* one super-block tile's 64 VNNI chunks (4096 bytes) */
+/* one super-block tile's 64 VNNI chunks (4096 bytes): kq_rp_unpack, the tile prefetched first */
 static inline __attribute__((always_inline)) void kq_amx_unpack(const int t, const uint8_t *tile, uint8_t *U) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const uint8_t *qs = tile + 320, *qh = tile + 2368;
     simd_prefetch_range(tile, (int)kq_rp_tile_bytes(t));
-    for (int j = 0; j < 32; j++) {
-        const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
-        __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-        if (t == KQ_Q5_K) {
-            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
-            const int kl = j >> 3;
-            const __m512i b4 = _mm512_set1_epi8(0x10);
-            wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
-            wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
-        } else if (t == KQ_Q6_K) {
-            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
-            const __m512i b45 = _mm512_set1_epi8(0x30);
-            if (j < 16) {
-                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
-                wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
-            } else {
-                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
-                wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
-            }
-        }
-        _mm512_store_si512((void *)(U + j * 64), wl);
-        _mm512_store_si512((void *)(U + (32 + j) * 64), wh);
-    }
+    kq_rp_unpack(t, tile, U);
 }
 
 /* the integer dots of super-block b's sub-blocks for 16 tokens (A at the first token's

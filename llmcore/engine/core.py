@@ -187,7 +187,7 @@ class Engine:
                 pending = MAX_PENDING_BYTES if ram_budget is None else min(MAX_PENDING_BYTES, max(8 << 20, ram_budget))
                 self.disk = DiskCache(cfg.cache_dir, limit, self.io, fingerprint=self.fingerprint,
                                       max_pending_bytes=pending)
-                kv_limit = sum((p.max_blocks or 0) * p.bytes_per_block for p in self.model.pools.values())
+                kv_limit = memory.kv_limit_bytes(self.model.pools.values())
                 self.disk_tier = DiskTier(self.disk, self.prefix, self.c, cfg.cache_disk_wait_s,
                                           held_limit_bytes=kv_limit // 4 if kv_limit else None)
                 self.pcache.on_evict = self.disk_tier.on_evict
@@ -407,7 +407,7 @@ class Engine:
             checkpoints_budget_bytes=-1 if self.ck_budget.limit_bytes is None else self.ck_budget.limit_bytes,
             kv_used_bytes=sum(p.used_bytes for p in pools),
             kv_allocated_bytes=sum(p.nbytes for p in pools),
-            kv_limit_bytes=sum((p.max_blocks or 0) * p.bytes_per_block for p in pools),
+            kv_limit_bytes=memory.kv_limit_bytes(pools),
             **(self.disk.numbers() if self.disk is not None else {}),
         )
 

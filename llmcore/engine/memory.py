@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cache.pool import BlockPool
 from .protocols import SequenceState
@@ -196,6 +196,11 @@ def admissible(n_prompt: int, active: Sequence[SequenceState], probe: SequenceSt
     return True
 
 
+def kv_limit_bytes(pools: Iterable[BlockPool]) -> int:
+    """Bytes the pools may hold together at their block limits (0 for unlimited ones)."""
+    return sum((p.max_blocks or 0) * p.bytes_per_block for p in pools)
+
+
 def make_room(batch, evict_cached: Callable[[], bool], drop_idle: Callable[[], bool]) -> bool:
     """Free KV blocks for `batch`: RAM-cache entries first (LRU), then idle slots' states
     (each callback frees one thing and says whether it could). True when something went."""
@@ -212,5 +217,5 @@ def make_room(batch, evict_cached: Callable[[], bool], drop_idle: Callable[[], b
     return freed
 
 
-__all__ = ["KV_RAM_FRACTION", "MemoryPlan", "host_memory", "cache_budget_bytes", "plan_memory",
+__all__ = ["KV_RAM_FRACTION", "MemoryPlan", "host_memory", "cache_budget_bytes", "plan_memory", "kv_limit_bytes",
            "log_plan", "shortfall", "admissible", "make_room", "trim_heap"]
