@@ -25,7 +25,7 @@ from rope cimport rope_apply, rope_cos_sin
 
 from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx,
                        attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free, attn_run_item,
-                       attn_scratch_floats)
+                       attn_scratch_floats, attn_set_lanes_min_rows)
 
 if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8_0, T_Q4_0):
     raise ImportError("simd_attention.h and kv_rows.pxd disagree on the KV type codes")
@@ -132,6 +132,13 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
         free(tmp)
     free(blk)
     return 0
+
+
+def _set_lanes_min_rows(int n):
+    """Rows of one kv head from which a rows item of this module's calls takes the lanes form
+    (simd_attention.h; same bits as the rows kernel): tests and benchmarks compare the two.
+    Returns the previous value."""
+    return attn_set_lanes_min_rows(n)
 
 
 # ---- attention (the plan: attn_plan.pxd) --------------------------------------------------

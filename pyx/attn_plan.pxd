@@ -45,6 +45,7 @@ cdef extern from "simd_attention.h" nogil:
     long attn_scratch_floats(int D, int Dv, int bs)
     void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf)
     void attn_merge(const attn_ctx *c, int t, int h)
+    int attn_set_lanes_min_rows(int n)
 
 cdef enum:
     # a sequence with at most this many query rows per kv head (query tokens x GQA group)

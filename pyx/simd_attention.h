@@ -20,7 +20,9 @@
  *   row's arithmetic is independent of the other rows of the item and of the keys the item
  *   reads beyond the row's own range, so a sequence decoded in a batch (sharing blocks with
  *   a few others) gets the bits it gets alone; many decode rows sharing blocks take the
- *   tile kernel.
+ *   tile kernel. A rows item with many rows of one kv head (a verify segment, a decode of a
+ *   large GQA group) runs in the lanes form: rows in lanes like the tile kernel, but each
+ *   score, statistic and output summed exactly as the rows kernel sums it (same bits).
  *
  * Scores are (q * scale) . k, q rounded to f16 first for an f16 cache (llama.cpp's K.Q takes
  * q as f16). Every function has a plain C fallback (LLMCORE_PORTABLE=1 builds it). */
@@ -101,7 +103,8 @@ static inline void attn_pf_row(const attn_pf *pf, int j) {
 static inline long attn_scratch_floats(int D, int Dv, int bs) {
     const long ldS = (bs + 15) & ~15;
     return (long)ATTN_MAX_ROWS * D + (long)ATTN_MAX_ROWS * Dv + (long)bs * D + (long)bs * Dv
-         + ldS * ATTN_MAX_ROWS + (long)ATTN_MAX_ROWS * (16 + 4) + 64;
+         + ldS * ATTN_MAX_ROWS + (long)ATTN_MAX_ROWS * (16 + 4) + 64
+         + (long)ATTN_MAX_ROWS * D;  /* the lanes form's Q^T */
 }
 
 /* Prefetch n rows of row_bytes each, stride bytes apart (the next block of a kv head: its
@@ -850,6 +853,141 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #endif
 }
 
+/* ---- rows items in the lanes form: many rows per kv head, the rows kernel's bits ------------
+ *
+ * A verify step (speculative decoding) has tens of rows per kv head that must each get the
+ * bits a one-token decode gets from the rows kernel. The rows kernel spends ~12 cycles per
+ * row and key on them (one fma chain and a share of a 16 x 16 transpose-add per score); with
+ * rows in lanes the same sums cost a few: lane l's fma chain over d = l, l + 16, .. becomes
+ * a chain of broadcasts of k_j[d] against Q^T rows, and the 16 chains are added in
+ * simd_hsum16x16's tree. The softmax keeps the rows kernel's statistics (per-row max, alpha
+ * from exp2f, per-lane sums l16 added in key order), and P.V is the tile kernel's, whose
+ * order (o * alpha, then p_j v_j in key order) is the rows kernel's. */
+
+#ifndef ATTN_LANES_MIN_ROWS
+#define ATTN_LANES_MIN_ROWS 8   /* rows of one kv head from which an item takes the lanes form */
+#endif
+/* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
+static int attn_lanes_min_rows = ATTN_LANES_MIN_ROWS;
+static inline int attn_set_lanes_min_rows(int n) {
+    const int old = attn_lanes_min_rows;
+    attn_lanes_min_rows = n;
+    return old;
+}
+
+#if ATTN_AVX512
+/* x[u] = lane l of the rows kernel's fma chain for key u: sum_i q[16i + l] k_u[16i + l] */
+#define ATTN_LANES_LEAF(x, l)                                                             \
+    do {                                                                                  \
+        for (int u = 0; u < NK; u++) x[u] = _mm512_setzero_ps();                          \
+        for (int i = 0; i < ND; i++) {                                                    \
+            const __m512 qv = _mm512_loadu_ps(qb + (16 * i + (l)) * 16);                  \
+            for (int u = 0; u < NK; u++)                                                  \
+                x[u] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kr[u][16 * i + (l)]), x[u]);    \
+        }                                                                                 \
+    } while (0)
+
+/* st[(j + u) * ldq + r] for NK keys from k (f32 rows ldk apart), the 16 lanes r of one row
+ * vector whose Q^T is qb[d * 16 + r]: s = ((y0 + y4) + (y2 + y6)) + ((y1 + y5) + (y3 + y7)),
+ * y_l = x_l + x_{l+8} (every address a constant offset from qb or a key row) */
+static inline __attribute__((always_inline)) void attn_lanes_scores_nk(
+        const int NK, const int ND, const float *qb, int ldq, const float *k, long ldk, float *st) {
+    const float *kr[4];
+    for (int u = 0; u < NK; u++) kr[u] = k + (long)u * ldk;
+    __m512 x[4], x2[4], y[4], z[4], w0[4];
+    ATTN_LANES_LEAF(x, 0); ATTN_LANES_LEAF(x2, 8);
+    for (int u = 0; u < NK; u++) y[u] = _mm512_add_ps(x[u], x2[u]);
+    ATTN_LANES_LEAF(x, 4); ATTN_LANES_LEAF(x2, 12);
+    for (int u = 0; u < NK; u++) z[u] = _mm512_add_ps(y[u], _mm512_add_ps(x[u], x2[u]));
+    ATTN_LANES_LEAF(x, 2); ATTN_LANES_LEAF(x2, 10);
+    for (int u = 0; u < NK; u++) y[u] = _mm512_add_ps(x[u], x2[u]);
+    ATTN_LANES_LEAF(x, 6); ATTN_LANES_LEAF(x2, 14);
+    for (int u = 0; u < NK; u++) w0[u] = _mm512_add_ps(z[u], _mm512_add_ps(y[u], _mm512_add_ps(x[u], x2[u])));
+    ATTN_LANES_LEAF(x, 1); ATTN_LANES_LEAF(x2, 9);
+    for (int u = 0; u < NK; u++) y[u] = _mm512_add_ps(x[u], x2[u]);
+    ATTN_LANES_LEAF(x, 5); ATTN_LANES_LEAF(x2, 13);
+    for (int u = 0; u < NK; u++) z[u] = _mm512_add_ps(y[u], _mm512_add_ps(x[u], x2[u]));
+    ATTN_LANES_LEAF(x, 3); ATTN_LANES_LEAF(x2, 11);
+    for (int u = 0; u < NK; u++) y[u] = _mm512_add_ps(x[u], x2[u]);
+    ATTN_LANES_LEAF(x, 7); ATTN_LANES_LEAF(x2, 15);
+    for (int u = 0; u < NK; u++)
+        _mm512_storeu_ps(st + (long)u * ldq,
+                         _mm512_add_ps(w0[u], _mm512_add_ps(z[u], _mm512_add_ps(y[u], _mm512_add_ps(x[u], x2[u])))));
+}
+
+static inline __attribute__((always_inline)) void attn_lanes_scores_nd(
+        const int ND, const float *qt, int ldq, int nv, const float *k, long ldk, int j0, int j1, float *st,
+        const attn_pf *pfk, const attn_pf *pfv) {
+    for (int v = 0; v < nv; v++) {
+        const float *q = qt + (long)v * 16 * 16 * ND;
+        float *o = st + 16 * v;
+        int j = j0;
+        for (; j + 4 <= j1; j += 4) {
+            if (v == 0)
+                for (int u = 0; u < 4; u++) { attn_pf_row(pfk, j + u); attn_pf_row(pfv, j + u); }
+            attn_lanes_scores_nk(4, ND, q, ldq, k + (long)j * ldk, ldk, o + (long)j * ldq);
+        }
+        for (; j < j1; j++) {
+            if (v == 0) { attn_pf_row(pfk, j); attn_pf_row(pfv, j); }
+            attn_lanes_scores_nk(1, ND, q, ldq, k + (long)j * ldk, ldk, o + (long)j * ldq);
+        }
+    }
+}
+
+/* st[j * ldq + r] = q_r . k_j, keys [j0, j1), rows r < 16 * nv; qt: row vector v's Q^T at
+ * qt + v * 16 * D, [d * 16 + lane] */
+static void attn_lanes_scores(const float *qt, int ldq, int nv, int D, const float *k, long ldk, int j0, int j1,
+                              float *st, const attn_pf *pfk, const attn_pf *pfv) {
+    switch (D) {  /* the fma chains' length, a constant for the common head dims */
+        case 64: attn_lanes_scores_nd(4, qt, ldq, nv, k, ldk, j0, j1, st, pfk, pfv); break;
+        case 128: attn_lanes_scores_nd(8, qt, ldq, nv, k, ldk, j0, j1, st, pfk, pfv); break;
+        case 32: attn_lanes_scores_nd(2, qt, ldq, nv, k, ldk, j0, j1, st, pfk, pfv); break;
+        default: attn_lanes_scores_nd(D / 16, qt, ldq, nv, k, ldk, j0, j1, st, pfk, pfv); break;
+    }
+}
+
+/* Scores st (keys [j0, j1) of a block whose first key is at position k0) -> probabilities,
+ * rows r < 16*nv seeing keys [lo[r], hi[r]]: attn_rows_softmax's arithmetic per row, with
+ * its per-lane sums as Lt[i * ldq + r] = l16 of row r, lane i. */
+static void attn_lanes_softmax(float *st, int ldq, int nv, int j0, int j1, int k0, const int32_t *lo,
+                               const int32_t *hi, float softcap, float *m, float *Lt, float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int v = 0; v < nv; v++) {
+        const __m512i lov = _mm512_loadu_si512((const void *)(lo + 16 * v));
+        const __m512i hiv = _mm512_loadu_si512((const void *)(hi + 16 * v));
+        __m512 bm = ninf;
+        for (int j = j0; j < j1; j++) {
+            float *s = st + (long)j * ldq + 16 * v;
+            const __m512i kp = _mm512_set1_epi32(k0 + j);
+            const __mmask16 live = _mm512_cmple_epi32_mask(lov, kp) & _mm512_cmple_epi32_mask(kp, hiv);
+            __m512 x = _mm512_loadu_ps(s);
+            if (softcap > 0.0f) x = attn_softcap16(x, softcap);
+            x = _mm512_mask_blend_ps(live, ninf, x);
+            _mm512_storeu_ps(s, x);
+            bm = _mm512_max_ps(bm, x);
+        }
+        const __m512 mo = _mm512_loadu_ps(m + 16 * v);
+        const __m512 mn = _mm512_max_ps(mo, bm);  /* mo > bmax ? mo : bmax */
+        float mof[16], mnf[16];
+        _mm512_storeu_ps(mof, mo);
+        _mm512_storeu_ps(mnf, mn);
+        /* a row that sees nothing here keeps mo (alpha 1, p 0: the rows kernel's early out) */
+        for (int i = 0; i < 16; i++) alpha[16 * v + i] = mof[i] == mnf[i] ? 1.0f : attn_exp2(mof[i] - mnf[i]);
+        const __m512 a = _mm512_loadu_ps(alpha + 16 * v);
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_mul_ps(_mm512_loadu_ps(Lt + (long)i * ldq + 16 * v), a);
+        for (int j = j0; j < j1; j++) {
+            float *s = st + (long)j * ldq + 16 * v;
+            const __m512 p = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s), mn));
+            _mm512_storeu_ps(s, p);
+            acc[j & 15] = _mm512_add_ps(acc[j & 15], p);  /* key j goes to lane j % 16 */
+        }
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(Lt + (long)i * ldq + 16 * v, acc[i]);
+        _mm512_storeu_ps(m + 16 * v, mn);
+    }
+}
+#endif
+
 static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int D = c->D, Dv = c->Dv, bs = c->bs, G = c->G, KVH = c->KVH;
     const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
@@ -879,6 +1017,27 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     memset(o, 0, (size_t)R * Dv * sizeof(float));
     const int kv0 = it->h0 / G, kv1 = (it->h1 - 1) / G;
     const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
+#if ATTN_AVX512
+    /* many rows of one kv head: the lanes form (same bits, rows in lanes) */
+    const int lanes = kv0 == kv1 && R >= attn_lanes_min_rows && D % 16 == 0;
+#else
+    const int lanes = 0;
+#endif
+    const int ldq = (R + 15) & ~15;
+    float *qt = (float *)(hi + ATTN_MAX_ROWS) + 64;   /* (lanes) nv x D x 16: Q^T per row vector */
+    float *Lt = l16;                                  /* 16 x ldq (lanes): l16 transposed */
+    if (lanes) {
+        for (int r = 0; r < ldq; r++) {
+            float *dst = qt + (long)(r / 16) * 16 * D + r % 16;
+            for (int d = 0; d < D; d++) dst[d * 16] = r < R ? q[(long)r * D + d] : 0.0f;
+        }
+        for (int r = R; r < ldq; r++) {  /* padding lanes see no key */
+            lo[r] = INT_MAX;
+            hi[r] = -1;
+            m[r] = -INFINITY;
+        }
+        memset(Lt, 0, (size_t)16 * ldq * sizeof(float));
+    }
     const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
     /* the item's kv heads are adjacent rows of each (token) slot: prefetch that span */
     const int pf_k = (kv1 - kv0 + 1) * c->k_row, pf_v = (kv1 - kv0 + 1) * c->v_row;
@@ -915,6 +1074,23 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
                 pfv.p = c->v + blk_n * c->v_bstride + (long)kvh * c->v_row;
             }
+#if ATTN_AVX512
+            if (lanes) {
+                const float *kl = kf, *vl = vf;
+                long ldkl = D, ldvl = Dv;
+                if (c->kv_type == ATTN_KV_F32) {
+                    kl = (const float *)kb; vl = (const float *)vb; ldkl = ks / 4; ldvl = vs / 4;
+                } else {
+                    attn_load_rows(kb, ks, c->kv_type, j0, j1, D, kf, D);
+                    attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
+                }
+                attn_lanes_scores(qt, ldq, ldq / 16, D, kl, ldkl, j0, j1, s, blk_n >= 0 ? &pfk : NULL,
+                                  blk_n >= 0 ? &pfv : NULL);
+                attn_lanes_softmax(s, ldq, ldq / 16, j0, j1, k0, lo, hi, cap, m, Lt, alpha);
+                attn_tile_pv(o, Dv, R, s + (long)j0 * ldq, ldq, vl + (long)j0 * ldvl, ldvl, j1 - j0, alpha);
+                continue;
+            }
+#endif
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
             } else if (r16 && rn <= 4) {  /* few rows read f16 K/V in place; more convert once */
@@ -938,7 +1114,10 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     for (int r = 0; r < R; r++) {
         float l = 0.0f;
 #if ATTN_AVX512
-        l = _mm512_reduce_add_ps(_mm512_loadu_ps(l16 + 16 * r));
+        float l16r[16];
+        if (lanes)
+            for (int i = 0; i < 16; i++) l16r[i] = Lt[(long)i * ldq + r];
+        l = _mm512_reduce_add_ps(_mm512_loadu_ps(lanes ? l16r : l16 + 16 * r));
 #else
         for (int i = 0; i < 16; i++) l += l16[16 * r + i];
 #endif

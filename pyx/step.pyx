@@ -50,7 +50,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
-                        attn_run_item, attn_scratch_floats)
+                        attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows)
 from kv_rows cimport store_row
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
@@ -130,6 +130,12 @@ cdef enum:
 # a waiting thread spins this long before it sleeps (team.h)
 cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
 TOKENS_MAX = MAX_TOKENS
+
+
+def _set_lanes_min_rows(int n):
+    """attention._set_lanes_min_rows for the fused steps' attention (benchmarks compare the
+    two forms of a rows item). Returns the previous value."""
+    return attn_set_lanes_min_rows(n)
 
 
 def set_spin_us(double us):

@@ -205,3 +205,36 @@ def test_decode_seqs_give_each_token_its_one_token_decode_bits(kv_type, H, KVH, 
                 np.testing.assert_array_equal(got[t], alone[0], err_msg=f"seq {s} token {t - seg[s]} {kw}")
     with pytest.raises(ValueError, match="decode_seqs"):
         nn.attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, decode_seqs=dec[:2])
+
+
+@pytest.fixture
+def lanes_min_rows():
+    from llmcore._kernels import attention as kernel
+
+    before = kernel._set_lanes_min_rows(8)
+    yield kernel._set_lanes_min_rows
+    kernel._set_lanes_min_rows(before)
+
+
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (4, 1, 32), (16, 2, 128), (8, 8, 96)])
+def test_rows_items_in_lanes_form_get_the_rows_kernels_bits(kv_type, H, KVH, D, lanes_min_rows):
+    # a rows item with many rows of one kv head (verify segments; decodes of 8+ query heads per
+    # kv head) runs with rows in lanes: the same sums in the same order as the rows kernel,
+    # so every row's bits are the rows kernel's (verify tokens keep their decode bits)
+    n_q = [17, 1, 40, 3, 1]
+    case = build_case(kv_type, seq_lens=[CHUNK_KEYS + 9, 300, 200, 150, 41], n_q=n_q, H=H, KVH=KVH, D=D, bs=32,
+                      seed=41)
+    q, k_pool, v_pool, tables, seg, q_pos = case
+    dec = np.array([1, 1, 1, 1, 0], np.uint8)
+    sinks = np.linspace(-1, 2, H).astype(np.float32)
+    q_big = q * 30.0  # scores in the hundreds: alpha and the running max matter
+    for qq, kw in ((q, dict()), (q, dict(window=100, sinks=sinks)), (q, dict(softcap=5.0)), (q_big, dict())):
+        got = {}
+        for min_rows in (8, 2**31 - 1):
+            lanes_min_rows(min_rows)
+            got[min_rows] = nn.attention(qq, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, decode_seqs=dec,
+                                         **kw)
+        np.testing.assert_array_equal(got[8], got[2**31 - 1], err_msg=str(kw))
+        if qq is q:
+            assert_close(got[8], nn._ref_attention(qq, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw))
