@@ -2,6 +2,7 @@
 """Speculative decoding by prompt lookup vs plain decoding, same engine, same run.
 
     python bench/speculative.py [-m smollm2] [-t 2] [--reps 3] [--lines 300] [--tokens 512]
+                                [--chat-template NAME]   (gemma3-270m: --chat-template gemma)
 
 Two workloads, greedy:
 - code edit: the model is shown a file of --lines lines and asked to repeat it with one
@@ -54,6 +55,8 @@ def prompts(tok, tmpl, n_lines: int) -> dict[str, list[int]]:
     for name, msgs in (("code edit", edit), ("free text", free)):
         text = tmpl.render(msgs, add_generation_prompt=True)
         ids = tok.encode(text, add_special=True, parse_special=True)
+        if len(ids) > 1 and ids[0] == ids[1] == tok.bos_id:  # the template wrote BOS too
+            ids = ids[1:]
         if name == "code edit":  # the assistant has begun its answer: the code block
             ids += tok.encode("```python\n", add_special=False)
         out[name] = ids
@@ -80,12 +83,13 @@ def main() -> int:
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--ngram-min", type=int, default=2)
+    ap.add_argument("--chat-template", default=None, help="a built-in or named template (the model's own by default)")
     args = ap.parse_args()
     from llmcore import threads
 
     threads.set_num_threads(args.threads)
     path = resolve_model(args.model)
-    lm = load_gguf(path)
+    lm = load_gguf(path, template_name=args.chat_template)
     eng = Engine(EngineConfig(n_ctx=8192, n_threads=args.threads, cache_ram_mib=0), model=lm.model,
                  tokenizer=lm.tokenizer, chat_template=lm.chat_template)
     eng.start()

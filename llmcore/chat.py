@@ -48,6 +48,24 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# Gemma's turns (llama-server's built-in "gemma"): for GGUFs of the family that carry no
+# template of their own; a system message opens the first user turn
+GEMMA_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{%- set first_prefix = messages[0]['content'] + '\n\n' %}{%- set turns = messages[1:] %}"
+    "{%- else %}{%- set first_prefix = '' %}{%- set turns = messages %}{%- endif %}"
+    "{%- for message in turns %}"
+    "{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n'"
+    " + (first_prefix if loop.first else '') + (message['content'] if message['content'] is string else '') | trim"
+    " + '<end_of_turn>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}"
+)
+
+# --chat-template NAME when the GGUF has no template of that name
+BUILTIN_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+
 _TEXT_PART_TYPES = {"text", "input_text", "output_text"}
 IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image"})  # OpenAI, Anthropic, Responses
 

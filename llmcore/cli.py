@@ -279,7 +279,8 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
     api_key_file: Annotated[Optional[str], typer.Option(
         "--api-key-file", help="require one of the keys in this file (one a line)")] = None
     chat_template: Annotated[Optional[str], typer.Option(
-        "--chat-template", help="serve the model's chat template of this name (or chatml) instead of its default")] = None
+        "--chat-template", help="serve the model's chat template of this name (or a built-in one: "
+        "chatml, gemma) instead of its default")] = None
     chat_template_file: Annotated[Optional[str], typer.Option(
         "--chat-template-file", help="serve the Jinja chat template in this file")] = None
     reasoning_format: Annotated[str, typer.Option(

@@ -34,21 +34,19 @@ NO_TEMPLATE_WARNING = ("this model has no chat template: chat requests are rende
 
 def choose_template(gf, tok, name: str | None = None, text: str | None = None):
     """The chat template to serve: `text` (a template file's), else the GGUF's template
-    called `name` (or "chatml"), else the GGUF's own. Returns (template, where it came
-    from: "file" | "name" | "gguf" | "none"); an unknown name is a ModelLoadError."""
-    from .chat import CHATML_TEMPLATE, ChatTemplate
+    called `name` (or a built-in one: chat.BUILTIN_TEMPLATES), else the GGUF's own. Returns
+    (template, where it came from: "file" | "name" | "gguf" | "none"); an unknown name is a ModelLoadError."""
+    from .chat import BUILTIN_TEMPLATES, ChatTemplate
     from .errors import ModelLoadError
 
     if text is not None:
         return ChatTemplate.from_source(text, tok), "file"
     if name:
-        src = gf.meta.get(f"tokenizer.chat_template.{name}")
-        if src is None and name == "chatml":
-            src = CHATML_TEMPLATE
+        src = gf.meta.get(f"tokenizer.chat_template.{name}") or BUILTIN_TEMPLATES.get(name)
         if src is None:
             named = sorted(k.split(".", 2)[2] for k in gf.meta if k.startswith("tokenizer.chat_template."))
             raise ModelLoadError(f"--chat-template {name!r}: not a template of this model (it has: "
-                                 f"{', '.join(named + ['chatml'])})")
+                                 f"{', '.join(named + sorted(BUILTIN_TEMPLATES))})")
         return ChatTemplate.from_source(src, tok), "name"
     if not gf.meta.get("tokenizer.chat_template"):
         log.warning(NO_TEMPLATE_WARNING)

@@ -273,6 +273,8 @@ def test_template_overrides(built_model, tmp_path, caplog):
     assert origin == "file" and t.render([{"role": "user", "content": "hi"}]) == "HI"
     t, origin = choose_template(gf, tok, name="chatml")
     assert origin == "name" and t.render([{"role": "user", "content": "x"}]).startswith("<|im_start|>user")
+    t, origin = choose_template(gf, tok, name="gemma")
+    assert origin == "name" and "<start_of_turn>user\nx<end_of_turn>" in t.render([{"role": "user", "content": "x"}])
     with pytest.raises(ModelLoadError, match="not a template of this model"):
         choose_template(gf, tok, name="nope")
     with pytest.raises(ModelLoadError, match="does not compile"):

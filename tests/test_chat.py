@@ -102,6 +102,21 @@ def test_no_template_falls_back_to_chatml(caplog):
     )
 
 
+def test_builtin_gemma_template_renders_gemma_turns():
+    # llama-server's built-in "gemma" (--chat-template gemma) for Gemma GGUFs without a template
+    from llmcore.chat import BUILTIN_TEMPLATES
+
+    tmpl = ChatTemplate(BUILTIN_TEMPLATES["gemma"], bos_token="<bos>")
+    msgs = CHAT_MESSAGES + [{"role": "assistant", "content": " 391 "}, {"role": "user", "content": "Why?"}]
+    assert tmpl.render(msgs, add_generation_prompt=True) == (
+        "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nWhat is 17 * 23? Answer briefly.<end_of_turn>\n"
+        "<start_of_turn>model\n391<end_of_turn>\n"
+        "<start_of_turn>user\nWhy?<end_of_turn>\n"
+        "<start_of_turn>model\n")
+    assert tmpl.render(CHAT_MESSAGES[1:], add_generation_prompt=False) == (
+        "<bos><start_of_turn>user\nWhat is 17 * 23? Answer briefly.<end_of_turn>\n")
+
+
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_gemma3_has_no_template_and_falls_back(gemma3_path):
