@@ -976,12 +976,15 @@ static void attn_lanes_softmax(float *st, int ldq, int nv, int j0, int j1, int k
         const __m512 a = _mm512_loadu_ps(alpha + 16 * v);
         __m512 acc[16];
         for (int i = 0; i < 16; i++) acc[i] = _mm512_mul_ps(_mm512_loadu_ps(Lt + (long)i * ldq + 16 * v), a);
-        for (int j = j0; j < j1; j++) {
-            float *s = st + (long)j * ldq + 16 * v;
-            const __m512 p = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s), mn));
-            _mm512_storeu_ps(s, p);
-            acc[j & 15] = _mm512_add_ps(acc[j & 15], p);  /* key j goes to lane j % 16 */
-        }
+        for (int jb = j0 & ~15; jb < j1; jb += 16)
+            for (int i = 0; i < 16; i++) {  /* key j goes to lane j % 16 */
+                const int j = jb + i;
+                if (j < j0 || j >= j1) continue;
+                float *s = st + (long)j * ldq + 16 * v;
+                const __m512 p = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s), mn));
+                _mm512_storeu_ps(s, p);
+                acc[i] = _mm512_add_ps(acc[i], p);
+            }
         for (int i = 0; i < 16; i++) _mm512_storeu_ps(Lt + (long)i * ldq + 16 * v, acc[i]);
         _mm512_storeu_ps(m + 16 * v, mn);
     }

@@ -45,6 +45,28 @@ def test_drafter_keeps_following_the_copy_it_drafts_from():
     assert d.draft(seq + [10, 11]) == [12, 13]
 
 
+def test_drafter_stops_before_minority_tokens_until_the_copy_proves_right_there():
+    """Functions that differ in a number: a model that writes its own numbers misses every
+    draft that runs through one, so once the text left its copy at such a point, drafts
+    stop before tokens that followed their context in a minority of its occurrences; once
+    the text writes the copy's token at such a point again, drafts go through them."""
+    def fn(i):
+        return [1, 20 + i, 10, 11, 12, 13, 30 + i]
+
+    seq = fn(1) + fn(2) + fn(3) + [1, 21]  # the file, then its copy begins
+    d = NgramDrafter(SpecParams(n_max=8, ngram_min=2, ngram_max=4))
+    assert d.draft(seq) == [10, 11, 12, 13]  # k starts at 4
+    d.record(4, 4)
+    seq += [10, 11, 12, 13, 35]  # the model's own number where the copy had 31
+    assert d.draft(seq) == []  # [13, 35] never occurred
+    seq += [1, 22]
+    # the copy (fn(2)) has 32 after [10, 11, 12, 13]: 1 of its 4 followers so far
+    assert d.draft(seq) == [10, 11, 12, 13]
+    d.record(4, 4)
+    seq += [10, 11, 12, 13, 32]  # this time the copy's number: drafts go through again
+    assert d.draft(seq) == [1, 23, 10, 11, 12, 13, 33, 1]
+
+
 def test_drafter_backs_off_when_nothing_is_accepted():
     d = NgramDrafter(SpecParams(n_max=2, ngram_min=1, ngram_max=1))
     seq = [1, 2, 1, 2, 1]

@@ -54,6 +54,13 @@ class NgramDrafter:
     tokens still match there), the next draft continues that copy instead of jumping to the
     latest occurrence: an edit of a file whose lines differ only in names and numbers stays
     on the file's own lines, not on the lines just written that look alike.
+
+    A draft stops before a token that followed its context (the ngram_max tokens before it)
+    in fewer than half of that context's occurrences so far (the numbers of such a file: a
+    verified row costs more than nothing, and a model that writes its own variation of the
+    lines misses there), unless the text has been following its copy at such points: each
+    time the sequence passes a point where the copy's token was such a minority, whether it
+    wrote the copy's token decides whether the next drafts go through those points.
     """
 
     def __init__(self, params: SpecParams):
@@ -68,6 +75,10 @@ class NgramDrafter:
         self.k = min(self.p.n_max, 4)
         self._src = -1  # where the last draft was read from, and the sequence's length then
         self._src_len = 0
+        # how often each ngram_max-gram was followed by each token (positions < _counted)
+        self._follow: dict[tuple[int, ...], dict[int, int]] = {}
+        self._counted = 0
+        self._trust_copy = True  # the text wrote the copy's token where it was a minority
 
     def _index_upto(self, seq: Sequence[int], end: int) -> None:
         idx, lo, hi = self._index, self.p.ngram_min, self.p.ngram_max
@@ -75,6 +86,31 @@ class NgramDrafter:
             for n in range(lo, min(hi, i + 1) + 1):
                 idx[tuple(seq[i + 1 - n:i + 1])] = i + 1
         self._indexed = max(self._indexed, end)
+
+    def _count_upto(self, seq: Sequence[int]) -> None:
+        n, follow = self.p.ngram_max, self._follow
+        for i in range(max(self._counted, n), len(seq)):  # token i after the n before it
+            c = follow.setdefault(tuple(seq[i - n:i]), {})
+            c[seq[i]] = c.get(seq[i], 0) + 1
+        self._counted = max(self._counted, len(seq))
+
+    def _minority(self, context: Sequence[int], token: int) -> bool:
+        """`token` followed `context`'s last ngram_max tokens in fewer than half of their
+        occurrences (counted so far)."""
+        c = self._follow.get(tuple(context[-self.p.ngram_max:]))
+        return bool(c) and 2 * c.get(token, 0) < sum(c.values())
+
+    def _learn(self, seq: Sequence[int]) -> None:
+        """The positions written since the last draft where its copy's token was a minority:
+        did the text write it?"""
+        for i in range(self._src_len, len(seq)):
+            j = self._src + (i - self._src_len)  # the copy's position for i
+            if j >= self._src_len or (i > self._src_len and seq[i - 1] != seq[j - 1]):
+                return  # past what was known then, or the copy was left before i
+            if self._minority(seq[:i], seq[j]):
+                self._trust_copy = seq[i] == seq[j]
+                if not self._trust_copy:
+                    return
 
     def draft(self, seq: Sequence[int], limit: int | None = None) -> list[int]:
         """Up to n_max tokens that followed the longest earlier occurrence of the
@@ -87,6 +123,9 @@ class NgramDrafter:
             return []
         if self._indexed == 0:
             self._indexed = max(0, len(seq) - self.p.window)
+            self._counted = max(0, len(seq) - self.p.window)
+        if self._src >= 0 and self._src_len >= self.p.ngram_max:
+            self._learn(seq)
         self._index_upto(seq, len(seq) - 1)
         L = len(seq)
         at = self._following(seq)
@@ -99,11 +138,20 @@ class NgramDrafter:
                 at = -1
         out = list(seq[at:at + k]) if at >= 0 else []
         self._index_upto(seq, L)
-        if len(out) < max(1, self.p.n_min):
+        self._count_upto(seq)
+        if out and not self._trust_copy:
+            ctx = list(seq[L - self.p.ngram_max:])
+            for j, t in enumerate(out):
+                if self._minority(ctx, t):
+                    out = out[:j]
+                    break
+                ctx.append(t)
+        if at < 0 or (not out and self._trust_copy):
             self._src = -1
             return []
+        # a draft cut to nothing keeps its copy: the next call learns whether it was right
         self._src, self._src_len = at, L
-        return out
+        return out if len(out) >= max(1, self.p.n_min) else []
 
     def _following(self, seq: Sequence[int]) -> int:
         """Where the copy the last draft came from stands now, when every token since
