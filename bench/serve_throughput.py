@@ -3,7 +3,7 @@
 against llama.cpp's batched decode of as many sequences, measured in the same run.
 
     python bench/serve_throughput.py [-m smollm2] [-t 2] [--streams 1 2 4 8 16 32] \\
-        [--prompt-tokens 32] [--gen 48] [--no-peer]
+        [--prompt-tokens 32] [--gen 48] [--reps 1] [--no-peer]
 
 llmcore: one server (`-np` = the largest N, greedy, q8_0/f16 KV as given), then for each N
 that many streamed chat requests at once (ignore_eos, `--gen` tokens each, distinct
@@ -13,7 +13,8 @@ the earliest first token to the latest last one (client clock); the server's own
 
 llama.cpp (llama-cpp-python, bench/_peer_llamacpp.py): N sequences of the same prompt
 lengths in one context, advanced together, one `llama_decode` per step; the prefill is
-not timed. The two alternate at each N so they see the same machine load.
+not timed. The two alternate at each N so they see the same machine load. With --reps R
+every N is measured R times (the Ns in turn, R rounds) and the medians are reported.
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--gen", type=int, default=48)
     ap.add_argument("--ctk", default="f16")
+    ap.add_argument("--reps", type=int, default=1, help="rounds over the Ns; medians are reported")
+    ap.add_argument("--server-args", default="", help="more `llmcore serve` arguments (one string)")
     ap.add_argument("--no-peer", action="store_true", help="llmcore only")
     a = ap.parse_args(argv)
 
@@ -86,9 +89,8 @@ def main(argv=None) -> int:
         peer_err = available()
     n_max = max(a.streams)
     args = ["-m", str(path), "-np", str(n_max), "-c", str(n_max * (a.prompt_tokens + a.gen + 64) + 256),
-            "-t", str(a.threads), "-ctk", a.ctk, "-ctv", a.ctk, "--temp", "0"]
+            "-t", str(a.threads), "-ctk", a.ctk, "-ctv", a.ctk, "--temp", "0"] + a.server_args.split()
     print("$ llmcore serve " + " ".join(args), file=sys.stderr)
-    rows = []
     with ServerProcess(args) as srv:
         base = srv.url
 
@@ -106,25 +108,30 @@ def main(argv=None) -> int:
 
         texts, toks = asyncio.run(setup())
         asyncio.run(llmcore_round(base, texts[:2], 4))  # warm-up
-        for n in a.streams:
-            lc = asyncio.run(llmcore_round(base, texts[:n], a.gen))
-            row = {"n": n, "llmcore": lc["rate"], "server": lc["server_rate"], "ptoks": lc["prompt_tokens"]}
-            if not a.no_peer and peer_err is None:
-                peer = LlamaCpp(str(path), a.threads, n_ctx=n * (a.prompt_tokens + a.gen + 96) + 256, n_seq=n)
-                try:
-                    ptoks = [t[: int(lc["prompt_tokens"])] for t in toks[:n]]
-                    sec = peer.decode_parallel(ptoks, a.gen)
-                finally:
-                    peer.close()
-                row["llama"] = n * a.gen / sec
-            rows.append(row)
-            print(f"N={n:3d}: llmcore {row['llmcore']:7.1f} tok/s (server {row['server']:7.1f})"
-                  + (f", llama.cpp {row['llama']:7.1f} tok/s, ratio {row['llmcore'] / row['llama']:.2f}"
-                     if "llama" in row else ""), file=sys.stderr, flush=True)
+        runs: dict[int, list[dict]] = {n: [] for n in a.streams}
+        for rep in range(a.reps):
+            for n in a.streams:
+                lc = asyncio.run(llmcore_round(base, texts[:n], a.gen))
+                row = {"n": n, "llmcore": lc["rate"], "server": lc["server_rate"], "ptoks": lc["prompt_tokens"]}
+                if not a.no_peer and peer_err is None:
+                    peer = LlamaCpp(str(path), a.threads, n_ctx=n * (a.prompt_tokens + a.gen + 96) + 256, n_seq=n)
+                    try:
+                        ptoks = [t[: int(lc["prompt_tokens"])] for t in toks[:n]]
+                        sec = peer.decode_parallel(ptoks, a.gen)
+                    finally:
+                        peer.close()
+                    row["llama"] = n * a.gen / sec
+                runs[n].append(row)
+                print(f"N={n:3d}: llmcore {row['llmcore']:7.1f} tok/s (server {row['server']:7.1f})"
+                      + (f", llama.cpp {row['llama']:7.1f} tok/s, ratio {row['llmcore'] / row['llama']:.2f}"
+                         if "llama" in row else ""), file=sys.stderr, flush=True)
+    rows = [{k: (statistics.median(r[k] for r in rs) if k != "n" else n) for k in rs[0]}
+            for n, rs in runs.items()]
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     print(f"\nmodel {path.name}, {a.threads} threads, ~{rows[0]['ptoks']:.0f} prompt tokens (chat), {a.gen} generated "
-          f"per stream, KV {a.ctk}; load average at end {' '.join(load)}")
+          f"per stream, KV {a.ctk}; load average at end {' '.join(load)}"
+          + (f"; medians of {a.reps} rounds" if a.reps > 1 else ""))
     if peer_err:
         print(f"llama.cpp: {peer_err}")
     print("\n| streams | llmcore tok/s (client) | llmcore tok/s (server timings) | llama.cpp tok/s | llmcore / llama.cpp |")

@@ -236,6 +236,9 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
     alias: Annotated[Optional[str], typer.Option("-a", "--alias", help="model name shown by the API")] = None
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", help="default generation limit (-1 = until EOS/context end)")] = -1
+    stream_interval: Annotated[float, typer.Option(
+        "--stream-interval-ms", help="a stream's tokens after its first are sent at most this often, "
+                                     "gathered (0: every step)")] = 10.0
     temp: Annotated[float, typer.Option("--temp", help="default temperature")] = 0.8
     top_k: Annotated[int, typer.Option("--top-k", help="default top-k (0 = off)")] = 40
     top_p: Annotated[float, typer.Option("--top-p", help="default top-p (1 = off)")] = 0.95
@@ -316,6 +319,8 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
     def engine_config(self) -> EngineConfig:
         from .sampling import SamplingParams
 
+        if not self.stream_interval >= 0:
+            raise LLMCoreError("--stream-interval-ms must be >= 0")
         return super().engine_config(
             n_parallel=self.parallel, cache_ram_mib=self.cache_ram, ctx_checkpoints=self.ctx_checkpoints,
             checkpoint_every_n_tokens=self.checkpoint_every, cache_idle_slots=self.cache_idle_slots,
@@ -327,7 +332,8 @@ class ServerOptions(RuntimeOptions, LlamaServerFlags):
             n_predict=self.n_predict, chat_template_name=self.chat_template,
             chat_template_text=_read_text(self.chat_template_file, "--chat-template-file"),
             speculative=self.speculative(), kv_unified=self.kv_unified, cache_dir=self.cache_dir,
-            cache_disk_mib=self.cache_disk, slot_save_path=self.slot_save_path)
+            cache_disk_mib=self.cache_disk, slot_save_path=self.slot_save_path,
+            stream_interval_ms=self.stream_interval)
 
     def server_config(self) -> ServerConfig:
         from .server import ServerConfig

@@ -275,6 +275,46 @@ async def test_a_steps_events_reach_the_loop_in_one_wakeup_in_order(monkeypatch)
     assert [(await t2.next_event()).text for _ in range(2)] == ["b", "d"]
 
 
+async def test_outbox_holds_later_tokens_for_the_stream_interval(monkeypatch):
+    """EventOutbox(hold_s): a stream's first token and its end (a final event, an error) go
+    out at the step that made them; its other tokens wait (gathered) until hold_s has passed since the last delivery,
+    or until flush() (the engine flushes before it waits): nothing is lost or reordered."""
+    from llmcore.engine.events import ErrorEvent
+    from llmcore.engine.task import EventOutbox, Task
+
+    loop = asyncio.get_running_loop()
+    calls = []
+    real = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda *a: (calls.append(a), real(*a))[1])
+    clock = [100.0]
+    monkeypatch.setattr("llmcore.engine.task.time.monotonic", lambda: clock[0])
+    box = EventOutbox(hold_s=0.010)
+    t = Task([1], GenParams(), loop, lambda: None, box)
+
+    def step(ev, dt=0.002):
+        clock[0] += dt
+        with box:
+            t.put(ev)
+
+    step(TokenEvent([5], "a"))  # the first token: at once
+    assert len(calls) == 1
+    step(TokenEvent([6], "b"))
+    step(TokenEvent([7], "c"))
+    assert len(calls) == 1  # held: 4 ms since the last delivery
+    step(TokenEvent([8], "d"), dt=0.007)  # 11 ms: b, c, d together
+    assert len(calls) == 2
+    step(TokenEvent([9], "e"))
+    box.flush()  # the engine is about to wait
+    assert len(calls) == 3
+    box.flush()  # nothing held: no wake-up
+    step(TokenEvent([10], "f"))
+    step(ErrorEvent(ContextFullError("full")))  # an end goes out at once, after f
+    assert len(calls) == 4
+    assert [(await t.next_event()).text for _ in range(6)] == list("abcdef")
+    with pytest.raises(ContextFullError):
+        await t.next_event()
+
+
 async def test_ready_events_take_what_is_queued_and_report_an_error_after_the_tokens():
     """Task.ready_events: the events already queued, no waiting; an error behind tokens
     comes out on the next call (the tokens are not lost to it); `limit` caps a batch."""

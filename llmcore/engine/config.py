@@ -48,6 +48,9 @@ class EngineConfig:
     model_alias: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)  # server defaults
     n_predict: int = -1  # default generation limit (-1: until EOS / context end)
+    # a stream's tokens after its first reach the event loop at most this often, gathered
+    # (each wake-up of the loop takes a core from the step on a small machine); 0: every step
+    stream_interval_ms: float = 10.0
     # speculative decoding for every request that does not say otherwise: None (off) or the
     # prompt-lookup drafter's settings (llmcore.engine.speculative; --spec-type ngram)
     speculative: "SpecParams | None" = None

@@ -98,7 +98,8 @@ class Engine:
         self.disk_tier: DiskTier | None = None
         self.slot_files: SlotFiles | None = None
         self._commands: collections.deque[SlotCommand] = collections.deque()
-        self._outbox = EventOutbox()  # a step's events, one event-loop wake-up for all
+        # a step's events, one event-loop wake-up for all (at most one per stream_interval_ms)
+        self._outbox = EventOutbox(hold_s=max(0.0, self.cfg.stream_interval_ms) / 1e3)
         self._fp: Fingerprint | None = None
         self._fp_lock = threading.Lock()
         self.ck_budget = CheckpointBudget(None)
@@ -426,6 +427,7 @@ class Engine:
                 idle = not self._waiting and not self._commands and not any(s.busy for s in self.slots)
                 too_soon = TRIM_EVERY_S - (time.monotonic() - self._t_trim)
                 if idle and (not self._heap_dirty or too_soon > 0):
+                    self._outbox.flush()
                     self._cv.wait(0.5 if not self._heap_dirty else too_soon)
                     continue
             if idle:  # went idle: what the steps freed goes back to the OS (at most every few s)
@@ -442,6 +444,7 @@ class Engine:
                     self._heap_dirty = True
                     self._step(plan)
                 else:  # requests wait for the disk or commands for a file: sleep until woken
+                    self._outbox.flush()
                     with self._cv:
                         if not self._inbox and not self._stop:
                             self._cv.wait(0.05)
@@ -450,6 +453,7 @@ class Engine:
                 for s in self.slots:
                     if s.busy:
                         self._fail(s, e, drop_state=True)
+        self._outbox.flush()
         err = ShuttingDownError()
         for s in self.slots:
             if s.busy:

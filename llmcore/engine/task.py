@@ -15,28 +15,36 @@ import time
 from typing import Callable
 
 from .config import GenParams
-from .events import Completion, ErrorEvent, FinalEvent
+from .events import Completion, ErrorEvent, FinalEvent, TokenEvent
 
 _task_ids = itertools.count(1)
 
 
 class EventOutbox:
-    """The events of one engine step, handed to each event loop in one call.
+    """The events of engine steps, handed to each event loop in one call.
 
     Waking an event loop from another thread writes to its self-pipe: one system call
-    per ``call_soon_threadsafe``. A step of N streams emits N events; while the outbox is
-    open (``with outbox:``, around the engine's post-step work) they are gathered and each
-    loop gets one call for all of them, in order. Closing the outbox delivers them."""
+    per ``call_soon_threadsafe``, and the loop's thread then runs (on a machine with as many
+    cores as the step has threads, it takes a core from the step). A step of N streams emits
+    N events; while the outbox is open (``with outbox:``, around the engine's post-step
+    work) they are gathered and each loop gets one call for all of them, in order. Closing
+    the outbox delivers them, unless the last delivery was less than ``hold_s`` ago and none
+    of them is urgent (a stream's first token, its end, an error): then the next step's
+    close, or ``flush()`` (the engine calls it before it waits), delivers them together."""
 
-    def __init__(self):
+    def __init__(self, hold_s: float = 0.0):
+        self.hold_s = hold_s
         self._open = 0
         self._pending: dict[asyncio.AbstractEventLoop, list] = {}
+        self._urgent = False
+        self._t_last = 0.0
 
-    def put(self, loop: asyncio.AbstractEventLoop, deliver: Callable, ev) -> bool:
+    def put(self, loop: asyncio.AbstractEventLoop, deliver: Callable, ev, urgent: bool = True) -> bool:
         """Gather (deliver, ev) for loop; False when the outbox is closed (deliver now)."""
         if not self._open:
             return False
         self._pending.setdefault(loop, []).append((deliver, ev))
+        self._urgent = self._urgent or urgent
         return True
 
     def __enter__(self) -> "EventOutbox":
@@ -45,9 +53,17 @@ class EventOutbox:
 
     def __exit__(self, *exc) -> None:
         self._open -= 1
-        if self._open:
+        if self._open or not self._pending:
             return
+        if not self._urgent and time.monotonic() - self._t_last < self.hold_s:
+            return  # held: delivered with the next step's events, or by flush()
+        self.flush()
+
+    def flush(self) -> None:
+        """Deliver what is held (engine thread, outbox closed)."""
         pending, self._pending = self._pending, {}
+        self._urgent = False
+        self._t_last = time.monotonic()
         for loop, items in pending.items():
             try:
                 loop.call_soon_threadsafe(_deliver_all, items)
@@ -78,6 +94,7 @@ class Task:
         self._wake = wake
         self._outbox = outbox
         self._getter: asyncio.Future | None = None
+        self._sent = False  # an event was put (the first goes out at once)
         if loop is not None:
             self._aq: asyncio.Queue = asyncio.Queue()
         else:
@@ -86,7 +103,9 @@ class Task:
     # ---- engine side -------------------------------------------------------------------
     def put(self, ev) -> None:
         if self.loop is not None:
-            if self._outbox is not None and self._outbox.put(self.loop, self._aq.put_nowait, ev):
+            urgent = not self._sent or not isinstance(ev, TokenEvent)
+            self._sent = True
+            if self._outbox is not None and self._outbox.put(self.loop, self._aq.put_nowait, ev, urgent):
                 return
             try:
                 self.loop.call_soon_threadsafe(self._aq.put_nowait, ev)
