@@ -121,7 +121,7 @@ cdef enum:
     KQ_ROWS = 8       # ... of a K-quant weight in the GGUF layout
     QK_K = 256
     QK8 = 32
-    MAX_TOKENS = 64   # the largest step run here (llmcore.models.decode_step)
+    MAX_TOKENS = 128  # the largest step run here (llmcore.models.decode_step)
     # chunks of a matmul per thread: few keep each thread's weight stream long (measured:
     # 1-2 per thread beat 4 on an idle machine), more than one lets the other threads
     # take a descheduled thread's share

@@ -105,11 +105,12 @@ def n_threads(n):
 def scenario(m, long_prompt: int = 0):
     """Every kind of small step, logits of each in order: decode of one sequence, of three
     (one a fork sharing a prefix), of seven (more than the private-row limit), a verify
-    segment (all its rows' logits, decode numerics), a 40-token chunk (tile attention)."""
+    segment (all its rows' logits, decode numerics), a 40-token and a 100-token chunk (tile
+    attention; up to 128 tokens a prompt runs in the fused step too)."""
     V = m.n_vocab
     out = []
     a, b = m.new_state(), m.new_state()
-    m.forward([(a, rand_tokens(long_prompt or 70, 1, V))])  # > 64 tokens: the layer-by-layer path
+    m.forward([(a, rand_tokens(long_prompt or 140, 1, V))])  # > 128 tokens: the layer-by-layer path
     m.forward([(b, rand_tokens(5, 2, V))])
     c = a.fork()  # shares a's blocks
     for k in range(3):
@@ -123,6 +124,7 @@ def scenario(m, long_prompt: int = 0):
         out.append(m.forward([(s, [(5 * i + k) % V]) for i, s in enumerate([a, b, c, *many])]))
     out.append(m.forward([(b, rand_tokens(5, 30, V))], n_logits=[5]))
     out.append(m.forward([(c, rand_tokens(40, 31, V))], all_logits=True))
+    out.append(m.forward([(b, rand_tokens(100, 32, V))], all_logits=True))
     for s in (a, b, c, *many):
         s.release()
     return out

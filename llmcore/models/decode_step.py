@@ -8,8 +8,10 @@ dozen kernel calls per layer: with small matrices those calls, not the weights, 
 generation speed. :meth:`DecodeStep.build` reads the model's layers into a
 ``step.Program`` once; a model with any other kind of layer (MoE, recurrent mixers,
 gated attention), a weight type the fused kernels do not read, or ``LLMCORE_FUSED_STEP=0``
-gets None and runs layer by layer, as do larger steps (prefill). The numbers are the
-layer-by-layer path's: the same work items compute every output element.
+gets None and runs layer by layer, as do larger steps (prefill beyond MAX_TOKENS: a short
+prompt, up to 128 tokens, runs here too, where the two threads' wake-ups at a few hundred
+separate kernel calls cost as much as its matmuls). The numbers are the layer-by-layer
+path's: the same work items compute every output element.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base import Model
 
 ENABLED = _kernels.ENABLED and os.environ.get("LLMCORE_FUSED_STEP", "1") != "0"
-MAX_TOKENS = 64  # pyx/step.pyx's TOKENS_MAX (larger steps run layer by layer)
+MAX_TOKENS = 128  # pyx/step.pyx's TOKENS_MAX (larger steps run layer by layer)
 
 
 class Unsupported(Exception):
