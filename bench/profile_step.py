@@ -5,7 +5,8 @@
 
 --batch B times a batched decode step: B sequences of --ctx tokens each advance one token.
 --verify K times a speculative verify step instead: K drafted tokens and the last sampled
-one (K+1 rows, every position's logits, each with a one-token decode's bits).
+one (K+1 rows, every position's logits, each with a one-token decode's bits); --no-lanes
+runs its attention rows through the rows kernel instead of the lanes form (A/B).
 A model whose decode steps run fused (pyx/step.pyx, one kernel call) reports that call's
 phases instead of per-op times (thread 0's wall time up to the end of each phase;
 LLMCORE_FUSED_STEP=0 times the layer-by-layer path).
@@ -37,7 +38,14 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
     ap.add_argument("--verify", type=int, default=0,
                     help="K: the step is a speculative verify of K drafted tokens (K+1 rows, every logit)")
+    ap.add_argument("--no-lanes", action="store_true",
+                    help="verify rows through the rows kernel, not its lanes form (same bits; A/B)")
     a = ap.parse_args(argv)
+    if a.no_lanes:
+        from llmcore import _kernels
+
+        for mod in ("attention", "step"):
+            _kernels.load(mod)._set_lanes_min_rows(2**31 - 1)
     from llmcore import _kernels, nn, quant, threads
     from llmcore.models import load_model
     from llmcore.models import layers as L
