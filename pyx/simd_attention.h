@@ -865,7 +865,17 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
  * order (o * alpha, then p_j v_j in key order) is the rows kernel's. */
 
 #ifndef ATTN_LANES_MIN_ROWS
-#define ATTN_LANES_MIN_ROWS 8   /* rows of one kv head from which an item takes the lanes form */
+/* rows of one kv head from which an item takes the lanes form (verify of 3 tokens x 3 heads:
+ * rows in place 2.9 ms of attention a step, lanes 3.7; 5 x 3: lanes 4.0, in place 4.2) */
+#define ATTN_LANES_MIN_ROWS 12
+#endif
+/* rows of one kv head that the rows kernel reads from f16 K/V in place (more are converted to
+ * f32 once per block: with AVX-512 the conversion cost more than the rows' second pass over
+ * the block from cache; a verify of 2 tokens' attention 3.1 -> 2.0 ms a step) */
+#if ATTN_AVX512
+#define ATTN_ROWS_IN_PLACE 16
+#else
+#define ATTN_ROWS_IN_PLACE 4
 #endif
 /* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
 static int attn_lanes_min_rows = ATTN_LANES_MIN_ROWS;
@@ -1096,7 +1106,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
 #endif
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
-            } else if (r16 && rn <= 4) {  /* few rows read f16 K/V in place; more convert once */
+            } else if (r16 && rn <= ATTN_ROWS_IN_PLACE) {  /* few rows read f16 K/V in place; more convert once */
                 kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; f16 = 1;
             } else {
                 attn_load_rows(kb, ks, c->kv_type, j0, j1, D, kf, D);
