@@ -631,6 +631,8 @@ class Engine:
 
     # ---- one step --------------------------------------------------------------------
     def _step(self, plan: StepPlan) -> None:
+        if not plan.decode_only:  # a prompt chunk can take long: held tokens go out first
+            self._outbox.flush()
         n_threads = self._set_threads(prefill=not plan.decode_only, n_tokens=len(plan))
         masks = self._start_masks(plan)  # computed on a helper thread while the model runs
         try:

@@ -103,11 +103,12 @@ class NgramDrafter:
     def _learn(self, seq: Sequence[int]) -> None:
         """The positions written since the last draft where its copy's token was a minority:
         did the text write it?"""
+        n = self.p.ngram_max
         for i in range(self._src_len, len(seq)):
             j = self._src + (i - self._src_len)  # the copy's position for i
             if j >= self._src_len or (i > self._src_len and seq[i - 1] != seq[j - 1]):
                 return  # past what was known then, or the copy was left before i
-            if self._minority(seq[:i], seq[j]):
+            if self._minority(seq[max(0, i - n):i], seq[j]):  # (the context only: no copy of seq)
                 self._trust_copy = seq[i] == seq[j]
                 if not self._trust_copy:
                     return

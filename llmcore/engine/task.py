@@ -30,7 +30,8 @@ class EventOutbox:
     work) they are gathered and each loop gets one call for all of them, in order. Closing
     the outbox delivers them, unless the last delivery was less than ``hold_s`` ago and none
     of them is urgent (a stream's first token, its end, an error): then the next step's
-    close, or ``flush()`` (the engine calls it before it waits), delivers them together."""
+    close, or ``flush()`` (the engine calls it before it waits and before a step with
+    prompt work, which may be long), delivers them together."""
 
     def __init__(self, hold_s: float = 0.0):
         self.hold_s = hold_s
@@ -61,6 +62,8 @@ class EventOutbox:
 
     def flush(self) -> None:
         """Deliver what is held (engine thread, outbox closed)."""
+        if not self._pending:
+            return
         pending, self._pending = self._pending, {}
         self._urgent = False
         self._t_last = time.monotonic()
