@@ -38,6 +38,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
     ap.add_argument("--verify", type=int, default=0,
                     help="K: the step is a speculative verify of K drafted tokens (K+1 rows, every logit)")
+    ap.add_argument("-ctk", "--cache-type", default="f16", help="KV cache type (f16, q8_0, q4_0, f32)")
     ap.add_argument("--no-lanes", action="store_true",
                     help="verify rows through the rows kernel, not its lanes form (same bits; A/B)")
     a = ap.parse_args(argv)
@@ -52,7 +53,7 @@ def main(argv=None):
     from llmcore.pull import resolve_model
 
     threads.set_num_threads(a.threads)
-    model = load_model(str(resolve_model(a.model)))
+    model = load_model(str(resolve_model(a.model)), kv_type=a.cache_type)
     clock = time.thread_time_ns if a.threads == 1 else time.perf_counter_ns
     acc = collections.defaultdict(int)
     cnt = collections.Counter()

@@ -618,10 +618,26 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
 /* ---- rows kernel: keys in lanes ------------------------------------------------------------ */
 
 #if ATTN_AVX512
-/* 16 values of a K/V row: f32 at k + off, or f16 (converted) */
-static inline __m512 attn_kvec(const void *k, const int F16, long off, __mmask16 msk) {
-    if (F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(msk, (const uint16_t *)k + off));
-    return _mm512_maskz_loadu_ps(msk, (const float *)k + off);
+/* 16 values e.. of K/V row j, stored as T (ATTN_KV_*: f32 and f16 rows ld elements apart;
+ * Q8_0 / Q4_0 rows ld bytes apart, e a multiple of 16): f32 values, a quantized value as
+ * d * q, one rounding, the bits kv_dequant_* gives (rows read in place, converted or not,
+ * sum the same numbers). */
+static inline __m512 attn_kvec(const void *k, const int T, long j, long ld, int e, __mmask16 msk) {
+    if (T == ATTN_KV_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(msk, (const uint16_t *)k + j * ld + e));
+    if (T == ATTN_KV_Q8_0) {
+        const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 34;
+        const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + (e & 31))));
+        return _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(b)), _mm512_cvtepi32_ps(q));
+    }
+    if (T == ATTN_KV_Q4_0) {
+        /* nibble n -> (float)(n - 8) by a permute (it reads the low 4 bits of each index) */
+        const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+        const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 18;
+        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+        if (e & 16) q = _mm512_srli_epi32(q, 4);
+        return _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(b)), _mm512_permutexvar_ps(q, lut));
+    }
+    return _mm512_maskz_loadu_ps(msk, (const float *)k + j * ld + e);
 }
 
 /* s[r*ldS + j] = q_r . k_j for r < RB and keys j of [j0, j1) (16-key groups from j0 & ~15;
@@ -629,7 +645,7 @@ static inline __m512 attn_kvec(const void *k, const int F16, long off, __mmask16
  * simd_hsum16x16, so it depends on its row and key only. ND > 0: D == 16 * ND, the rows'
  * q held in registers; ND == 0: any D (masked tail). */
 static inline __attribute__((always_inline)) void attn_rows_scores_nd(
-        const int RB, const int F16, const int ND, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        const int RB, const int T, const int ND, const float *q, int D, const void *k, long ldk, int j0, int j1,
         float *s, int ldS, const attn_pf *pf) {
     __m512 qv[4][4];
     if (ND > 0)
@@ -650,7 +666,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
                     for (int u = 0; u < KG; u++) {
                         const int j = jb + jj + u;
                         if (jj + u < 16 && j >= j0 && j < j1) {
-                            const __m512 kv = attn_kvec(k, F16, (long)j * ldk + 16 * i, (__mmask16)0xFFFF);
+                            const __m512 kv = attn_kvec(k, T, j, ldk, 16 * i, (__mmask16)0xFFFF);
                             for (int r = 0; r < RB; r++) a[u][r] = _mm512_fmadd_ps(qv[r][i], kv, a[u][r]);
                         }
                     }
@@ -667,7 +683,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
                 {
                     for (int d = 0; d < D; d += 16) {
                         const __mmask16 msk = simd_mask16(D - d);
-                        const __m512 kv = attn_kvec(k, F16, (long)j * ldk + d, msk);
+                        const __m512 kv = attn_kvec(k, T, j, ldk, d, msk);
                         for (int r = 0; r < RB; r++)
                             a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, q + (long)r * D + d), kv, a[r]);
                     }
@@ -680,34 +696,40 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
 }
 
 static inline __attribute__((always_inline)) void attn_rows_scores_rb(
-        const int RB, const int F16, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
         float *s, int ldS, const attn_pf *pf) {
     switch (D) {  /* the common head dims with q in registers (same sums as the loop) */
-        case 64: attn_rows_scores_nd(RB, F16, 4, q, D, k, ldk, j0, j1, s, ldS, pf); break;
-        case 32: attn_rows_scores_nd(RB, F16, 2, q, D, k, ldk, j0, j1, s, ldS, pf); break;
-        default: attn_rows_scores_nd(RB, F16, 0, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+        case 64: attn_rows_scores_nd(RB, T, 4, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+        case 32: attn_rows_scores_nd(RB, T, 2, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+        default: attn_rows_scores_nd(RB, T, 0, q, D, k, ldk, j0, j1, s, ldS, pf); break;
     }
 }
 
-#define ATTN_RB_SWITCH(fn, n, f16, ...)                          \
+#define ATTN_RB_SWITCH_T(fn, n, T, ...)                         \
     do {                                                         \
-        if (f16) switch (n) {                                    \
-            case 1: fn(1, 1, __VA_ARGS__); break;                \
-            case 2: fn(2, 1, __VA_ARGS__); break;                \
-            case 3: fn(3, 1, __VA_ARGS__); break;                \
-            default: fn(4, 1, __VA_ARGS__); break;               \
-        } else switch (n) {                                      \
-            case 1: fn(1, 0, __VA_ARGS__); break;                \
-            case 2: fn(2, 0, __VA_ARGS__); break;                \
-            case 3: fn(3, 0, __VA_ARGS__); break;                \
-            default: fn(4, 0, __VA_ARGS__); break;               \
+        switch (n) {                                             \
+            case 1: fn(1, T, __VA_ARGS__); break;                \
+            case 2: fn(2, T, __VA_ARGS__); break;                \
+            case 3: fn(3, T, __VA_ARGS__); break;                \
+            default: fn(4, T, __VA_ARGS__); break;               \
         }                                                        \
+    } while (0)
+
+/* fn(RB, T, ...) for RB = min(n, 4) rows and storage type t (ATTN_KV_*) */
+#define ATTN_RB_SWITCH(fn, n, t, ...)                                                  \
+    do {                                                                               \
+        switch (t) {                                                                   \
+            case ATTN_KV_F16: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F16, __VA_ARGS__); break;   \
+            case ATTN_KV_Q8_0: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_Q8_0, __VA_ARGS__); break; \
+            case ATTN_KV_Q4_0: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_Q4_0, __VA_ARGS__); break; \
+            default: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F32, __VA_ARGS__); break;            \
+        }                                                                              \
     } while (0)
 
 /* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c] for r < RB, over NV
  * vectors of values from c0 (the last masked by kl) */
 static inline __attribute__((always_inline)) void attn_rows_pv_rb(
-        const int RB, const int F16, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
+        const int RB, const int T, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int c0, int j0, int j1, const float *alpha, __mmask16 kl, const attn_pf *pf) {
     __m512 acc[4][4];
     __mmask16 km[4];
@@ -720,7 +742,7 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
     for (int j = j0; j < j1; j++) {
         attn_pf_row(pf, j);
         __m512 vv[4];
-        for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, F16, (long)j * ldv + c0 + 16 * i, km[i]);
+        for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, T, j, ldv, c0 + 16 * i, km[i]);
         for (int r = 0; r < RB; r++) {
             const __m512 pb = _mm512_set1_ps(p[(long)r * ldS + j]);
             for (int i = 0; i < NV; i++) acc[r][i] = _mm512_fmadd_ps(pb, vv[i], acc[r][i]);
@@ -730,35 +752,36 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
         for (int i = 0; i < NV; i++) _mm512_mask_storeu_ps(o + (long)r * Dv + c0 + 16 * i, km[i], acc[r][i]);
 }
 
-#define ATTN_ROWS_PV(RB, F16, nv, ...)                                   \
+#define ATTN_ROWS_PV(RB, T, nv, ...)                                   \
     do {                                                                 \
         switch (nv) {                                                    \
-            case 1: attn_rows_pv_rb(RB, F16, 1, __VA_ARGS__); break;     \
-            case 2: attn_rows_pv_rb(RB, F16, 2, __VA_ARGS__); break;     \
-            case 3: attn_rows_pv_rb(RB, F16, 3, __VA_ARGS__); break;     \
-            default: attn_rows_pv_rb(RB, F16, 4, __VA_ARGS__); break;    \
+            case 1: attn_rows_pv_rb(RB, T, 1, __VA_ARGS__); break;     \
+            case 2: attn_rows_pv_rb(RB, T, 2, __VA_ARGS__); break;     \
+            case 3: attn_rows_pv_rb(RB, T, 3, __VA_ARGS__); break;     \
+            default: attn_rows_pv_rb(RB, T, 4, __VA_ARGS__); break;    \
         }                                                                \
     } while (0)
 
 /* RB rows: every 64-value chunk of the outputs */
 static inline __attribute__((always_inline)) void attn_rows_pv_all(
-        const int RB, const int F16, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
+        const int RB, const int T, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int j0, int j1, const float *alpha, const attn_pf *pf) {
     for (int c0 = 0; c0 < Dv; c0 += 64) {
         const int w = Dv - c0 < 64 ? Dv - c0 : 64, nv = (w + 15) / 16;
         const __mmask16 kl = simd_mask16(w - 16 * (nv - 1));
-        ATTN_ROWS_PV(RB, F16, nv, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, kl, c0 == 0 ? pf : NULL);
+        ATTN_ROWS_PV(RB, T, nv, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, kl, c0 == 0 ? pf : NULL);
     }
 }
 #endif
 
-/* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block: f32 rows (f16 = 0, k
- * floats, ldk floats apart) or f16 rows (f16 = 1, elements) */
-static void attn_rows_scores(const float *q, int R, int D, const void *k, int f16, long ldk, int j0, int j1,
+/* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block of K rows stored as t
+ * (ATTN_KV_*; f32 / f16 rows ldk elements apart, Q8_0 / Q4_0 rows ldk bytes apart, read in
+ * place only by the AVX-512 kernels) */
+static void attn_rows_scores(const float *q, int R, int D, const void *k, int t, long ldk, int j0, int j1,
                              float *s, int ldS, const attn_pf *pf) {
 #if ATTN_AVX512
     for (int r = 0; r < R; r += 4)
-        ATTN_RB_SWITCH(attn_rows_scores_rb, R - r, f16, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
+        ATTN_RB_SWITCH(attn_rows_scores_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
                        r == 0 ? pf : NULL);
 #else
     (void)pf;
@@ -766,7 +789,7 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int f1
         for (int j = j0; j < j1; j++) {
             float acc = 0.0f;
             for (int d = 0; d < D; d++) {
-                const float kd = f16 ? simd_h2f(((const uint16_t *)k)[(long)j * ldk + d]) : ((const float *)k)[(long)j * ldk + d];
+                const float kd = t == ATTN_KV_F16 ? simd_h2f(((const uint16_t *)k)[(long)j * ldk + d]) : ((const float *)k)[(long)j * ldk + d];
                 acc += q[(long)r * D + d] * kd;
             }
             s[(long)r * ldS + j] = acc;
@@ -774,11 +797,11 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int f1
 #endif
 }
 
-static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const void *v, int f16, long ldv,
+static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const void *v, int t, long ldv,
                          int j0, int j1, const float *alpha, const attn_pf *pf) {
 #if ATTN_AVX512
     for (int r = 0; r < R; r += 4)
-        ATTN_RB_SWITCH(attn_rows_pv_all, R - r, f16, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r,
+        ATTN_RB_SWITCH(attn_rows_pv_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r,
                        r == 0 ? pf : NULL);
 #else
     (void)pf;
@@ -788,7 +811,7 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
         for (int j = j0; j < j1; j++) {
             const float pj = p[(long)r * ldS + j];
             for (int cc = 0; cc < Dv; cc++) {
-                const float vj = f16 ? simd_h2f(((const uint16_t *)v)[(long)j * ldv + cc]) : ((const float *)v)[(long)j * ldv + cc];
+                const float vj = t == ATTN_KV_F16 ? simd_h2f(((const uint16_t *)v)[(long)j * ldv + cc]) : ((const float *)v)[(long)j * ldv + cc];
                 orow[cc] += pj * vj;
             }
         }
@@ -876,6 +899,10 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #define ATTN_ROWS_IN_PLACE 16
 #else
 #define ATTN_ROWS_IN_PLACE 4
+#endif
+#ifndef ATTN_ROWS_IN_PLACE_Q
+/* the same for a Q8_0 / Q4_0 cache (AVX-512 only) */
+#define ATTN_ROWS_IN_PLACE_Q 16
 #endif
 /* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
 static int attn_lanes_min_rows = ATTN_LANES_MIN_ROWS;
@@ -1080,7 +1107,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
             const uint8_t *vb = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
             const void *kp, *vp;
-            int f16 = 0;
+            int kt = ATTN_KV_F32;  /* how kp / vp are stored */
             long ldk, ldv;
             attn_pf pfk = {NULL, ks, c->k_row}, pfv = {NULL, vs, c->v_row};
             if (blk_n >= 0) {
@@ -1107,20 +1134,24 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
             } else if (r16 && rn <= ATTN_ROWS_IN_PLACE) {  /* few rows read f16 K/V in place; more convert once */
-                kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; f16 = 1;
+                kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; kt = ATTN_KV_F16;
+#if ATTN_AVX512
+            } else if (rn <= ATTN_ROWS_IN_PLACE_Q) {  /* and quantized K/V (rows of bytes) */
+                kp = kb; vp = vb; ldk = ks; ldv = vs; kt = c->kv_type;
+#endif
             } else {
                 attn_load_rows(kb, ks, c->kv_type, j0, j1, D, kf, D);
                 attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
                 kp = kf; vp = vf; ldk = D; ldv = Dv;
             }
-            attn_rows_scores(q + (long)ra * D, rn, D, kp, f16, ldk, j0, j1, s + (long)ra * ldS, ldS,
+            attn_rows_scores(q + (long)ra * D, rn, D, kp, kt, ldk, j0, j1, s + (long)ra * ldS, ldS,
                              blk_n >= 0 ? &pfk : NULL);
             for (int r = ra; r < ra + rn; r++) {
                 const int a = lo[r] - k0, z = hi[r] - k0;
                 alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
                                              cap, m + r, l16 + 16 * r);
             }
-            attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, f16, ldv, j0, j1, alpha + ra,
+            attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, kt, ldv, j0, j1, alpha + ra,
                          blk_n >= 0 ? &pfv : NULL);
         }
     }

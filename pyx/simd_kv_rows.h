@@ -51,7 +51,28 @@ static void kv_quantize_q4_0(const float *x, uint8_t *y, int n) {
 #pragma GCC pop_options
 #endif
 
+/* Dequantize: d * (float)q, one rounding per value, so the vector forms give the scalar
+ * loop's bits (attention reads a quantized cache through these, block after block). */
 static inline void kv_dequant_q8_0(const uint8_t *x, float *y, int n) {
+#if defined(__AVX512F__)
+    for (int b = 0; b < n / 32; b++, x += 34, y += 32) {
+        const __m512 d = _mm512_set1_ps(simd_load_f16(x));
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)(x + 2));
+        const __m128i q1 = _mm_loadu_si128((const __m128i *)(x + 18));
+        _mm512_storeu_ps(y, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0))));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1))));
+    }
+    return;
+#elif defined(__AVX2__)
+    for (int b = 0; b < n / 32; b++, x += 34, y += 32) {
+        const __m256 d = _mm256_set1_ps(simd_load_f16(x));
+        for (int k = 0; k < 32; k += 8) {
+            const __m128i q = _mm_loadl_epi64((const __m128i *)(x + 2 + k));
+            _mm256_storeu_ps(y + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+        }
+    }
+    return;
+#endif
     for (int b = 0; b < n / 32; b++, x += 34, y += 32) {
         const float d = simd_load_f16(x);
         const int8_t *q = (const int8_t *)(x + 2);
@@ -60,6 +81,30 @@ static inline void kv_dequant_q8_0(const uint8_t *x, float *y, int n) {
 }
 
 static inline void kv_dequant_q4_0(const uint8_t *x, float *y, int n) {
+#if defined(__AVX512F__)
+    /* nibble n -> (float)(n - 8) by a permute (it reads the low 4 bits of each index) */
+    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int b = 0; b < n / 32; b++, x += 18, y += 32) {
+        const __m512 d = _mm512_set1_ps(simd_load_f16(x));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x + 2)));
+        _mm512_storeu_ps(y, _mm512_mul_ps(d, _mm512_permutexvar_ps(q, lut)));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut)));
+    }
+    return;
+#elif defined(__AVX2__)
+    const __m256i lo4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    for (int b = 0; b < n / 32; b++, x += 18, y += 32) {
+        const __m256 d = _mm256_set1_ps(simd_load_f16(x));
+        for (int k = 0; k < 16; k += 8) {
+            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x + 2 + k)));
+            const __m256i a = _mm256_sub_epi32(_mm256_and_si256(q, lo4), eight);
+            const __m256i c = _mm256_sub_epi32(_mm256_srli_epi32(q, 4), eight);
+            _mm256_storeu_ps(y + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(a)));
+            _mm256_storeu_ps(y + 16 + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(c)));
+        }
+    }
+    return;
+#endif
     for (int b = 0; b < n / 32; b++, x += 18, y += 32) {
         const float d = simd_load_f16(x);
         const uint8_t *q = x + 2;
