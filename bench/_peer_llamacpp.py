@@ -25,7 +25,7 @@ def available() -> str | None:
 
 class LlamaCpp:
     def __init__(self, path: str, n_threads: int, n_ctx: int = 4096, n_batch: int = 512, n_seq: int = 1,
-                 kv_unified: bool = True, flash_attn: str = "auto"):
+                 kv_unified: bool = True, flash_attn: str = "auto", cache_type: str = "f16"):
         import llama_cpp as L
 
         self.L = L
@@ -58,6 +58,8 @@ class LlamaCpp:
         # "auto" is llama.cpp's default (on for the CPU); "on" / "off" force it
         cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                               "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
+        if cache_type != "f16":  # -ctk / -ctv (a quantized V needs flash attention: auto gives it)
+            cp.type_k = cp.type_v = {"q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0, "f32": L.GGML_TYPE_F32}[cache_type]
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError("llama.cpp failed to create a context")

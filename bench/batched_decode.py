@@ -3,7 +3,7 @@
 advanced together, one forward per step, for B = 1, 2, 4, 8, 16, 32.
 
     PYTHONPATH=. python bench/batched_decode.py [-m smollm2] [--batches 1 2 4 8 16 32] \\
-        [--ctx 600] [--steps 16] [--no-peer] [--append-results]
+        [--ctx 600] [--steps 16] [-ctk f16|q8_0|q4_0] [--no-peer] [--append-results]
 
 llmcore: all sequences are prefilled once (distinct random prompts, not timed); for each B
 the first B of them decode --steps greedy steps at 1 thread (CPU time of the calling
@@ -46,7 +46,8 @@ def _child(a) -> int:
     from _peer_llamacpp import LlamaCpp
 
     B = a.child
-    m = LlamaCpp(a.model_path, a.threads, n_ctx=B * (a.ctx + a.steps + 8) + 256, n_batch=512, n_seq=B)
+    m = LlamaCpp(a.model_path, a.threads, n_ctx=B * (a.ctx + a.steps + 8) + 256, n_batch=512, n_seq=B,
+                 cache_type=a.cache_type)
     prompts = prompts_for(B, a.ctx, m.n_vocab, a.seed)
     out = []
     for _ in range(a.reps):
@@ -65,7 +66,7 @@ def llamacpp_parallel(path: str, B: int, a) -> list[float]:
         env.pop("GOMP_SPINCOUNT", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(B), "--model-path", path,
            "-t", str(a.threads), "--ctx", str(a.ctx), "--steps", str(a.steps), "--reps", str(a.reps),
-           "--seed", str(a.seed)]
+           "--seed", str(a.seed), "-ctk", a.cache_type]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -76,13 +77,13 @@ def llamacpp_parallel(path: str, B: int, a) -> list[float]:
 # ---- llmcore ----------------------------------------------------------------------------------
 
 class Batched:
-    def __init__(self, path: str, ctx: int, n_max: int, seed: int):
+    def __init__(self, path: str, ctx: int, n_max: int, seed: int, cache_type: str = "f16"):
         from llmcore import threads
         from llmcore.models import load_model
 
         self.threads = threads
         threads.set_num_threads(2)
-        self.model = load_model(path)
+        self.model = load_model(path, kv_type=cache_type)
         self.prompts = prompts_for(n_max, ctx, self.model.n_vocab, seed)
         self.states, self.first = [], []
         for p in self.prompts:
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed per B")
     ap.add_argument("--reps", type=int, default=1, help="llama.cpp repetitions per B")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-ctk", "--cache-type", default="f16", choices=("f16", "q8_0", "q4_0", "f32"),
+                    help="K and V cache type of both engines (llama-server's -ctk / -ctv)")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--append-results", action="store_true", help="append the table to bench/RESULTS.md")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
@@ -132,7 +135,7 @@ def main(argv=None) -> int:
     path = str(resolve_model(a.model))
     why = "--no-peer" if a.no_peer else available()
     t_load = time.perf_counter()
-    eng = Batched(path, a.ctx, max(a.batches), a.seed)
+    eng = Batched(path, a.ctx, max(a.batches), a.seed, a.cache_type)
     print(f"prefilled {max(a.batches)} x {a.ctx} tokens in {time.perf_counter() - t_load:.1f} s", flush=True)
     rows = []
     for B in a.batches:
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
               + (f"; llama.cpp {a.threads}t {r['peer']:7.1f} t/s" if "peer" in r else ""), flush=True)
     load = os.getloadavg()[0]
     lines = [
-        f"model {os.path.basename(path)}, prompts of {a.ctx} tokens, {a.steps} decode steps per B, "
+        f"model {os.path.basename(path)}, {a.cache_type} K/V, prompts of {a.ctx} tokens, {a.steps} decode steps per B, "
         f"load average {load:.1f} at the end",
         "",
         f"| B | llmcore 1 thread CPU ms/step (min) | llmcore 1 thread t/s | llmcore {a.threads} threads wall "

@@ -622,12 +622,16 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
  * Q8_0 / Q4_0 rows ld bytes apart, e a multiple of 16): f32 values, a quantized value as
  * d * q, one rounding, the bits kv_dequant_* gives (rows read in place, converted or not,
  * sum the same numbers). */
+static inline __m512 attn_scale16(const uint8_t *b) {  /* a block's f16 scale in 16 lanes */
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)simd_rd16(b)));
+}
+
 static inline __m512 attn_kvec(const void *k, const int T, long j, long ld, int e, __mmask16 msk) {
     if (T == ATTN_KV_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(msk, (const uint16_t *)k + j * ld + e));
     if (T == ATTN_KV_Q8_0) {
         const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 34;
         const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + (e & 31))));
-        return _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(b)), _mm512_cvtepi32_ps(q));
+        return _mm512_mul_ps(attn_scale16(b), _mm512_cvtepi32_ps(q));
     }
     if (T == ATTN_KV_Q4_0) {
         /* nibble n -> (float)(n - 8) by a permute (it reads the low 4 bits of each index) */
@@ -635,7 +639,7 @@ static inline __m512 attn_kvec(const void *k, const int T, long j, long ld, int 
         const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 18;
         __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
         if (e & 16) q = _mm512_srli_epi32(q, 4);
-        return _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(b)), _mm512_permutexvar_ps(q, lut));
+        return _mm512_mul_ps(attn_scale16(b), _mm512_permutexvar_ps(q, lut));
     }
     return _mm512_maskz_loadu_ps(msk, (const float *)k + j * ld + e);
 }
@@ -655,6 +659,30 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
     const int KG = ND == 0 ? 1 : RB <= 2 ? 4 : RB == 3 ? 3 : 2;
     for (int jb = j0 & ~15; jb < j1; jb += 16) {
         __m512 tmp[4][16];
+        if (ND > 0 && jb >= j0 && jb + 16 <= j1) {
+            /* a whole group of keys (most of them): the loop below's sums, unrolled, with no
+             * per-key range tests (they cost as much as the key's arithmetic) */
+#pragma GCC unroll 16
+            for (int jj = 0; jj < 16; jj += KG) {
+                if (pf)
+                    for (int u = 0; u < KG && jj + u < 16; u++) attn_pf_row(pf, jb + jj + u);
+                __m512 a[4][4];
+                for (int u = 0; u < KG; u++)
+                    for (int r = 0; r < RB; r++) a[u][r] = _mm512_setzero_ps();
+                for (int i = 0; i < ND; i++)
+                    for (int u = 0; u < KG; u++)
+                        if (jj + u < 16) {
+                            const __m512 kv = attn_kvec(k, T, jb + jj + u, ldk, 16 * i, (__mmask16)0xFFFF);
+                            for (int r = 0; r < RB; r++) a[u][r] = _mm512_fmadd_ps(qv[r][i], kv, a[u][r]);
+                        }
+                for (int u = 0; u < KG && jj + u < 16; u++) {
+                    const int slot = 4 * ((jj + u) & 3) + ((jj + u) >> 2);  /* simd_hsum16x16's order */
+                    for (int r = 0; r < RB; r++) tmp[r][slot] = a[u][r];
+                }
+            }
+            for (int r = 0; r < RB; r++) _mm512_storeu_ps(s + (long)r * ldS + jb, simd_hsum16x16(tmp[r]));
+            continue;
+        }
         for (int jj = 0; jj < 16; jj += KG) {
             for (int u = 0; u < KG && jj + u < 16; u++)
                 if (jb + jj + u >= j0 && jb + jj + u < j1) attn_pf_row(pf, jb + jj + u);
