@@ -10,6 +10,9 @@ Cases (f16 KV, block size 32 unless --bs), SmolLM2-135M's attention (H=9, KVH=3,
   smollm2-4k    1 sequence at 4096, 30 layers
   smollm2-b8    8 sequences at 600 tokens each, 30 layers (batched decode's shape)
   smollm2-b32   32 sequences at 600 tokens each, 30 layers
+  qwen35-16k    Qwen3.5/3.6-35B-A3B's attention layers (H=16, KVH=2, D=256), 10 layers, 16k depth
+  qwen35-b8     the same, 8 sequences at 2048 tokens
+  qwen3moe-4k   Qwen3-30B-A3B's (H=32, KVH=4, D=128), 48 layers, 4k depth
 
 K/V storage is what the block pool makes (huge pages; --small-pages: the heap's 4 KiB pages),
 block ids shuffled (--contiguous: in order). Prints the time of a step (all layers) and the K/V bytes read per second, min and median.
@@ -30,6 +33,11 @@ CASES = {
     "smollm2-4k": dict(H=9, KVH=3, D=64, seqs=1, ctx=4096, layers=30),
     "smollm2-b8": dict(H=9, KVH=3, D=64, seqs=8, ctx=600, layers=30),
     "smollm2-b32": dict(H=9, KVH=3, D=64, seqs=32, ctx=600, layers=30),
+    # the attention layers of Qwen3.5/3.6-35B-A3B (every 4th of 40): 16 heads / 2 kv heads x 256
+    "qwen35-16k": dict(H=16, KVH=2, D=256, seqs=1, ctx=16384, layers=10),
+    "qwen35-b8": dict(H=16, KVH=2, D=256, seqs=8, ctx=2048, layers=10),
+    # Qwen3-30B-A3B: 32 heads / 4 kv heads x 128, 48 layers (a 4k depth)
+    "qwen3moe-4k": dict(H=32, KVH=4, D=128, seqs=1, ctx=4096, layers=48),
 }
 
 

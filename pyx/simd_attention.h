@@ -723,13 +723,60 @@ static inline __attribute__((always_inline)) void attn_rows_scores_nd(
     }
 }
 
+/* The same scores for a long head (D a multiple of 32 above 64: 96, 128, 256): q read from
+ * L1 by each fma, KG keys a pass, each score one fma chain over d in order (the bits of
+ * attn_rows_scores_nd), the head walked 32 values (a quantized block) at a time. Keys of a
+ * group outside [j0, j1) get 0. */
+static inline __attribute__((always_inline)) void attn_rows_scores_long(
+        const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        float *s, int ldS, const attn_pf *pf) {
+    const int KG = RB <= 2 ? 4 : RB == 3 ? 3 : 2;
+    /* bytes of a row step and of 32 values */
+    const long rstep = T == ATTN_KV_F16 ? 2 * ldk : T == ATTN_KV_F32 ? 4 * ldk : ldk;
+    const int b32 = T == ATTN_KV_F16 ? 64 : T == ATTN_KV_F32 ? 128 : T == ATTN_KV_Q8_0 ? 34 : 18;
+    for (int jb = j0 & ~15; jb < j1; jb += 16) {
+        __m512 tmp[4][16];
+        for (int jj = 0; jj < 16; jj += KG) {
+            const uint8_t *kr[4];
+            int live[4];
+            for (int u = 0; u < KG; u++) {
+                const int j = jb + jj + u;
+                live[u] = jj + u < 16 && j >= j0 && j < j1;
+                if (live[u]) attn_pf_row(pf, j);
+                kr[u] = (const uint8_t *)k + (live[u] ? j : j0) * rstep;  /* a dead key reads a live row */
+            }
+            __m512 a[4][4];
+            for (int u = 0; u < KG; u++)
+                for (int r = 0; r < RB; r++) a[u][r] = _mm512_setzero_ps();
+            for (int e = 0; e < D; e += 32, q += 32) {
+                for (int h = 0; h < 2; h++)
+                    for (int u = 0; u < KG; u++) {
+                        const __m512 kv = attn_kvec(kr[u], T, 0, 0, 16 * h, (__mmask16)0xFFFF);
+                        for (int r = 0; r < RB; r++)
+                            a[u][r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (long)r * D + 16 * h), kv, a[u][r]);
+                    }
+                for (int u = 0; u < KG; u++) kr[u] += b32;
+            }
+            q -= D;
+            for (int u = 0; u < KG && jj + u < 16; u++) {
+                const int slot = 4 * ((jj + u) & 3) + ((jj + u) >> 2);  /* simd_hsum16x16's order */
+                for (int r = 0; r < RB; r++) tmp[r][slot] = live[u] ? a[u][r] : _mm512_setzero_ps();
+            }
+        }
+        for (int r = 0; r < RB; r++) _mm512_storeu_ps(s + (long)r * ldS + jb, simd_hsum16x16(tmp[r]));
+    }
+}
+
 static inline __attribute__((always_inline)) void attn_rows_scores_rb(
         const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
         float *s, int ldS, const attn_pf *pf) {
     switch (D) {  /* the common head dims with q in registers (same sums as the loop) */
         case 64: attn_rows_scores_nd(RB, T, 4, q, D, k, ldk, j0, j1, s, ldS, pf); break;
         case 32: attn_rows_scores_nd(RB, T, 2, q, D, k, ldk, j0, j1, s, ldS, pf); break;
-        default: attn_rows_scores_nd(RB, T, 0, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+        default:
+            if (D % 32 == 0) attn_rows_scores_long(RB, T, q, D, k, ldk, j0, j1, s, ldS, pf);
+            else attn_rows_scores_nd(RB, T, 0, q, D, k, ldk, j0, j1, s, ldS, pf);
+            break;
     }
 }
 
