@@ -181,7 +181,7 @@ def test_large_scores_do_not_overflow():
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
-@pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (4, 1, 32), (8, 8, 96)])
+@pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (4, 1, 32), (8, 8, 96), (16, 2, 256)])
 def test_decode_seqs_give_each_token_its_one_token_decode_bits(kv_type, H, KVH, D):
     # verify segments (17 and 40 tokens, one crossing a key chunk boundary) next to a plain
     # decode and a prefill chunk: each marked token gets exactly the bits of decoding it
