@@ -81,6 +81,11 @@ cdef extern from "simd_quants.h" nogil:
     int LQ_FMT_BF16
     int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
     void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff)
+    int LQ_TT
+    int LQ_REC
+    void lq_quant_row_tile(const float *x, int64_t K, int t, float moff, uint8_t *rec)
+    int lq_step_tiles_ok(const lq_packed *P, int64_t n)
+    void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
     void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n,
                           int64_t ldy)
     int64_t lq_tile_tokens(const lq_packed *P, int portable)
@@ -165,6 +170,7 @@ cdef struct linear_t:
 
 
 cdef struct acts_t:       # one part's input rows, quantized as its kernel wants them
+    uint8_t *rec          # W_LQ, many rows: tile records (LQ_TT rows each), else NULL
     int8_t *qa
     float *da
     float *sa
@@ -257,12 +263,15 @@ cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, const floa
     """Lay out one part's activation buffer (from _act_bytes(w, n) bytes at buf) for the
     input rows x (which a float weight reads as they are)."""
     cdef int64_t K = w.cols
+    a.rec = NULL
     a.qa = NULL
     a.da = NULL
     a.sa = NULL
     a.q8k = NULL
     a.xf = x
-    if w.kind == W_LQ:
+    if w.kind == W_LQ and lq_step_tiles_ok(&w.lq, n):
+        a.rec = buf  # ceil(n / LQ_TT) tiles of nb records: no more than the row-major layout
+    elif w.kind == W_LQ:
         a.qa = <int8_t *>buf
         a.da = <float *>(buf + ((n * K + 63) // 64) * 64)
         a.sa = a.da + ((n * (K // QK8) * 4 + 63) // 64) * 16
@@ -278,7 +287,10 @@ cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, const floa
 cdef inline void _quant_rows(const weight_t *w, const float *x, int64_t r0, int64_t r1, acts_t *a) noexcept nogil:
     """Rows [r0, r1) of x (row stride w.cols) quantized into a."""
     cdef int64_t K = w.cols, nb = K // QK8, r
-    if w.kind == W_LQ:
+    if w.kind == W_LQ and a.rec != NULL:
+        for r in range(r0, r1):
+            lq_quant_row_tile(x + r * K, K, <int>(r % LQ_TT), w.lq.moff, a.rec + (r // LQ_TT) * nb * LQ_REC)
+    elif w.kind == W_LQ:
         for r in range(r0, r1):
             lq_quant_row_q8(x + r * K, K, a.qa + r * K, a.da + r * nb, a.sa + r * nb, w.lq.moff)
     elif w.kind == W_KQ or w.kind == W_KQRAW:
@@ -290,7 +302,9 @@ cdef inline void _mm_item(const weight_t *w, int64_t it, const acts_t *a, int64_
                           int64_t ldy) noexcept nogil:
     """Work item `it` of y (n, ldy) += ... (output columns of this part start at y)."""
     cdef int64_t r0, r1
-    if w.kind == W_LQ:
+    if w.kind == W_LQ and a.rec != NULL:
+        lq_group_tiles(&w.lq, it, a.rec, n, y, ldy)
+    elif w.kind == W_LQ:
         lq_group_rows_ld(&w.lq, it, a.qa, a.da, a.sa, n, w.tt, y, ldy, 0)
     elif w.kind == W_KQ:
         kq_rp_group(w.type, w.data, w.cols, w.rows, it, &a.kact, 0, n, y, ldy)

@@ -104,8 +104,9 @@ def n_threads(n):
 
 def scenario(m, long_prompt: int = 0):
     """Every kind of small step, logits of each in order: decode of one sequence, of three
-    (one a fork sharing a prefix), of seven (more than the private-row limit), a verify
-    segment (all its rows' logits, decode numerics), a 40-token and a 100-token chunk (tile
+    (one a fork sharing a prefix), of nine (more than the private-row limit; 8+ rows read
+    tile records where the layer-by-layer path reads rows), verify segments of 5 and 10
+    (all their rows' logits, decode numerics), a 40-token and a 100-token chunk (tile
     attention; up to 128 tokens a prompt runs in the fused step too)."""
     V = m.n_vocab
     out = []
@@ -117,12 +118,13 @@ def scenario(m, long_prompt: int = 0):
         out.append(m.forward([(a, [k + 3])]))
     for k in range(2):
         out.append(m.forward([(a, [k + 7]), (b, [k + 11]), (c, [k + 13])]))
-    many = [m.new_state() for _ in range(4)]
+    many = [m.new_state() for _ in range(6)]  # 9 sequences: the step's matmuls read tile records
     for i, s in enumerate(many):
         m.forward([(s, rand_tokens(3 + 9 * i, 20 + i, V))])
     for k in range(2):
         out.append(m.forward([(s, [(5 * i + k) % V]) for i, s in enumerate([a, b, c, *many])]))
     out.append(m.forward([(b, rand_tokens(5, 30, V))], n_logits=[5]))
+    out.append(m.forward([(c, rand_tokens(10, 33, V))], n_logits=[10]))  # 10 rows: tiles, 2 of them
     out.append(m.forward([(c, rand_tokens(40, 31, V))], all_logits=True))
     out.append(m.forward([(b, rand_tokens(100, 32, V))], all_logits=True))
     for s in (a, b, c, *many):
