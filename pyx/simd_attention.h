@@ -975,10 +975,6 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #else
 #define ATTN_ROWS_IN_PLACE 4
 #endif
-#ifndef ATTN_ROWS_IN_PLACE_Q
-/* the same for a Q8_0 / Q4_0 cache (AVX-512 only) */
-#define ATTN_ROWS_IN_PLACE_Q 16
-#endif
 /* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
 static int attn_lanes_min_rows = ATTN_LANES_MIN_ROWS;
 static inline int attn_set_lanes_min_rows(int n) {
@@ -1211,7 +1207,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             } else if (r16 && rn <= ATTN_ROWS_IN_PLACE) {  /* few rows read f16 K/V in place; more convert once */
                 kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; kt = ATTN_KV_F16;
 #if ATTN_AVX512
-            } else if (rn <= ATTN_ROWS_IN_PLACE_Q) {  /* and quantized K/V (rows of bytes) */
+            } else if (rn <= ATTN_ROWS_IN_PLACE) {  /* quantized K/V too (rows of bytes; AVX-512 only) */
                 kp = kb; vp = vb; ldk = ks; ldv = vs; kt = c->kv_type;
 #endif
             } else {
