@@ -48,8 +48,9 @@ def test_drafter_keeps_following_the_copy_it_drafts_from():
 def test_drafter_stops_before_minority_tokens_until_the_copy_proves_right_there():
     """Functions that differ in a number: a model that writes its own numbers misses every
     draft that runs through one, so once the text left its copy at such a point, drafts
-    stop before tokens that followed their context in a minority of its occurrences; once
-    the text writes the copy's token at such a point again, drafts go through them."""
+    stop before tokens that followed that context in a minority of its occurrences; the
+    copy itself goes on after the changed number (the next function); once the text writes
+    the copy's token at such a point again, drafts go through them."""
     def fn(i):
         return [1, 20 + i, 10, 11, 12, 13, 30 + i]
 
@@ -58,13 +59,42 @@ def test_drafter_stops_before_minority_tokens_until_the_copy_proves_right_there(
     assert d.draft(seq) == [10, 11, 12, 13]  # k starts at 4
     d.record(4, 4)
     seq += [10, 11, 12, 13, 35]  # the model's own number where the copy had 31
-    assert d.draft(seq) == []  # [13, 35] never occurred
-    seq += [1, 22]
-    # the copy (fn(2)) has 32 after [10, 11, 12, 13]: 1 of its 4 followers so far
-    assert d.draft(seq) == [10, 11, 12, 13]
-    d.record(4, 4)
-    seq += [10, 11, 12, 13, 32]  # this time the copy's number: drafts go through again
+    # [13, 35] never occurred, but 31 was one of three numbers seen after [10, 11, 12, 13]:
+    # the copy goes on after it, up to its next number (32: at that context the text just
+    # wrote its own)
+    assert d.draft(seq) == [1, 22, 10, 11, 12, 13]
+    d.record(6, 6)
+    seq += [1, 22, 10, 11, 12, 13, 32]  # this time the copy's number: drafts go through again
     assert d.draft(seq) == [1, 23, 10, 11, 12, 13, 33, 1]
+
+
+def test_drafter_resumes_its_copy_after_a_changed_token_only_where_the_copy_varies():
+    """A rename in a copied line (the copy's token was one of several seen after its
+    context): the copy goes on after it, and after the shorter spelling of a number it
+    skips the copy's extra token. Where the copy's token was the only one ever seen there
+    (free text taking another word), the drafter goes back to the index."""
+    def fn(i, tail):
+        return [1, 50 + i, 2, 3, 4] + tail + [5, 6, 7, 8]
+
+    file = fn(0, [40, 41]) + fn(1, [40, 42]) + fn(2, [40, 43])
+    d = NgramDrafter(SpecParams(n_max=4, ngram_min=2, ngram_max=4))
+    seq = file + [1, 50, 2]
+    assert d.draft(seq) == [3, 4, 40, 41]
+    d.record(4, 4)
+    seq += [3, 4, 40, 41, 9]  # the copy has 5 here, always: another word, not a variant
+    assert d.draft(seq) == []
+    d = NgramDrafter(SpecParams(n_max=4, ngram_min=2, ngram_max=4))
+    seq = file + [1, 50, 2]
+    assert d.draft(seq) == [3, 4, 40, 41]
+    d.record(4, 4)
+    seq += [3, 4, 40, 99]  # 41 was one of three after [2, 3, 4, 40]: the line goes on
+    assert d.draft(seq, limit=3) == [5, 6, 7]
+    d = NgramDrafter(SpecParams(n_max=4, ngram_min=2, ngram_max=4))
+    seq = file + [1, 50, 2]
+    assert d.draft(seq) == [3, 4, 40, 41]
+    d.record(4, 4)
+    seq += [3, 4, 40, 5]  # the copy's 41 left out: its next token comes now
+    assert d.draft(seq, limit=3) == [6, 7, 8]
 
 
 def test_drafter_backs_off_when_nothing_is_accepted():

@@ -55,12 +55,20 @@ class NgramDrafter:
     latest occurrence: an edit of a file whose lines differ only in names and numbers stays
     on the file's own lines, not on the lines just written that look alike.
 
+    When only the last token differs from the copy, and the copy's token there was one of
+    several seen after its context (a number or name that varies: the next function of a
+    series, a renamed identifier), the copy goes on after it: the rest of the line is the
+    copy's (a token of the copy left out, as by a shorter number, is skipped too). A fresh
+    lookup of the whole suffix wins when it lands in the same part of the sequence (the
+    prompt, or the text written since) as the copy: a model that copies a file's numbers.
+
     A draft stops before a token that followed its context (the ngram_max tokens before it)
     in fewer than half of that context's occurrences so far (the numbers of such a file: a
     verified row costs more than nothing, and a model that writes its own variation of the
     lines misses there), unless the text has been following its copy at such points: each
     time the sequence passes a point where the copy's token was such a minority, whether it
-    wrote the copy's token decides whether the next drafts go through those points.
+    wrote the copy's token decides whether the next drafts go through points with that
+    context (and through any other, until one of them says otherwise).
     """
 
     def __init__(self, params: SpecParams):
@@ -79,6 +87,10 @@ class NgramDrafter:
         self._follow: dict[tuple[int, ...], dict[int, int]] = {}
         self._counted = 0
         self._trust_copy = True  # the text wrote the copy's token where it was a minority
+        self._origin = -1  # the sequence's length at the first draft: positions before it are the prompt's
+        # the same, per context (its ngram_max tokens): a file's names are copied where its
+        # numbers are not, and each comes back at the same context
+        self._copy_ok: dict[tuple[int, ...], bool] = {}
 
     def _index_upto(self, seq: Sequence[int], end: int) -> None:
         idx, lo, hi = self._index, self.p.ngram_min, self.p.ngram_max
@@ -108,8 +120,9 @@ class NgramDrafter:
             j = self._src + (i - self._src_len)  # the copy's position for i
             if j >= self._src_len or (i > self._src_len and seq[i - 1] != seq[j - 1]):
                 return  # past what was known then, or the copy was left before i
-            if self._minority(seq[max(0, i - n):i], seq[j]):  # (the context only: no copy of seq)
-                self._trust_copy = seq[i] == seq[j]
+            ctx = seq[max(0, i - n):i]
+            if self._minority(ctx, seq[j]):  # (the context only: no copy of seq)
+                self._trust_copy = self._copy_ok[tuple(ctx)] = seq[i] == seq[j]
                 if not self._trust_copy:
                     return
 
@@ -122,6 +135,8 @@ class NgramDrafter:
         if self._miss_streak >= 8 and self._miss_streak % 8:  # it stopped paying: try now and then
             self._miss_streak += 1
             return []
+        if self._origin < 0:
+            self._origin = len(seq)
         if self._indexed == 0:
             self._indexed = max(0, len(seq) - self.p.window)
             self._counted = max(0, len(seq) - self.p.window)
@@ -131,19 +146,27 @@ class NgramDrafter:
         L = len(seq)
         at = self._following(seq)
         if at < 0:
+            n_found = 0
             for n in range(min(self.p.ngram_max, L - 1), self.p.ngram_min - 1, -1):
                 at = self._index.get(tuple(seq[L - n:]))
                 if at is not None:
+                    n_found = n
                     break
             else:
                 at = -1
+            # one token changed in the copy being followed: go on with the copy, unless the
+            # whole suffix, changed token included, occurred in the same part of the sequence
+            # (the prompt, or the text written since): the copy of the file at that name
+            sub = self._substituted(seq)
+            if sub >= 0 and not (n_found == self.p.ngram_max and (at < self._origin) == (sub < self._origin)):
+                at = sub
         out = list(seq[at:at + k]) if at >= 0 else []
         self._index_upto(seq, L)
         self._count_upto(seq)
-        if out and not self._trust_copy:
+        if out:
             ctx = list(seq[L - self.p.ngram_max:])
             for j, t in enumerate(out):
-                if self._minority(ctx, t):
+                if self._minority(ctx, t) and not self._copy_ok.get(tuple(ctx[-self.p.ngram_max:]), self._trust_copy):
                     out = out[:j]
                     break
                 ctx.append(t)
@@ -157,14 +180,34 @@ class NgramDrafter:
     def _following(self, seq: Sequence[int]) -> int:
         """Where the copy the last draft came from stands now, when every token since
         followed it (its last ngram_max tokens match the sequence's); else -1."""
-        if self._src < 0:
+        p, n = self._copy_at(seq)
+        return p if n and list(seq[p - n:p]) == list(seq[len(seq) - n:]) else -1
+
+    def _substituted(self, seq: Sequence[int]) -> int:
+        """Where that copy stands when only the sequence's last token differs from it (a name
+        or number changed in a copied line: an edit, the next function of a series, whose
+        line goes on as the copy's does); else -1."""
+        p, n = self._copy_at(seq)
+        L = len(seq)
+        if n - 1 < self.p.ngram_min or seq[L - 1] == seq[p - 1] or list(seq[p - n:p - 1]) != list(seq[L - n:L - 1]):
             return -1
+        # only where the copy's token was itself one of several seen after its context (a
+        # slot that varies: a number, a name), not where free text took another word
+        ctx = seq[max(0, p - 1 - self.p.ngram_max):p - 1]
+        if not self._minority(ctx, seq[p - 1]):
+            return -1
+        # the last token is the copy's next one: the copy's token was dropped (a shorter
+        # number), and the copy goes on after that next token
+        return p + 1 if seq[L - 1] == seq[p] else p
+
+    def _copy_at(self, seq: Sequence[int]) -> tuple[int, int]:
+        """(the copy's position for the sequence's end, how many tokens before it compare)"""
+        if self._src < 0:
+            return -1, 0
         L = len(seq)
         p = self._src + (L - self._src_len)
         n = min(self.p.ngram_max, p)
-        if not (n >= self.p.ngram_min and p < L):
-            return -1
-        return p if list(seq[p - n:p]) == list(seq[L - n:L]) else -1
+        return (p, n) if n >= self.p.ngram_min and p < L else (-1, 0)
 
     def record(self, accepted: int, drafted: int) -> None:
         self.drafted += drafted
