@@ -962,6 +962,11 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
  * from exp2f, per-lane sums l16 added in key order), and P.V is the tile kernel's, whose
  * order (o * alpha, then p_j v_j in key order) is the rows kernel's. */
 
+#ifndef ATTN_LANES_REM
+/* rows past whole lane vectors that the rows kernel takes (more: one more vector). A lanes
+ * vector costs about what 8 rows of the rows kernel cost (D = 64, f16) */
+#define ATTN_LANES_REM 8
+#endif
 #ifndef ATTN_LANES_MIN_ROWS
 /* rows of one kv head from which an item takes the lanes form (verify of 3 tokens x 3 heads:
  * rows in place 2.9 ms of attention a step, lanes 3.7; 5 x 3: lanes 4.0, in place 4.2) */
@@ -1134,7 +1139,14 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
 #else
     const int lanes = 0;
 #endif
-    const int ldq = (R + 15) & ~15;
+    /* lanes: rows [0, rl) in ldq lanes (16 a vector, the last one padded); a few rows past
+     * whole vectors (ATTN_LANES_REM) go through the rows kernel instead of a mostly empty
+     * vector (the same bits either way) */
+    int ldq = (R + 15) & ~15, rl = R;
+    if (lanes && R > 16 && R % 16 <= ATTN_LANES_REM) {
+        ldq = R - R % 16;
+        rl = ldq;
+    }
     float *qt = (float *)(hi + ATTN_MAX_ROWS) + 64;   /* (lanes) nv x D x 16: Q^T per row vector */
     float *Lt = l16;                                  /* 16 x ldq (lanes): l16 transposed */
     if (lanes) {
@@ -1174,7 +1186,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
         for (int kvh = kv0; kvh <= kv1; kvh++) {
             /* rows of this kv head: heads [ha, hb) */
             const int ha = kvh * G > it->h0 ? kvh * G : it->h0, hb = (kvh + 1) * G < it->h1 ? (kvh + 1) * G : it->h1;
-            const int ra = (ha - it->h0) * nt, rn = (hb - ha) * nt;
+            int ra = (ha - it->h0) * nt, rn = (hb - ha) * nt;
             const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
             const uint8_t *vb = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
             const void *kp, *vp;
@@ -1198,9 +1210,15 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 attn_lanes_scores(qt, ldq, ldq / 16, D, kl, ldkl, j0, j1, s, blk_n >= 0 ? &pfk : NULL,
                                   blk_n >= 0 ? &pfv : NULL);
                 attn_lanes_softmax(s, ldq, ldq / 16, j0, j1, k0, lo, hi, cap, m, Lt, alpha);
-                attn_tile_pv(o, Dv, R, s + (long)j0 * ldq, ldq, vl + (long)j0 * ldvl, ldvl, j1 - j0, alpha);
-                continue;
-            }
+                attn_tile_pv(o, Dv, rl, s + (long)j0 * ldq, ldq, vl + (long)j0 * ldvl, ldvl, j1 - j0, alpha);
+                if (rl == R) continue;
+                /* the rows past the lanes: the rows kernel over the same f32 block (their scores
+                 * at s + r * ldS, r >= rl, lie past the lanes' bs x ldq) */
+                ra = rl;
+                rn = R - rl;
+                kp = kl; vp = vl; ldk = ldkl; ldv = ldvl;
+                pfk.p = pfv.p = NULL;
+            } else
 #endif
             if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
@@ -1216,23 +1234,23 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 kp = kf; vp = vf; ldk = D; ldv = Dv;
             }
             attn_rows_scores(q + (long)ra * D, rn, D, kp, kt, ldk, j0, j1, s + (long)ra * ldS, ldS,
-                             blk_n >= 0 ? &pfk : NULL);
+                             blk_n >= 0 && pfk.p ? &pfk : NULL);
             for (int r = ra; r < ra + rn; r++) {
                 const int a = lo[r] - k0, z = hi[r] - k0;
                 alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
                                              cap, m + r, l16 + 16 * r);
             }
             attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, kt, ldv, j0, j1, alpha + ra,
-                         blk_n >= 0 ? &pfv : NULL);
+                         blk_n >= 0 && pfv.p ? &pfv : NULL);
         }
     }
     for (int r = 0; r < R; r++) {
         float l = 0.0f;
 #if ATTN_AVX512
         float l16r[16];
-        if (lanes)
+        if (lanes && r < rl)
             for (int i = 0; i < 16; i++) l16r[i] = Lt[(long)i * ldq + r];
-        l = _mm512_reduce_add_ps(_mm512_loadu_ps(lanes ? l16r : l16 + 16 * r));
+        l = _mm512_reduce_add_ps(_mm512_loadu_ps(lanes && r < rl ? l16r : l16 + 16 * r));
 #else
         for (int i = 0; i < 16; i++) l += l16[16 * r + i];
 #endif

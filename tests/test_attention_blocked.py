@@ -218,11 +218,13 @@ def lanes_min_rows():
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
 @pytest.mark.parametrize("H,KVH,D", [(9, 3, 64), (4, 1, 32), (16, 2, 128), (8, 8, 96)])
-def test_rows_items_in_lanes_form_get_the_rows_kernels_bits(kv_type, H, KVH, D, lanes_min_rows):
+@pytest.mark.parametrize("n_q", [[17, 1, 40, 3, 1], [6, 1, 11, 5, 1]])
+def test_rows_items_in_lanes_form_get_the_rows_kernels_bits(kv_type, H, KVH, D, n_q, lanes_min_rows):
     # a rows item with many rows of one kv head (verify segments; decodes of 8+ query heads per
     # kv head) runs with rows in lanes: the same sums in the same order as the rows kernel,
-    # so every row's bits are the rows kernel's (verify tokens keep their decode bits)
-    n_q = [17, 1, 40, 3, 1]
+    # so every row's bits are the rows kernel's (verify tokens keep their decode bits); a few
+    # rows past whole lane vectors (18 = 16 + 2, 33 = 32 + 1, 24 = 16 + 8 rows a kv head) go
+    # through the rows kernel in the same item
     case = build_case(kv_type, seq_lens=[CHUNK_KEYS + 9, 300, 200, 150, 41], n_q=n_q, H=H, KVH=KVH, D=D, bs=32,
                       seed=41)
     q, k_pool, v_pool, tables, seg, q_pos = case
