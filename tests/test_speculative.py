@@ -95,6 +95,15 @@ def test_drafter_resumes_its_copy_after_a_changed_token_only_where_the_copy_vari
     d.record(4, 4)
     seq += [3, 4, 40, 5]  # the copy's 41 left out: its next token comes now
     assert d.draft(seq, limit=3) == [6, 7, 8]
+    d = NgramDrafter(SpecParams(n_max=4, ngram_min=2, ngram_max=4))
+    seq = file + [1, 50, 2]
+    assert d.draft(seq) == [3, 4, 40, 41]
+    d.record(3, 4)
+    seq += [3, 4, 40, 99]
+    assert d.draft(seq, limit=3) == [5, 6, 7]
+    d.record(0, 3)
+    seq += [98]  # 99 98 where the copy had 41: one token more, then the copy's line again
+    assert d.draft(seq) == [5, 6]  # (two tokens: the last draft missed)
 
 
 def test_drafter_backs_off_when_nothing_is_accepted():

@@ -164,7 +164,9 @@ class NgramDrafter:
         self._index_upto(seq, L)
         self._count_upto(seq)
         if out:
-            ctx = list(seq[L - self.p.ngram_max:])
+            # each drafted token's context is the copy's (the same tokens, except right after
+            # a changed token, whose new value the counts know nothing of yet)
+            ctx = list(seq[max(0, at - self.p.ngram_max):at])
             for j, t in enumerate(out):
                 if self._minority(ctx, t) and not self._copy_ok.get(tuple(ctx[-self.p.ngram_max:]), self._trust_copy):
                     out = out[:j]
@@ -184,21 +186,28 @@ class NgramDrafter:
         return p if n and list(seq[p - n:p]) == list(seq[len(seq) - n:]) else -1
 
     def _substituted(self, seq: Sequence[int]) -> int:
-        """Where that copy stands when only the sequence's last token differs from it (a name
-        or number changed in a copied line: an edit, the next function of a series, whose
-        line goes on as the copy's does); else -1."""
+        """Where that copy stands when the sequence left it at one token only (a name or
+        number changed in a copied line: an edit, the next function of a series, whose line
+        goes on as the copy's does); else -1."""
         p, n = self._copy_at(seq)
         L = len(seq)
-        if n - 1 < self.p.ngram_min or seq[L - 1] == seq[p - 1] or list(seq[p - n:p - 1]) != list(seq[L - n:L - 1]):
+        if n - 1 < self.p.ngram_min:
             return -1
-        # only where the copy's token was itself one of several seen after its context (a
-        # slot that varies: a number, a name), not where free text took another word
-        ctx = seq[max(0, p - 1 - self.p.ngram_max):p - 1]
-        if not self._minority(ctx, seq[p - 1]):
-            return -1
-        # the last token is the copy's next one: the copy's token was dropped (a shorter
-        # number), and the copy goes on after that next token
-        return p + 1 if seq[L - 1] == seq[p] else p
+        if self._changed_at(seq, L - 1, p - 1, n - 1):
+            # the last token is the copy's next one: the copy's token was dropped (a shorter
+            # number), and the copy goes on after that next token
+            return p + 1 if seq[L - 1] == seq[p] else p
+        if p - 1 - n >= 0 and self._changed_at(seq, L - 2, p - 2, n - 1):
+            return p - 1  # and one token more after it (a longer number): the copy goes on
+        return -1
+
+    def _changed_at(self, seq: Sequence[int], i: int, j: int, m: int) -> bool:
+        """Token i differs from the copy's token j, the m tokens before each are the same,
+        and the copy's token was one of several seen after its context (a slot that varies:
+        a number, a name; not free text that took another word)."""
+        if seq[i] == seq[j] or list(seq[j - m:j]) != list(seq[i - m:i]):
+            return False
+        return self._minority(seq[max(0, j - self.p.ngram_max):j], seq[j])
 
     def _copy_at(self, seq: Sequence[int]) -> tuple[int, int]:
         """(the copy's position for the sequence's end, how many tokens before it compare)"""
