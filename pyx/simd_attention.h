@@ -1234,14 +1234,14 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 kp = kf; vp = vf; ldk = D; ldv = Dv;
             }
             attn_rows_scores(q + (long)ra * D, rn, D, kp, kt, ldk, j0, j1, s + (long)ra * ldS, ldS,
-                             blk_n >= 0 && pfk.p ? &pfk : NULL);
+                             pfk.p ? &pfk : NULL);
             for (int r = ra; r < ra + rn; r++) {
                 const int a = lo[r] - k0, z = hi[r] - k0;
                 alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
                                              cap, m + r, l16 + 16 * r);
             }
             attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, kt, ldv, j0, j1, alpha + ra,
-                         blk_n >= 0 && pfv.p ? &pfv : NULL);
+                         pfv.p ? &pfv : NULL);
         }
     }
     for (int r = 0; r < R; r++) {
