@@ -397,6 +397,17 @@ def _ref_kv_load(pool, kv_type, table, n):
     return blocks.reshape(nb * bs, *blocks.shape[2:])[:n]
 
 
+def _ref_q8_round(x: np.ndarray) -> np.ndarray:
+    """x (..., D), D % 32 == 0, rounded to 8 bits a 32-value block: rint(x / d) * d with
+    d = max|x| / 127 (f32 scale)."""
+    b = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    v = np.clip(np.rint(b * inv), -127, 127)
+    return (v * d).astype(np.float32).reshape(x.shape)
+
+
 def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
                    window=0, softcap=0.0, sinks=None):
     N, H, D = q.shape
@@ -414,7 +425,13 @@ def _ref_attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, s
         j = np.arange(n)
         # F16 cache: q rounded to f16 for the K.Q products (as llama.cpp takes it, with or
         # without flash attention); probabilities in f32
-        r16 = (lambda a: a.astype(np.float16).astype(np.float32)) if kv_type == KV_F16 else (lambda a: a)
+        # Q8_0 / Q4_0 cache: q rounded to 8 bits a 32-value block (d = max|q| / 127), as
+        # llama.cpp takes Q for a quantized K (the kernel's scores are then integer dots)
+        # (the kernel rounds q * scale * log2(e): the same integers here, or a tie may round
+        # the other way)
+        qs = np.float32(np.float32(scale) * np.float32(1.4426950408889634))
+        r16 = (lambda a: a.astype(np.float16).astype(np.float32)) if kv_type == KV_F16 else \
+            (lambda a: _ref_q8_round(a * qs) / qs) if kv_type in (KV_Q8_0, KV_Q4_0) else (lambda a: a)
         for i in range(r0, r1):
             p = q_pos[i]
             mask = j <= p

@@ -497,12 +497,295 @@ static inline void attn_transpose16(__m512 *r) {
 }
 #endif
 
+/* ---- int8 scores against a quantized K (Q8_0 / Q4_0 cache) ----------------------------------
+ *
+ * With a Q8_0 / Q4_0 cache a rows item rounds q to 8 bits a 32-value block, as llama.cpp
+ * takes Q for a quantized K (d = max|x| / 127, kept in f32 here), and a score is
+ *     s = sum_b (float)I_b * (dk_b * dq_b)     (block 0 a product, then fma in block order)
+ * with I_b block b's integer dot product. Integer sums are exact in any order, so every
+ * path (any row count, the AVX-512 keys-in-lanes form below, the plain C loop) gives the
+ * same bits, and the arithmetic is the VNNI byte dot product instead of f32 fma chains with
+ * a dequantized K (an 8 x 600 SmolLM2 step's attention was 2.3 ms, most of it K). The tile
+ * kernel (prefill) takes the same rounded q in f32 (attn_tile_qt). */
+
+static inline int attn_q8_scores(int kv_type) { return kv_type == ATTN_KV_Q8_0 || kv_type == ATTN_KV_Q4_0; }
+
+/* bytes of one row's rounded q: AVX-512, 64 a pair of blocks in the K vector's lane order
+ * (attn_rows_scores_q8); plain C, D in order */
+static inline int attn_q8_row_bytes(int D) {
+#if ATTN_AVX512
+    return ((D / 32 + 1) / 2) * 64;
+#else
+    return D;
+#endif
+}
+
+/* block b of x (32 values) rounded: v = rint(x / d), d = max|x| / 127 (0 for a zero block;
+ * NaN for a block with a NaN or infinity, so that it shows in the output as the f32 path's
+ * would); returns d */
+static inline float attn_q8_block(const float *x, int8_t *v, int *sum) {
+#if ATTN_AVX512
+    /* the loop below's numbers: max is exact, cvtps rounds to nearest even as lrintf does */
+    {
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        const __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1), big = _mm512_set1_ps(3.4e38f);
+        const int bad = (_mm512_cmp_ps_mask(a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(a1, big, _CMP_NLE_UQ)) != 0;
+        const float amax = bad ? 0.0f : _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+        const __m512 iv = _mm512_set1_ps(id);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, iv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, iv));
+        q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), nlim);
+        q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), nlim);
+        if (bad) q0 = q1 = _mm512_setzero_si512();
+        _mm_storeu_si128((__m128i *)v, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(v + 16), _mm512_cvtepi32_epi8(q1));
+        *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        return bad ? NAN : amax / 127.0f;
+    }
+#endif
+    float amax = 0.0f;
+    int bad = 0;
+    for (int i = 0; i < 32; i++) {
+        const float a = fabsf(x[i]);
+        bad |= !(a <= 3.4e38f);
+        amax = a > amax ? a : amax;
+    }
+    const float id = amax > 0.0f && !bad ? 127.0f / amax : 0.0f;
+    int s = 0;
+    for (int i = 0; i < 32; i++) {
+        long r = bad ? 0 : lrintf(x[i] * id);
+        r = r > 127 ? 127 : r < -127 ? -127 : r;
+        v[i] = (int8_t)r;
+        s += (int)r;
+    }
+    *sum = s;
+    return bad ? NAN : amax / 127.0f;
+}
+
+/* x (D values, D % 32 == 0) -> qb (attn_q8_row_bytes), dq[b], corr[b] = the K bytes' offset
+ * times sum_i v_i (AVX-512 reads K as unsigned bytes: q8_0 + 128, q4_0 nibbles n = q + 8) */
+static void attn_q8_prep(const float *x, int D, int kv_type, int8_t *qb, float *dq, int32_t *corr) {
+    const int nb = D / 32;
+    int8_t v[32];
+#if ATTN_AVX512
+    memset(qb, 0, (size_t)attn_q8_row_bytes(D));
+#endif
+    for (int b = 0; b < nb; b++) {
+        int sum;
+        dq[b] = attn_q8_block(x + 32 * b, v, &sum);
+        corr[b] = (kv_type == ATTN_KV_Q8_0 ? 128 : 8) * sum;
+#if ATTN_AVX512
+        int8_t *dst = qb + 64 * (b / 2);
+        const int odd = b & 1;
+        if (kv_type == ATTN_KV_Q8_0) {
+            memcpy(dst + 32 * odd, v, 32);
+        } else {  /* [lo nibbles of 2p | of 2p+1 | hi nibbles of 2p | of 2p+1], 16 each */
+            memcpy(dst + 16 * odd, v, 16);
+            memcpy(dst + 32 + 16 * odd, v + 16, 16);
+        }
+#else
+        memcpy(qb + 32 * b, v, 32);
+#endif
+    }
+}
+
+/* y = x rounded as attn_q8_prep rounds it, in f32 (the tile kernel's q) */
+static void attn_q8_round(const float *x, int D, float *y) {
+    int8_t v[32];
+    for (int b = 0; b < D / 32; b++) {
+        int sum;
+        const float d = attn_q8_block(x + 32 * b, v, &sum);
+        for (int i = 0; i < 32; i++) y[32 * b + i] = (float)v[i] * d;
+    }
+}
+
+static inline int32_t attn_rd32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+#if ATTN_AVX512
+/* acc + the dot products of 4 unsigned bytes of u with 4 signed bytes of s, per 32-bit lane */
+static inline __m512i attn_dpbusd(__m512i acc, __m512i u, __m512i s) {
+#if SIMD_AVX512_VNNI
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    /* exact 16-bit products (maddubs would saturate at 255 x 127 x 2) */
+    const __m512i m = _mm512_set1_epi16(0xFF);
+    const __m512i ue = _mm512_and_si512(u, m), uo = _mm512_srli_epi16(u, 8);
+    const __m512i se = _mm512_srai_epi16(_mm512_slli_epi16(s, 8), 8), so = _mm512_srai_epi16(s, 8);
+    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(ue, se), _mm512_madd_epi16(uo, so)));
+#endif
+}
+#endif
+
+/* s[r * ldS + j] = the int8 score of row r (qb: rows qstride bytes apart; dq, corr: nb a row)
+ * and key j, for r < R and keys of [j0, j1) of a block of K rows ldk bytes apart stored as T
+ * (Q8_0 / Q4_0); AVX-512: keys of a 16-key group outside [j0, j1) get 0.
+ *
+ * AVX-512, keys in lanes: a group's 16 K rows, two blocks (64 values) at a time as unsigned
+ * bytes, are transposed so that vector l holds 32-bit lane l of every key; a row's integer
+ * dots are then 16 vpdpbusd against broadcasts of its q, with no reduction across lanes,
+ * and the transposition is shared by all the rows of the kv head. Lane l of a pair holds
+ * block 2p's values for l < 8 (Q8_0) or (l & 4) == 0 (Q4_0: low nibbles, then high). */
+static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D,
+                                const uint8_t *k, int T, long ldk, int j0, int j1, float *s, int ldS,
+                                const attn_pf *pf) {
+    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
+#if ATTN_AVX512
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldk));
+    const __m512i lowbits = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8((char)0x80);
+    for (int jb = j0 & ~15; jb < j1; jb += 16) {
+        const int a = j0 > jb ? j0 - jb : 0, z = j1 - jb < 16 ? j1 - jb : 16;
+        const __mmask16 live = (__mmask16)(((1u << z) - 1u) & ~((1u << a) - 1u));
+        for (int u = a; u < z; u++) attn_pf_row(pf, jb + u);
+        const uint8_t *kg = k + (long)jb * ldk;
+        for (int p = 0; 2 * p < nb; p++) {
+            const int two = 2 * p + 1 < nb;
+            __m512 t[16];
+            if (T == ATTN_KV_Q4_0) {
+                /* packed bytes first (32 a key: 8 x 8 transposes in 256-bit halves), the nibbles
+                 * after: vector u holds keys k and k + 4 (k = u, u + 4 from u = 4), so that
+                 * the halves' 128-bit quarters come out in key order */
+                __m512i v[8];
+                for (int u = 0; u < 8; u++) {
+                    __m256i h[2];
+                    for (int e = 0; e < 2; e++) {
+                        const int kk = (u < 4 ? u : u + 4) + 4 * e;
+                        h[e] = _mm256_setzero_si256();
+                        if ((live >> kk) & 1) {
+                            const uint8_t *b0 = kg + (long)kk * ldk + (long)(2 * p) * bb + 2;
+                            const __m128i x0 = _mm_loadu_si128((const __m128i *)b0);
+                            const __m128i x1 = two ? _mm_loadu_si128((const __m128i *)(b0 + bb)) : _mm_setzero_si128();
+                            h[e] = _mm256_inserti128_si256(_mm256_castsi128_si256(x0), x1, 1);
+                        }
+                    }
+                    v[u] = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
+                }
+                __m512i w[8];
+                for (int u = 0; u < 8; u += 2) {
+                    w[u] = _mm512_unpacklo_epi32(v[u], v[u + 1]);
+                    w[u + 1] = _mm512_unpackhi_epi32(v[u], v[u + 1]);
+                }
+                for (int u = 0; u < 8; u += 4) {
+                    v[u] = _mm512_unpacklo_epi64(w[u], w[u + 2]);
+                    v[u + 1] = _mm512_unpackhi_epi64(w[u], w[u + 2]);
+                    v[u + 2] = _mm512_unpacklo_epi64(w[u + 1], w[u + 3]);
+                    v[u + 3] = _mm512_unpackhi_epi64(w[u + 1], w[u + 3]);
+                }
+                for (int d = 0; d < 4; d++) {  /* packed 32-bit lane d and d + 4 of every key */
+                    w[d] = _mm512_shuffle_i32x4(v[d], v[d + 4], 0x88);
+                    w[d + 4] = _mm512_shuffle_i32x4(v[d], v[d + 4], 0xdd);
+                }
+                for (int d = 0; d < 8; d++) {
+                    t[d] = _mm512_castsi512_ps(_mm512_and_si512(w[d], lowbits));
+                    t[d + 8] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_srli_epi32(w[d], 4), lowbits));
+                }
+            } else {
+            for (int u = 0; u < 16; u++) {
+                __m512i x = _mm512_setzero_si512();
+                if ((live >> u) & 1) {
+                    const uint8_t *b0 = kg + (long)u * ldk + (long)(2 * p) * bb + 2;
+                    if (T == ATTN_KV_Q8_0) {
+                        const __m256i lo = _mm256_loadu_si256((const __m256i *)b0);
+                        const __m256i hi = two ? _mm256_loadu_si256((const __m256i *)(b0 + bb)) : _mm256_setzero_si256();
+                        x = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), sign);
+                    } else {
+                        const __m128i x0 = _mm_loadu_si128((const __m128i *)b0);
+                        const __m128i x1 = two ? _mm_loadu_si128((const __m128i *)(b0 + bb)) : _mm_setzero_si128();
+                        const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(x0), x1, 1);
+                        x = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1),
+                                             lowbits);
+                    }
+                }
+                t[u] = _mm512_castsi512_ps(x);
+            }
+            attn_transpose16(t);
+            }
+            /* the blocks' f16 scales of the 16 keys (low half of a 32-bit gather) */
+            const __m512 dkA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offs, kg + (long)(2 * p) * bb, 1)));
+            const __m512 dkB = two ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
+                                         _mm512_setzero_si512(), live, offs, kg + (long)(2 * p + 1) * bb, 1)))
+                                   : _mm512_setzero_ps();
+            for (int r = 0; r < R; r++) {
+                const int8_t *qr = qb + (long)r * qstride + 64 * p;
+                /* a0, a1: block 2p; b0, b1: block 2p + 1 (two chains each) */
+                __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
+#define ATTN_Q8_DP(acc, l) acc = attn_dpbusd(acc, _mm512_castps_si512(t[l]), _mm512_set1_epi32(attn_rd32(qr + 4 * (l))))
+                if (T == ATTN_KV_Q8_0) {
+                    ATTN_Q8_DP(a0, 0); ATTN_Q8_DP(a1, 1); ATTN_Q8_DP(a0, 2); ATTN_Q8_DP(a1, 3);
+                    ATTN_Q8_DP(a0, 4); ATTN_Q8_DP(a1, 5); ATTN_Q8_DP(a0, 6); ATTN_Q8_DP(a1, 7);
+                    ATTN_Q8_DP(b0, 8); ATTN_Q8_DP(b1, 9); ATTN_Q8_DP(b0, 10); ATTN_Q8_DP(b1, 11);
+                    ATTN_Q8_DP(b0, 12); ATTN_Q8_DP(b1, 13); ATTN_Q8_DP(b0, 14); ATTN_Q8_DP(b1, 15);
+                } else {
+                    ATTN_Q8_DP(a0, 0); ATTN_Q8_DP(a1, 1); ATTN_Q8_DP(a0, 2); ATTN_Q8_DP(a1, 3);
+                    ATTN_Q8_DP(b0, 4); ATTN_Q8_DP(b1, 5); ATTN_Q8_DP(b0, 6); ATTN_Q8_DP(b1, 7);
+                    ATTN_Q8_DP(a0, 8); ATTN_Q8_DP(a1, 9); ATTN_Q8_DP(a0, 10); ATTN_Q8_DP(a1, 11);
+                    ATTN_Q8_DP(b0, 12); ATTN_Q8_DP(b1, 13); ATTN_Q8_DP(b0, 14); ATTN_Q8_DP(b1, 15);
+                }
+#undef ATTN_Q8_DP
+                const __m512i acc[4] = {a0, a1, b0, b1};
+                const float *dqr = dq + (long)r * nb + 2 * p;
+                const int32_t *cr = corr + (long)r * nb + 2 * p;
+                const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(acc[0], acc[1]),
+                                                                      _mm512_set1_epi32(cr[0])));
+                const __m512 kqA = _mm512_mul_ps(dkA, _mm512_set1_ps(dqr[0]));
+                float *sr = s + (long)r * ldS + jb;
+                __m512 sv = p == 0 ? _mm512_mul_ps(iA, kqA) : _mm512_fmadd_ps(iA, kqA, _mm512_loadu_ps(sr));
+                if (two) {
+                    const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(acc[2], acc[3]),
+                                                                          _mm512_set1_epi32(cr[1])));
+                    sv = _mm512_fmadd_ps(iB, _mm512_mul_ps(dkB, _mm512_set1_ps(dqr[1])), sv);
+                }
+                _mm512_storeu_ps(sr, _mm512_maskz_mov_ps(live, sv));
+            }
+        }
+    }
+#else
+    (void)corr;
+    (void)pf;
+    for (int r = 0; r < R; r++) {
+        const int8_t *qr = qb + (long)r * qstride;
+        for (int j = j0; j < j1; j++) {
+            const uint8_t *kr = k + (long)j * ldk;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = kr + (long)b * bb;
+                const int8_t *qv = qr + 32 * b;
+                int32_t I = 0;
+                if (T == ATTN_KV_Q8_0) {
+                    for (int i = 0; i < 32; i++) I += (int32_t)qv[i] * (int8_t)blk[2 + i];
+                } else {
+                    for (int i = 0; i < 16; i++)
+                        I += (int32_t)qv[i] * ((blk[2 + i] & 15) - 8) + (int32_t)qv[16 + i] * ((blk[2 + i] >> 4) - 8);
+                }
+                const float kq = simd_load_f16(blk) * dq[(long)r * nb + b];
+                acc = b == 0 ? (float)I * kq : fmaf((float)I, kq, acc);
+            }
+            s[(long)r * ldS + j] = acc;
+        }
+    }
+#endif
+}
+
 /* Q^T of a tile item: qt[d * ldq + r] = q row r (f16-rounded for an f16 cache) * qscale, 0 in
  * the padding lanes r >= R. AVX-512: 16 x 16 blocks through registers (a head dim that is
  * not a multiple of 16 takes the scalar loop). */
 static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, int ldq, int r16, float qscale,
                          float *qt) {
     const int D = c->D;
+    if (attn_q8_scores(c->kv_type) && D % 32 == 0) {  /* a quantized K: q rounded as the rows kernel rounds it */
+        float x[D], y[D];
+        for (int r = 0; r < ldq; r++) {
+            if (r < R) {
+                const float *src = c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D;
+                for (int d = 0; d < D; d++) x[d] = src[d] * qscale;
+                attn_q8_round(x, D, y);
+            }
+            for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = r < R ? y[d] : 0.0f;
+        }
+        return;
+    }
 #if ATTN_AVX512
     if (D % 16 == 0) {
         const __m512 sc = _mm512_set1_ps(qscale);
@@ -1117,6 +1400,8 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     float *alpha = m + ATTN_MAX_ROWS, *l16 = alpha + ATTN_MAX_ROWS;  /* R x 16 */
     int32_t *lo = (int32_t *)(l16 + 16 * ATTN_MAX_ROWS), *hi = lo + ATTN_MAX_ROWS;
     const int r16 = c->kv_type == ATTN_KV_F16;
+    /* a quantized K: int8 scores (any row count; its keys in lanes take the lanes form's place) */
+    const int q8 = attn_q8_scores(c->kv_type) && D % 32 == 0;
     const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
     int lo_all = INT_MAX, hi_all = -1;
     for (int r = 0; r < R; r++) {
@@ -1135,7 +1420,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
 #if ATTN_AVX512
     /* many rows of one kv head: the lanes form (same bits, rows in lanes) */
-    const int lanes = kv0 == kv1 && R >= attn_lanes_min_rows && D % 16 == 0;
+    const int lanes = kv0 == kv1 && R >= attn_lanes_min_rows && D % 16 == 0 && !q8;
 #else
     const int lanes = 0;
 #endif
@@ -1149,6 +1434,14 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     }
     float *qt = (float *)(hi + ATTN_MAX_ROWS) + 64;   /* (lanes) nv x D x 16: Q^T per row vector */
     float *Lt = l16;                                  /* 16 x ldq (lanes): l16 transposed */
+    /* (q8) in qt's place: R rows of rounded q, their scales and offsets (<= 4 D bytes a row) */
+    const int qrb = attn_q8_row_bytes(D), nbq = D / 32;
+    float *dq = qt;
+    int32_t *qcorr = (int32_t *)(dq + (long)ATTN_MAX_ROWS * nbq);
+    int8_t *qb = (int8_t *)(qcorr + (long)ATTN_MAX_ROWS * nbq);
+    if (q8)
+        for (int r = 0; r < R; r++)
+            attn_q8_prep(q + (long)r * D, D, c->kv_type, qb + (long)r * qrb, dq + (long)r * nbq, qcorr + (long)r * nbq);
     if (lanes) {
         for (int r = 0; r < ldq; r++) {
             float *dst = qt + (long)(r / 16) * 16 * D + r % 16;
@@ -1220,7 +1513,18 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfk.p = pfv.p = NULL;
             } else
 #endif
-            if (c->kv_type == ATTN_KV_F32) {
+            if (q8) {  /* scores read K as it is stored; V in place or converted once */
+                kp = kb; ldk = ks;
+#if ATTN_AVX512
+                if (rn <= ATTN_ROWS_IN_PLACE) {
+                    vp = vb; ldv = vs; kt = c->kv_type;
+                } else
+#endif
+                {
+                    attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
+                    vp = vf; ldv = Dv;
+                }
+            } else if (c->kv_type == ATTN_KV_F32) {
                 kp = kb; vp = vb; ldk = ks / 4; ldv = vs / 4;
             } else if (r16 && rn <= ATTN_ROWS_IN_PLACE) {  /* few rows read f16 K/V in place; more convert once */
                 kp = kb; vp = vb; ldk = ks / 2; ldv = vs / 2; kt = ATTN_KV_F16;
@@ -1233,8 +1537,13 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
                 kp = kf; vp = vf; ldk = D; ldv = Dv;
             }
-            attn_rows_scores(q + (long)ra * D, rn, D, kp, kt, ldk, j0, j1, s + (long)ra * ldS, ldS,
-                             pfk.p ? &pfk : NULL);
+            if (q8)
+                attn_rows_scores_q8(qb + (long)ra * qrb, qrb, dq + (long)ra * nbq, qcorr + (long)ra * nbq, rn, D,
+                                    (const uint8_t *)kp, c->kv_type, ldk, j0, j1, s + (long)ra * ldS, ldS,
+                                    pfk.p ? &pfk : NULL);
+            else
+                attn_rows_scores(q + (long)ra * D, rn, D, kp, kt, ldk, j0, j1, s + (long)ra * ldS, ldS,
+                                 pfk.p ? &pfk : NULL);
             for (int r = ra; r < ra + rn; r++) {
                 const int a = lo[r] - k0, z = hi[r] - k0;
                 alpha[r] = attn_rows_softmax(s + (long)r * ldS, ldS, a > j0 ? a : j0, z < j1 - 1 ? z : j1 - 1,
