@@ -590,12 +590,14 @@ static void attn_q8_prep(const float *x, int D, int kv_type, int8_t *qb, float *
     }
 }
 
-/* y = x rounded as attn_q8_prep rounds it, in f32 (the tile kernel's q) */
-static void attn_q8_round(const float *x, int D, float *y) {
-    int8_t v[32];
+/* y = src * scale rounded as attn_q8_prep rounds it, in f32 (the tile kernel's q) */
+static void attn_q8_round(const float *src, float scale, int D, float *y) {
     for (int b = 0; b < D / 32; b++) {
+        float x[32];
+        int8_t v[32];
         int sum;
-        const float d = attn_q8_block(x + 32 * b, v, &sum);
+        for (int i = 0; i < 32; i++) x[i] = src[32 * b + i] * scale;
+        const float d = attn_q8_block(x, v, &sum);
         for (int i = 0; i < 32; i++) y[32 * b + i] = (float)v[i] * d;
     }
 }
@@ -774,42 +776,47 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
 static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, int ldq, int r16, float qscale,
                          float *qt) {
     const int D = c->D;
-    if (attn_q8_scores(c->kv_type) && D % 32 == 0) {  /* a quantized K: q rounded as the rows kernel rounds it */
-        float x[D], y[D];
-        for (int r = 0; r < ldq; r++) {
-            if (r < R) {
-                const float *src = c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D;
-                for (int d = 0; d < D; d++) x[d] = src[d] * qscale;
-                attn_q8_round(x, D, y);
-            }
-            for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = r < R ? y[d] : 0.0f;
-        }
-        return;
-    }
+    const int q8 = attn_q8_scores(c->kv_type) && D % 32 == 0;  /* a quantized K: q rounded as the rows kernel rounds it */
 #if ATTN_AVX512
     if (D % 16 == 0) {
         const __m512 sc = _mm512_set1_ps(qscale);
+        float rq[q8 ? 16 * D + 1 : 1];
         for (int r0 = 0; r0 < ldq; r0 += 16) {
             const float *src[16];
             for (int i = 0; i < 16; i++) {
                 const int r = r0 + i;
                 src[i] = r < R ? c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D : NULL;
+                if (q8 && src[i]) {  /* rounded (and scaled) first */
+                    attn_q8_round(src[i], qscale, D, rq + (long)i * D);
+                    src[i] = rq + (long)i * D;
+                }
             }
             for (int d0 = 0; d0 < D; d0 += 16) {
-                __m512 x[16];
+                __m512 x16[16];
                 for (int i = 0; i < 16; i++) {
-                    if (!src[i]) { x[i] = _mm512_setzero_ps(); continue; }
+                    if (!src[i]) { x16[i] = _mm512_setzero_ps(); continue; }
                     __m512 v = _mm512_loadu_ps(src[i] + d0);
                     if (r16) v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                    x[i] = _mm512_mul_ps(v, sc);
+                    x16[i] = q8 ? v : _mm512_mul_ps(v, sc);
                 }
-                attn_transpose16(x);
-                for (int i = 0; i < 16; i++) _mm512_storeu_ps(qt + (long)(d0 + i) * ldq + r0, x[i]);
+                attn_transpose16(x16);
+                for (int i = 0; i < 16; i++) _mm512_storeu_ps(qt + (long)(d0 + i) * ldq + r0, x16[i]);
             }
         }
         return;
     }
 #endif
+    if (q8) {
+        float y[D];
+        for (int r = 0; r < ldq; r++) {
+            if (r < R) {
+                const float *src = c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D;
+                attn_q8_round(src, qscale, D, y);
+            }
+            for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = r < R ? y[d] : 0.0f;
+        }
+        return;
+    }
     for (int r = 0; r < ldq; r++) {
         if (r >= R) {
             for (int d = 0; d < D; d++) qt[(long)d * ldq + r] = 0.0f;
