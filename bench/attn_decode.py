@@ -15,7 +15,8 @@ Cases (f16 KV, block size 32 unless --bs), SmolLM2-135M's attention (H=9, KVH=3,
   qwen3moe-4k   Qwen3-30B-A3B's (H=32, KVH=4, D=128), 48 layers, 4k depth
 
 K/V storage is what the block pool makes (huge pages; --small-pages: the heap's 4 KiB pages),
-block ids shuffled (--contiguous: in order). Prints the time of a step (all layers) and the K/V bytes read per second, min and median.
+block ids shuffled (--contiguous: in order). Prints the time of a step (all layers) and the K/V bytes read per second, min and median,
+as a share of the memory read probe (bench/membw.pyx) measured in the same run.
 """
 from __future__ import annotations
 
@@ -78,10 +79,12 @@ def main(argv=None):
     ap.add_argument("--contiguous", action="store_true", help="each sequence's blocks in order (default: shuffled)")
     ap.add_argument("--small-pages", action="store_true", help="K/V on 4 KiB heap pages, not the pool's huge pages")
     ap.add_argument("--layers", type=int, help="layers (K/V pools) per step; 1: the K/V stay in cache")
+    ap.add_argument("--no-probe", action="store_true", help="skip the memory read probe (the peer of the GB/s column)")
     a = ap.parse_args(argv)
     from llmcore import nn, threads
 
     threads.set_num_threads(a.threads)
+    probe = None  # the memory read probe (GB/s at -t threads), measured once
     for name in a.case or list(CASES):
         cfg = dict(CASES[name])
         if a.layers:
@@ -109,8 +112,16 @@ def main(argv=None):
             ts.append(time.perf_counter() - t0)
         ts.sort()
         med = ts[len(ts) // 2]
+        if probe is None and not a.no_probe:
+            try:
+                from speed import membw_gbs
+                probe = membw_gbs(a.threads)
+            except Exception as e:  # no Cython / compiler: the GB/s column alone
+                print(f"memory probe unavailable ({type(e).__name__}: {e})", flush=True)
+                a.no_probe = True
+        vs = f" = {kv_bytes / ts[0] / 1e9 / probe:.2f} of the probe's {probe:.1f}" if probe else ""
         print(f"{name:12s} -t {a.threads} kv {a.kv} bs {a.bs}: step min {ts[0] * 1e3:7.2f} ms  median {med * 1e3:7.2f} ms"
-              f"  K/V {kv_bytes / 1e6:6.1f} MB  {kv_bytes / ts[0] / 1e9:5.1f} GB/s (at min)", flush=True)
+              f"  K/V {kv_bytes / 1e6:6.1f} MB  {kv_bytes / ts[0] / 1e9:5.1f} GB/s (at min){vs}", flush=True)
 
 
 if __name__ == "__main__":
