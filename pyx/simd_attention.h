@@ -504,9 +504,10 @@ static inline void attn_transpose16(__m512 *r) {
  *     s = sum_b (float)I_b * (dk_b * dq_b)     (block 0 a product, then fma in block order)
  * with I_b block b's integer dot product. Integer sums are exact in any order, so every
  * path (any row count, the AVX-512 keys-in-lanes form below, the plain C loop) gives the
- * same bits, and the arithmetic is the VNNI byte dot product instead of f32 fma chains with
- * a dequantized K (an 8 x 600 SmolLM2 step's attention was 2.3 ms, most of it K). The tile
- * kernel (prefill) takes the same rounded q in f32 (attn_tile_qt). */
+ * same bits, and the arithmetic is the VNNI byte dot product instead of f32 fma chains over
+ * a dequantized K (Qwen3.5/3.6's attention layers at 16k with a Q4_0 cache: 29.5 -> 19.8 ms a
+ * step, one thread; SmolLM2's 3 rows a kv head share each transposition too little to gain).
+ * The tile kernel (prefill) takes the same rounded q in f32 (attn_tile_qt). */
 
 static inline int attn_q8_scores(int kv_type) { return kv_type == ATTN_KV_Q8_0 || kv_type == ATTN_KV_Q4_0; }
 
