@@ -727,16 +727,15 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
                     ATTN_Q8_DP(b0, 12); ATTN_Q8_DP(b1, 13); ATTN_Q8_DP(b0, 14); ATTN_Q8_DP(b1, 15);
                 }
 #undef ATTN_Q8_DP
-                const __m512i acc[4] = {a0, a1, b0, b1};
                 const float *dqr = dq + (long)r * nb + 2 * p;
                 const int32_t *cr = corr + (long)r * nb + 2 * p;
-                const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(acc[0], acc[1]),
+                const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(a0, a1),
                                                                       _mm512_set1_epi32(cr[0])));
                 const __m512 kqA = _mm512_mul_ps(dkA, _mm512_set1_ps(dqr[0]));
                 float *sr = s + (long)r * ldS + jb;
                 __m512 sv = p == 0 ? _mm512_mul_ps(iA, kqA) : _mm512_fmadd_ps(iA, kqA, _mm512_loadu_ps(sr));
                 if (two) {
-                    const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(acc[2], acc[3]),
+                    const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(b0, b1),
                                                                           _mm512_set1_epi32(cr[1])));
                     sv = _mm512_fmadd_ps(iB, _mm512_mul_ps(dkB, _mm512_set1_ps(dqr[1])), sv);
                 }
