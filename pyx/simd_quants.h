@@ -568,10 +568,14 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile_nt(const l
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb, rec += LQ_REC) {
         __m512i w[8];
-        if (FMT != 8 && wu)
+        if (FMT != 8 && wu) {
             for (int c = 0; c < 8; c++) w[c] = _mm512_load_si512((const void *)(wu + b * 512 + 64 * c));
-        else
+        } else {
+            /* the weights stream from memory (a decode step's few tiles, or Q8_0): the
+             * hardware prefetcher alone leaves a core waiting, as in the streaming kernels */
+            simd_prefetch_range(blk, (int)bb);
             lq_unpack_vnni(blk, FMT, w);
+        }
         const int32_t *a = (const int32_t *)rec;
         const float *dA = (const float *)(rec + 256);
         __m512i acc[LQ_TT];
