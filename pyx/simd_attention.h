@@ -94,9 +94,23 @@ typedef struct {
     int bytes;
 } attn_pf;
 
+/* prefetch n bytes from p: a line every 64 bytes from p, and the last byte's line when that
+ * stride stops short of it */
+static inline void attn_pf_span(const uint8_t *p, int n) {
+    if (n <= 0) return;
+    int c = 0;
+    for (; c < n; c += 64) __builtin_prefetch(p + c, 0, 3);
+    if ((((uintptr_t)p + (uintptr_t)(c - 64)) >> 6) != (((uintptr_t)p + (uintptr_t)(n - 1)) >> 6))
+        __builtin_prefetch(p + n - 1, 0, 3);
+}
+
 static inline void attn_pf_row(const attn_pf *pf, int j) {
-    if (pf)
-        for (int c = 0; c < pf->bytes; c += 64) __builtin_prefetch(pf->p + (long)j * pf->stride + c, 0, 3);
+    if (!pf) return;
+    /* every line the row touches: a quantized row (36 bytes for a 64-value Q4_0 head, rows
+     * of kv heads side by side) often straddles a line boundary, and the stride from its
+     * start missed the last line (SmolLM2's 8-sequence attention out of cache with a Q4_0
+     * cache: 4.7 -> 3.9 ms) */
+    attn_pf_span(pf->p + (long)j * pf->stride, pf->bytes);
 }
 
 /* floats of per-thread scratch an item needs */
@@ -110,8 +124,7 @@ static inline long attn_scratch_floats(int D, int Dv, int bs) {
 /* Prefetch n rows of row_bytes each, stride bytes apart (the next block of a kv head: its
  * rows are spread over several 4 KiB pages, where hardware prefetch stops). */
 static inline void attn_prefetch_rows(const uint8_t *p, long stride, int n, int row_bytes) {
-    for (int j = 0; j < n; j++, p += stride)
-        for (int c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c, 0, 3);
+    for (int j = 0; j < n; j++, p += stride) attn_pf_span(p, row_bytes);
 }
 
 static inline void attn_load_row(const uint8_t *src, int kv_type, float *y, int n) {
