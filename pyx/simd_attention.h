@@ -1120,17 +1120,11 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
     for (int j = j0; j < j1; j++) {
         attn_pf_row(pf, j);
         __m512 vv[4];
-        if (T == ATTN_KV_Q4_0 && c0 % 32 == 0) {
-            /* attn_kvec's values a block at a time: its 16 bytes loaded once for both halves,
-             * the scale applied to the permute's table (d * (n - 8): the same exact products) */
-            const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-            for (int i = 0; i < NV; i += 2) {
-                const uint8_t *b = (const uint8_t *)v + j * ldv + ((c0 + 16 * i) >> 5) * 18;
-                const __m512 lutd = _mm512_mul_ps(attn_scale16(b), lut);
-                const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-                vv[i] = _mm512_permutexvar_ps(x, lutd);
-                if (i + 1 < NV) vv[i + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), lutd);
-            }
+        if (T == ATTN_KV_Q4_0) {
+            /* attn_kvec's values a block at a time (c0 is a multiple of 64, Dv of 32): its
+             * bytes loaded once for both halves, the same bits */
+            for (int i = 0; i < NV; i += 2)
+                kv_q4_0_block((const uint8_t *)v + j * ldv + ((c0 + 16 * i) >> 5) * 18, &vv[i], &vv[i + 1]);
         } else
             for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, T, j, ldv, c0 + 16 * i, km[i]);
         for (int r = 0; r < RB; r++) {

@@ -80,15 +80,26 @@ static inline void kv_dequant_q8_0(const uint8_t *x, float *y, int n) {
     }
 }
 
+#if defined(__AVX512F__)
+/* the 32 values d * (n - 8) of the Q4_0 block at x: nibble n -> its value by a permute (it
+ * reads the low 4 bits of each index) of a table already times d (the products are exact,
+ * so the bits of d * (float)(n - 8)) */
+static inline void kv_q4_0_block(const uint8_t *x, __m512 *lo, __m512 *hi) {
+    const __m512 lut = _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(x)),
+                                     _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x + 2)));
+    *lo = _mm512_permutexvar_ps(q, lut);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
+}
+#endif
+
 static inline void kv_dequant_q4_0(const uint8_t *x, float *y, int n) {
 #if defined(__AVX512F__)
-    /* nibble n -> (float)(n - 8) by a permute (it reads the low 4 bits of each index) */
-    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     for (int b = 0; b < n / 32; b++, x += 18, y += 32) {
-        const __m512 d = _mm512_set1_ps(simd_load_f16(x));
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x + 2)));
-        _mm512_storeu_ps(y, _mm512_mul_ps(d, _mm512_permutexvar_ps(q, lut)));
-        _mm512_storeu_ps(y + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut)));
+        __m512 lo, hi;
+        kv_q4_0_block(x, &lo, &hi);
+        _mm512_storeu_ps(y, lo);
+        _mm512_storeu_ps(y + 16, hi);
     }
     return;
 #elif defined(__AVX2__)
