@@ -94,7 +94,8 @@ cdef enum:
     AMX_TOK_CHUNK = 256  # the same where the AMX kernel takes them
     MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads
     MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
-    MIN_PARALLEL_ROWS = 4        # get_rows: fewer rows run on one thread
+    MIN_PARALLEL_ROWS = 64       # get_rows: fewer rows run on one thread (a row is
+                                 # ~0.1-1 us; waking a sleeping team costs tens)
     T_MXFP4 = 39
     Q4_K_T = 12
     Q5_K_T = 13

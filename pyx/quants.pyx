@@ -72,7 +72,8 @@ AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 cdef enum:
     FLOAT_CHUNK = 16           # output rows per work item of the float kernels
     MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
-    MIN_PARALLEL_ROWS = 4      # get_rows: fewer rows run on one thread
+    MIN_PARALLEL_ROWS = 64     # get_rows: fewer rows run on one thread (a row is
+                               # ~0.1-1 us; waking a sleeping team costs tens)
 
 
 cdef int64_t _cols(int ggml_type, int64_t bpr) except -1:
