@@ -28,7 +28,7 @@ anything else.
 
 Phases of a layer (items in brackets):
 
-    q/k/v matmul [row groups]   q/k norms, rope, K/V store [token x head]
+    q/k/v matmul [row groups]   q/k norms, rope, K/V store [token]
     attention [plan items]      merge of split rows [token]
     quantize the attention output [token]   wo matmul [row groups]
     residual, post norm, ffn norm, quantize [token]   gate/up matmul [row groups]
@@ -65,9 +65,12 @@ cdef extern from "team.h" nogil:
     int team_thread()
     long team_now_ns()
     int64_t team_phase_take(team_phase_t *p, int64_t chunk)
-    void team_phase_finish(team_phase_t *p, int64_t n_done, int64_t total)
+    void team_phase_done(team_phase_t *p, int64_t *mine, int64_t total)
     void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total)
     void team_flag_set(int *flag)
+
+cdef extern from "simd.h" nogil:
+    int simd_pf_dist
 
 cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
@@ -141,6 +144,15 @@ def _set_lanes_min_rows(int n):
     """attention._set_lanes_min_rows for the fused steps' attention (benchmarks compare the
     two forms of a rows item). Returns the previous value."""
     return attn_set_lanes_min_rows(n)
+
+
+def _set_prefetch(int nbytes):
+    """Benchmarks: bytes the step's streaming matmuls prefetch ahead (0: off); returns the
+    old value."""
+    global simd_pf_dist
+    cdef int old = simd_pf_dist
+    simd_pf_dist = nbytes
+    return old
 
 
 def set_spin_us(double us):
@@ -356,6 +368,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef int n = S.n, d = S.d, i, l, j, hh, H, KVH, D, Dv
     cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk
     cdef int k = 0  # the next phase
+    cdef int64_t mine = 0  # items this thread did in the current phase (team_phase_done)
     cdef team_phase_t *ph
     cdef acts_t acts[3]
     cdef const layer_t *L
@@ -393,49 +406,49 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                     break
                 rms_row(S.x + i0 * d, NULL, L.attn_norm, L.attn_eps, S.h + i0 * d, d)
                 _rows_item(&L.qkv, S.h, i0, acts)
-                team_phase_finish(ph, 1, n)
+                mine += 1
+            team_phase_done(ph, &mine, n)
             team_phase_wait(&S.team, ph, n)
         # ---- q/k/v projection
         _lay_acts(&L.qkv, n, S, S.h, acts)
         _linear_phase(&S.ph[k], &S.team, &L.qkv, acts, n, S.y_qkv, nt)
         k += 1
         _mark(S, tid, P_QKV, &t_mark)
-        # ---- q/k norms, rope, K/V store: items (token, head), q heads then kv heads
+        # ---- q/k norms, rope, K/V store: an item a token (its q heads, then its kv heads;
+        # a head alone is too little work for the atomic that hands it out)
         ldq = L.qkv.out_features
         ph = &S.ph[k]
         k += 1
-        total = <int64_t>n * (H + KVH)
         while True:
             it = team_phase_take(ph, 1)
-            if it >= total:
+            if it >= n:
                 break
-            i = <int>(it // (H + KVH))
-            j = <int>(it % (H + KVH))
+            i = <int>it
             src = S.y_qkv + i * ldq
             cs = S.rope[L.rope_id] + i * L.n_rot if L.n_rot > 0 else NULL
-            if j < H:
+            for j in range(H):
                 qo = S.q + (<int64_t>i * H + j) * D
                 memcpy(qo, src + j * D, D * sizeof(float))
                 if L.q_norm != NULL:
                     rms_row(qo, NULL, L.q_norm, L.qk_eps, qo, D)
                 if L.n_rot > 0:
                     rope_apply(qo, L.n_rot, L.neox, cs)
-            else:
-                hh = j - H
+            pos = S.pos[i]
+            blk = S.blk[L.plan_id][i]
+            for hh in range(KVH):
                 tmp = abuf  # D floats of this thread's own
                 memcpy(tmp, src + H * D + hh * D, D * sizeof(float))
                 if L.k_norm != NULL:
                     rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
                 if L.n_rot > 0:
                     rope_apply(tmp, L.n_rot, L.neox, cs)
-                pos = S.pos[i]
-                blk = S.blk[L.plan_id][i]
                 store_row(tmp, S.ctx[L.plan_id].kv_type,
                           L.k_pool + blk * L.k_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].k_row, D)
                 store_row(src + H * D + KVH * D + hh * Dv, S.ctx[L.plan_id].kv_type,
                           L.v_pool + blk * L.v_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].v_row, Dv)
-            team_phase_finish(ph, 1, total)
-        team_phase_wait(&S.team, ph, total)
+            mine += 1
+        team_phase_done(ph, &mine, n)
+        team_phase_wait(&S.team, ph, n)
         _mark(S, tid, P_POST, &t_mark)
         # ---- attention items, then the merge of rows split over key chunks
         c = S.ctx[L.plan_id]
@@ -454,7 +467,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             if it >= pl.n_items:
                 break
             attn_run_item(&c, &pl.items[it], abuf)
-            team_phase_finish(ph, 1, pl.n_items)
+            mine += 1
+        team_phase_done(ph, &mine, pl.n_items)
         team_phase_wait(&S.team, ph, pl.n_items)
         ph = &S.ph[k]
         k += 1
@@ -466,7 +480,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             if c.nparts[it // H] > 1:
                 for hh in range(H):
                     attn_merge(&c, <int>(it // H), hh)
-            team_phase_finish(ph, H, total)
+            mine += H
+        team_phase_done(ph, &mine, total)
         team_phase_wait(&S.team, ph, total)
         _mark(S, tid, P_ATTN, &t_mark)
         # ---- output projection
@@ -478,7 +493,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             if i0 >= n:
                 break
             _rows_item(&L.wo, S.o, i0, acts)
-            team_phase_finish(ph, 1, n)
+            mine += 1
+        team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
         _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt)
         k += 1
@@ -497,7 +513,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                 yr = S.t + r * d
             rms_row(S.x + r * d, yr, L.ffn_norm, L.ffn_eps, S.h + r * d, d)
             _rows_item(&L.gate_up, S.h, r, acts)
-            team_phase_finish(ph, 1, n)
+            mine += 1
+        team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
         _linear_phase(&S.ph[k], &S.team, &L.gate_up, acts, n, S.y_gu, nt)
         k += 1
@@ -515,7 +532,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             else:
                 act_gelu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
             _rows_item(&L.down, S.act, r, acts)
-            team_phase_finish(ph, 1, n)
+            mine += 1
+        team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
         _linear_phase(&S.ph[k], &S.team, &L.down, acts, n, S.y_down, nt)
         k += 1
@@ -548,7 +566,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                 yr = S.t + r * d
             rms_row(S.x + r * d, yr, w_next, eps_next, S.h + i0 * d, d)
             _rows_item(lin, S.h, i0, acts)
-            team_phase_finish(ph, 1, total)
+            mine += 1
+        team_phase_done(ph, &mine, total)
         team_phase_wait(&S.team, ph, total)
     # ---- head
     _lay_acts(head, S.n_logits, S, S.h, acts)
@@ -580,7 +599,7 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
                         float *y, int nt) noexcept nogil:
     """A matmul as one phase: chunks of consecutive work items (a few per thread, so each
     streams contiguous weights), taken by whichever thread is free."""
-    cdef int64_t total = L.item0[L.n_parts], chunk, i0, i1, it
+    cdef int64_t total = L.item0[L.n_parts], chunk, i0, i1, it, mine = 0
     chunk = total // (MM_CHUNKS * nt)
     if chunk < 1:
         chunk = 1
@@ -591,7 +610,8 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
         i1 = i0 + chunk if i0 + chunk < total else total
         for it in range(i0, i1):
             _linear_item(L, acts, n, y, it)
-        team_phase_finish(ph, i1 - i0, total)
+        mine += i1 - i0
+    team_phase_done(ph, &mine, total)
     team_phase_wait(team, ph, total)
 
 

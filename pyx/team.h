@@ -108,6 +108,14 @@ static inline void team_phase_finish(team_phase_t *p, int64_t n_done, int64_t to
     }
 }
 
+/* A thread found no more items of p to take: the *mine items it did count as done (one
+ * atomic a thread and phase, not one an item: the counters' cache line moves between the
+ * cores at each); *mine is reset. */
+static inline void team_phase_done(team_phase_t *p, int64_t *mine, int64_t total) {
+    if (*mine > 0) team_phase_finish(p, *mine, total);
+    *mine = 0;
+}
+
 /* Wait until all `total` items of p are done (spin up to t->spin_ns, then sleep). The
  * sleeper registers before its last look at the state, so the finisher (which stores the
  * state, then reads the sleepers) cannot miss it; the futex compares the state atomically. */
