@@ -11,8 +11,46 @@
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
+#if defined(__AVX512F__)
+/* a block's 32 values in two vectors; 0 when one is NaN or infinite (the scalar loop then) */
+static inline int kv_block_finite(const float *x, __m512 *x0, __m512 *x1, __m512 *a0, __m512 *a1) {
+    const __m512 big = _mm512_set1_ps(3.4028235e38f);
+    *x0 = _mm512_loadu_ps(x);
+    *x1 = _mm512_loadu_ps(x + 16);
+    *a0 = _mm512_abs_ps(*x0);
+    *a1 = _mm512_abs_ps(*x1);
+    return (_mm512_cmp_ps_mask(*a0, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(*a1, big, _CMP_NLE_UQ)) == 0;
+}
+#endif
+
+/* The AVX-512 forms below give the scalar loops' bytes: max and abs are exact, the products
+ * and sums are single roundings as in the loops (no contraction here), cvtt truncates as the
+ * casts do, and roundf (half away from zero) is trunc plus the sign where |v - trunc(v)| >=
+ * 0.5 (an exact difference for |v| < 2^23). */
 static void kv_quantize_q8_0(const float *x, uint8_t *y, int n) {
     for (int b = 0; b < n / 32; b++, x += 32, y += 34) {
+#if defined(__AVX512F__)
+        __m512 x0, x1, a0, a1;
+        if (kv_block_finite(x, &x0, &x1, &a0, &a1)) {
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint16_t hd = simd_f2h(d);
+            memcpy(y, &hd, 2);
+            const __m512 iv = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+            __m512i q[2];
+            for (int h = 0; h < 2; h++) {
+                const __m512 v = _mm512_mul_ps(h ? x1 : x0, iv);
+                const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+                const __m512 r = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(one, _mm512_and_ps(v, _mm512_set1_ps(-0.0f))));
+                q[h] = _mm512_cvttps_epi32(r);
+            }
+            _mm_storeu_si128((__m128i *)(y + 2), _mm512_cvtepi32_epi8(q[0]));
+            _mm_storeu_si128((__m128i *)(y + 18), _mm512_cvtepi32_epi8(q[1]));
+            continue;
+        }
+#endif
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) { float a = fabsf(x[j]); amax = a > amax ? a : amax; }
         const float d = amax / 127.0f;
@@ -28,6 +66,28 @@ static void kv_quantize_q8_0(const float *x, uint8_t *y, int n) {
 
 static void kv_quantize_q4_0(const float *x, uint8_t *y, int n) {
     for (int b = 0; b < n / 32; b++, x += 32, y += 18) {
+#if defined(__AVX512F__)
+        __m512 x0, x1, a0, a1;
+        if (kv_block_finite(x, &x0, &x1, &a0, &a1)) {
+            /* the value of the first largest |x| (the loop's strict compare keeps the first;
+             * an all-zero block keeps max = +0) */
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+            const __m512 am = _mm512_set1_ps(amax);
+            const uint32_t at = (uint32_t)_mm512_cmp_ps_mask(a0, am, _CMP_EQ_OQ) |
+                                ((uint32_t)_mm512_cmp_ps_mask(a1, am, _CMP_EQ_OQ) << 16);
+            const float max = amax > 0.0f ? x[__builtin_ctz(at)] : 0.0f;
+            const float d = max / -8.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint16_t hd = simd_f2h(d);
+            memcpy(y, &hd, 2);
+            const __m512 iv = _mm512_set1_ps(id), bias = _mm512_set1_ps(8.5f);
+            const __m512i lim = _mm512_set1_epi32(15);
+            const __m512i q0 = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(x0, iv), bias)), lim);
+            const __m512i q1 = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(x1, iv), bias)), lim);
+            _mm_storeu_si128((__m128i *)(y + 2), _mm512_cvtepi32_epi8(_mm512_or_si512(q0, _mm512_slli_epi32(q1, 4))));
+            continue;
+        }
+#endif
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < 32; j++) {
             const float a = fabsf(x[j]);

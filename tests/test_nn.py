@@ -159,6 +159,13 @@ def kv_values(r, n, kvh, hd):
         v[1, 0, 5] = -1.0
     if n > 2:
         v[2] *= 1000.0  # large values; f16 scale still finite
+    if n > 4:  # the vector forms' edges: exact halves (q8_0: d = 1; q4_0: d = 1 from max = -8)
+        v[3, 0, :32] = np.r_[127.0, 2.5, -3.5, 0.5, -0.5, 126.5, -126.5, 0.49999997, np.arange(24) - 11.5]
+        v[3, 1, :32] = np.r_[-8.0, 7.5, 8.0, -7.5, 0.5, -0.5, 6.5, -6.5, np.arange(24) / 4 - 3.0]
+        v[3, 2, :32] = np.r_[8.0, -8.0, np.zeros(30)]  # equal |max|, the first one's sign
+        v[4, 1, :32] = np.where(np.arange(32) % 2, -0.0, 0.0)  # signed zeros
+        # (a block of -0.0 alone is left out: gguf-py takes max = -0.0 there, ggml's C and
+        # llmcore +0.0, so d's sign differs from this test's oracle)
     return v
 
 
