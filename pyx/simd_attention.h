@@ -98,6 +98,11 @@ typedef struct {
  * stride stops short of it */
 static inline void attn_pf_span(const uint8_t *p, int n) {
     if (n <= 0) return;
+    if (n <= 64) {  /* a row of at most a line touches two lines at most: no loop, no test */
+        __builtin_prefetch(p, 0, 3);
+        __builtin_prefetch(p + n - 1, 0, 3);
+        return;
+    }
     int c = 0;
     for (; c < n; c += 64) __builtin_prefetch(p + c, 0, 3);
     if ((((uintptr_t)p + (uintptr_t)(c - 64)) >> 6) != (((uintptr_t)p + (uintptr_t)(n - 1)) >> 6))
@@ -1228,7 +1233,8 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
     }
     const float mo = *m, bmax = _mm512_reduce_max_ps(bm);
     const float mn = mo > bmax ? mo : bmax;
-    const float alpha = attn_exp2(mo - mn);  /* mo = -inf: 0 */
+    /* a block that does not raise the max (most of them): alpha = 2^0 = 1 without the call */
+    const float alpha = mo == mn && mn > -INFINITY ? 1.0f : attn_exp2(mo - mn);  /* mo = -inf: 0 */
     const __m512 mm = _mm512_set1_ps(mn);
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(l16), _mm512_set1_ps(alpha));
     for (int j = 0; j < ldS; j += 16) {
@@ -1249,7 +1255,7 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
         bm = x > bm ? x : bm;
     }
     const float mo = *m, mn = mo > bm ? mo : bm;
-    const float alpha = attn_exp2(mo - mn);
+    const float alpha = mo == mn && mn > -INFINITY ? 1.0f : attn_exp2(mo - mn);
     for (int i = 0; i < 16; i++) l16[i] *= alpha;
     for (int j = 0; j < ldS; j++) {
         s[j] = attn_exp2(s[j] - mn);
