@@ -69,9 +69,6 @@ cdef extern from "team.h" nogil:
     void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total)
     void team_flag_set(int *flag)
 
-cdef extern from "simd.h" nogil:
-    int simd_pf_dist
-
 cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
         int type
@@ -144,15 +141,6 @@ def _set_lanes_min_rows(int n):
     """attention._set_lanes_min_rows for the fused steps' attention (benchmarks compare the
     two forms of a rows item). Returns the previous value."""
     return attn_set_lanes_min_rows(n)
-
-
-def _set_prefetch(int nbytes):
-    """Benchmarks: bytes the step's streaming matmuls prefetch ahead (0: off); returns the
-    old value."""
-    global simd_pf_dist
-    cdef int old = simd_pf_dist
-    simd_pf_dist = nbytes
-    return old
 
 
 def set_spin_us(double us):
