@@ -9,7 +9,13 @@ llmcore: all sequences are prefilled once (distinct random prompts, not timed); 
 the first B of them decode --steps greedy steps at 1 thread (CPU time of the calling
 thread per step: the OpenMP region runs on it, so this is the step's whole cost; min and
 median) and at 2 threads (wall clock per step, median), then are cut back to their prompts.
-Aggregate t/s = B / step time.
+Aggregate t/s = B / step time. The 2-thread runs go in --rounds rounds, each over every B in
+turn: a B's step time is the median of its rounds' medians, and "B / 1" (aggregate t/s over
+one stream's) is taken within each round, then the median of the rounds (a shared host's
+speed drifts between minutes, which a ratio of runs minutes apart would carry). The
+"int8 share" column: the step's weight multiply-adds (B x the model's matrix elements) per
+second over the int8 multiply-add probe (bench/int8peak.pyx) at the same thread count,
+measured in the same run: where batched decode stands against the compute bound.
 
 llama.cpp (llama-cpp-python, bench/_peer_llamacpp.py ``LlamaCpp(n_seq=B).decode_parallel``):
 the same prompt lengths, B sequences in one unified KV cache, one ``llama_decode`` per
@@ -119,10 +125,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=600, help="prompt tokens per sequence")
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed per B")
     ap.add_argument("--reps", type=int, default=1, help="llama.cpp repetitions per B")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="llmcore's multi-thread runs: rounds over every B (medians; B / 1 within a round)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-ctk", "--cache-type", default="f16", choices=("f16", "q8_0", "q4_0", "f32"),
                     help="K and V cache type of both engines (llama-server's -ctk / -ctv)")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-probe", action="store_true", help="skip the int8 multiply-add probe")
     ap.add_argument("--append-results", action="store_true", help="append the table to bench/RESULTS.md")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
@@ -141,32 +150,61 @@ def main(argv=None) -> int:
     for B in a.batches:
         eng.run(B, 2, a.threads)  # warm-up (scratch buffers, page-in)
         cpu1 = eng.run(B, a.steps, 1)
-        wall = eng.run(B, a.steps, a.threads)
-        r = {"B": B, "cpu1_min": min(cpu1), "cpu1_med": statistics.median(cpu1),
-             "wall_med": statistics.median(wall)}
+        rows.append({"B": B, "cpu1_min": min(cpu1), "cpu1_med": statistics.median(cpu1)})
+    # the multi-thread runs, B after B in each round: a ratio within a round compares minutes
+    # of the same host speed
+    rounds = [{B: statistics.median(eng.run(B, a.steps, a.threads)) for B in a.batches}
+              for _ in range(max(1, a.rounds))]
+    for r in rows:
+        B = r["B"]
+        r["wall_med"] = statistics.median(rd[B] for rd in rounds)
+        if 1 in a.batches:
+            ratios = sorted((B / rd[B]) / (1 / rd[1]) for rd in rounds)
+            r["vs1"] = (statistics.median(ratios), ratios[0], ratios[-1])
         if why is None:
             r["peer"] = statistics.median(llamacpp_parallel(path, B, a))
-        rows.append(r)
+        vs1 = r.get("vs1")
         print(f"B={B:3d}: llmcore 1t cpu/step {r['cpu1_min'] * 1e3:7.2f} ms (med {r['cpu1_med'] * 1e3:.2f}) "
               f"-> {B / r['cpu1_min']:7.1f} t/s; {a.threads}t wall/step {r['wall_med'] * 1e3:7.2f} ms "
               f"-> {B / r['wall_med']:7.1f} t/s"
+              + (f" ({vs1[0]:.2f}x one stream, rounds {vs1[1]:.2f}-{vs1[2]:.2f})" if vs1 and B != 1 else "")
               + (f"; llama.cpp {a.threads}t {r['peer']:7.1f} t/s" if "peer" in r else ""), flush=True)
+    peak = None
+    if not a.no_probe:
+        try:
+            from speed import int8_gmacs, weight_macs_per_token
+
+            peak = int8_gmacs(a.threads)
+            macs = weight_macs_per_token(path)
+            print(f"int8 probe: {peak:.0f} GMAC/s at {a.threads} threads; {macs / 1e6:.1f} M weight "
+                  f"multiply-adds a token", flush=True)
+            for r in rows:
+                r["int8"] = r["B"] * macs / r["wall_med"] / 1e9 / peak
+        except Exception as e:  # no Cython / compiler: the table without the share
+            print(f"int8 probe unavailable ({type(e).__name__}: {e})", flush=True)
+            peak = None
     load = os.getloadavg()[0]
     lines = [
         f"model {os.path.basename(path)}, {a.cache_type} K/V, prompts of {a.ctx} tokens, {a.steps} decode steps per B, "
-        f"load average {load:.1f} at the end",
+        f"{max(1, a.rounds)} round(s) of the {a.threads}-thread runs, load average {load:.1f} at the end",
         "",
         f"| B | llmcore 1 thread CPU ms/step (min) | llmcore 1 thread t/s | llmcore {a.threads} threads wall "
-        f"ms/step (median) | llmcore {a.threads} threads t/s | llama.cpp {a.threads} threads t/s | ratio |",
-        "|---|---|---|---|---|---|---|",
+        f"ms/step (median) | llmcore {a.threads} threads t/s | B / 1 (rounds' range) | int8 share "
+        f"| llama.cpp {a.threads} threads t/s | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         B = r["B"]
         peer = r.get("peer")
         mine = B / r["wall_med"]
+        vs1 = r.get("vs1")
+        vs1_s = f"{vs1[0]:.2f}x ({vs1[1]:.2f}-{vs1[2]:.2f})" if vs1 and B != 1 else "-"
         lines.append(f"| {B} | {r['cpu1_min'] * 1e3:.2f} | {B / r['cpu1_min']:.1f} | {r['wall_med'] * 1e3:.2f} | "
-                     f"{mine:.1f} | {'%.1f' % peer if peer else '-'} | "
+                     f"{mine:.1f} | {vs1_s} | {'%.2f' % r['int8'] if 'int8' in r else '-'} | "
+                     f"{'%.1f' % peer if peer else '-'} | "
                      f"{'%.2fx' % (mine / peer) if peer else '-'} |")
+    if peak:
+        lines.append(f"\nint8 probe (bench/int8peak.pyx): {peak:.0f} GMAC/s at {a.threads} threads, same run")
     if why is not None:
         lines.append(f"\n(llama.cpp not measured: {why})")
     table = "\n".join(lines)

@@ -57,6 +57,23 @@ def membw_gbs(n_threads: int, reps: int = 5) -> float:
     return buf.nbytes / best / 1e9
 
 
+def int8_gmacs(n_threads: int, reps: int = 5, iters: int = 2_000_000) -> float:
+    """The int8 multiply-add probe (bench/int8peak.pyx) at n_threads: GMAC/s, best of reps."""
+    import pyximport
+
+    importers = pyximport.install(language_level=3)
+    try:
+        import int8peak
+    finally:
+        pyximport.uninstall(*importers)
+    best = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        macs = int8peak.int8_macs(iters, n_threads)
+        best = max(best, macs / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
 def weight_bytes_per_token(path) -> int:
     """Bytes of weights one decode step streams: every tensor, except that the embedding
     table costs one row unless it doubles as the output projection (tied)."""
@@ -66,6 +83,24 @@ def weight_bytes_per_token(path) -> int:
     total = sum(t.nbytes for t in g.tensors.values())
     if "output.weight" in g.tensors and "token_embd.weight" in g.tensors:
         total -= g.tensors["token_embd.weight"].nbytes
+    return total
+
+
+def weight_macs_per_token(path) -> int:
+    """Multiply-adds of one token's matmuls: every weight matrix's elements (the embedding
+    table only where it doubles as the output projection: otherwise a lookup). Dense models;
+    an MoE model's experts count whole, so there it is an upper bound."""
+    from llmcore.gguf_file import GGUFFile
+
+    g = GGUFFile(path)
+    total = 0
+    for name, t in g.tensors.items():
+        if len(t.shape) < 2 or (name == "token_embd.weight" and "output.weight" in g.tensors):
+            continue
+        n = 1
+        for d in t.shape:
+            n *= int(d)
+        total += n
     return total
 
 
