@@ -19,6 +19,7 @@ stay at least as fast as 1 thread: a thread descheduled at a barrier must not st
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -33,17 +34,22 @@ sys.path[:0] = [os.path.dirname(BENCH), BENCH]
 from _peer_llamacpp import available, measure_in_subprocess  # noqa: E402
 
 
-def load_membw():
-    """bench/membw.pyx, compiled by pyximport on first use (needs Cython and a C compiler
-    with OpenMP: pip install -e .[bench])."""
+def load_probe(name: str):
+    """bench/<name>.pyx (membw, int8peak), compiled by pyximport on first use (needs Cython
+    and a C compiler with OpenMP: pip install -e .[bench])."""
+    import importlib
+
     import pyximport
 
     importers = pyximport.install(language_level=3)
     try:
-        import membw
+        return importlib.import_module(name)
     finally:
         pyximport.uninstall(*importers)
-    return membw
+
+
+def load_membw():
+    return load_probe("membw")
 
 
 def membw_gbs(n_threads: int, reps: int = 5) -> float:
@@ -59,13 +65,7 @@ def membw_gbs(n_threads: int, reps: int = 5) -> float:
 
 def int8_gmacs(n_threads: int, reps: int = 5, iters: int = 2_000_000) -> float:
     """The int8 multiply-add probe (bench/int8peak.pyx) at n_threads: GMAC/s, best of reps."""
-    import pyximport
-
-    importers = pyximport.install(language_level=3)
-    try:
-        import int8peak
-    finally:
-        pyximport.uninstall(*importers)
+    int8peak = load_probe("int8peak")
     best = 0.0
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -93,15 +93,8 @@ def weight_macs_per_token(path) -> int:
     from llmcore.gguf_file import GGUFFile
 
     g = GGUFFile(path)
-    total = 0
-    for name, t in g.tensors.items():
-        if len(t.shape) < 2 or (name == "token_embd.weight" and "output.weight" in g.tensors):
-            continue
-        n = 1
-        for d in t.shape:
-            n *= int(d)
-        total += n
-    return total
+    return sum(math.prod(int(d) for d in t.shape) for name, t in g.tensors.items()
+               if len(t.shape) >= 2 and not (name == "token_embd.weight" and "output.weight" in g.tensors))
 
 
 class LLMCore:

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from fixtures import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, N_VOCAB  # noqa: E402
-from speed import int8_gmacs, weight_macs_per_token  # noqa: E402
+from speed import int8_gmacs, load_probe, weight_macs_per_token  # noqa: E402
 
 
 def per_layer_macs(hd: int) -> int:
@@ -32,13 +32,7 @@ def test_weight_macs_per_token_counts_matrices_and_the_head(tiny_models, name):
 @pytest.mark.skipif(importlib.util.find_spec("Cython") is None,
                     reason="the probe is built by pyximport, which needs Cython (pip install -e .[bench])")
 def test_int8_probe_counts_its_multiply_adds():
-    import pyximport
-
-    importers = pyximport.install(language_level=3)
-    try:
-        import int8peak
-    finally:
-        pyximport.uninstall(*importers)
+    int8peak = load_probe("int8peak")
     one = int8peak.int8_macs(1000, 1)
     # a build's path does 12 x 64 (AVX-512 VNNI), 6 x 32 (AVX2) or 1 (plain C) an iteration
     assert one in (1000 * 12 * 64, 1000 * 6 * 32, 1000)
