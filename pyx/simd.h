@@ -81,6 +81,9 @@ static inline void simd_f16_to_f32_row(const uint16_t *x, float *y, int n) {
 #if defined(__AVX512F__)
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+#elif defined(__F16C__) && defined(__AVX__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
 #endif
     for (; i < n; i++) y[i] = simd_h2f(x[i]);
 }

@@ -38,6 +38,12 @@
 #else
 #define ATTN_AVX512 0
 #endif
+/* 256-bit kernels where AVX-512 is absent (F16C for f16 K/V, FMA for the sums) */
+#if !ATTN_AVX512 && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTN_AVX2 1
+#else
+#define ATTN_AVX2 0
+#endif
 
 /* storage type codes: kv_rows.pxd's T_* (attention.pyx checks they agree) */
 enum { ATTN_KV_F32 = 0, ATTN_KV_F16 = 1, ATTN_KV_Q8_0 = 2, ATTN_KV_Q4_0 = 3 };
@@ -191,6 +197,78 @@ static inline __m512 attn_softcap16(__m512 x, float softcap) {
 
 static inline float attn_softcap1(float x, float softcap) { return softcap * tanhf(x / softcap); }
 
+/* ---- AVX2 (256-bit, no AVX-512): the same kernels 8 lanes wide --------------------------
+ * Machines without AVX-512 (AMD Zen 2/3, many Intel desktops) run these instead of the plain
+ * C loops. Every score, statistic and output is summed per row as the plain C path's
+ * contract asks (a row's numbers depend on its own q and keys only), so batching and block
+ * sharing keep their bits; int8 scores against a quantized K are exact integer sums and so
+ * the bits of every other path. */
+#if ATTN_AVX2
+/* attn_exp2_16's polynomial; 2^n built in the exponent field (n in [-125, 127]: exact, as
+ * scalef is), so the same bits */
+static inline __m256 attn_exp2_8(__m256 x) {
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_GE_OQ);
+    const __m256 n = _mm256_min_ps(_mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                   _mm256_set1_ps(127.0f));
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(0x1.5c08b6p-10f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.3d0c4ap-7f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.c6b6e6p-5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.ebf918p-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.62e428p-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.000002p+0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(_mm256_and_ps(n, live)),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
+}
+
+/* softcap * tanh(x / softcap) = softcap * (1 - 2 / (2^(2 x log2e / softcap) + 1)) */
+static inline __m256 attn_softcap8(__m256 x, float softcap) {
+    const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(2.0f * ATTN_LOG2E / softcap));
+    const __m256 big = _mm256_cmp_ps(y, _mm256_set1_ps(126.0f), _CMP_GT_OQ);  /* tanh = 1 */
+    const __m256 e = attn_exp2_8(_mm256_min_ps(y, _mm256_set1_ps(126.0f)));
+    __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    t = _mm256_blendv_ps(t, _mm256_set1_ps(1.0f), big);
+    return _mm256_mul_ps(_mm256_set1_ps(softcap), t);
+}
+
+/* lane u = the sum of v[u]'s 8 lanes (a fixed tree: pairs, quads, halves) */
+static inline __m256 attn_hsum8x8(const __m256 *v) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline __m256i attn_hsum8x8_i32(const __m256i *v) {
+    const __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* lanes i of [base, base + 8) with lo <= i <= hi, as an all-ones float mask */
+static inline __m256 attn_range8(int base, int lo, int hi) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i ok = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(lo), idx),
+                                           _mm256_cmpgt_epi32(_mm256_set1_epi32(hi + 1), idx));
+    return _mm256_castsi256_ps(ok);
+}
+
+static inline float attn_hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* 8 values e.. of row j of an f32 / f16 K or V (rows ld elements apart) */
+static inline __m256 attn_kvec8(const void *k, const int T, long j, long ld, int e) {
+    if (T == ATTN_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)k + j * ld + e)));
+    return _mm256_loadu_ps((const float *)k + j * ld + e);
+}
+#endif
+
 /* ---- results: final rows and partials ---------------------------------------------------- */
 
 /* Row (token t, head h) done over the item's keys: o (Dv), max m, sum l. */
@@ -293,6 +371,79 @@ static inline __attribute__((always_inline)) void attn_tile_scores_nv(
 }
 #endif
 
+#if ATTN_AVX2
+/* 16 lanes (two vectors) of st against keys: 6 keys x 2 vectors of accumulators a pass */
+static inline void attn_tile_scores8(const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st,
+                                     float *bmax) {
+    __m256 bm0 = _mm256_set1_ps(-INFINITY), bm1 = bm0;
+    int j0 = 0;
+    for (; j0 + 6 <= nk; j0 += 6) {
+        __m256 a[6][2];
+        for (int jj = 0; jj < 6; jj++) a[jj][0] = a[jj][1] = _mm256_setzero_ps();
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) {
+            const __m256 q0 = _mm256_loadu_ps(qt + (long)d * ldq), q1 = _mm256_loadu_ps(qt + (long)d * ldq + 8);
+            for (int jj = 0; jj < 6; jj++) {
+                const __m256 kb = _mm256_broadcast_ss(kr + jj * ldk + d);
+                a[jj][0] = _mm256_fmadd_ps(kb, q0, a[jj][0]);
+                a[jj][1] = _mm256_fmadd_ps(kb, q1, a[jj][1]);
+            }
+        }
+        for (int jj = 0; jj < 6; jj++) {
+            _mm256_storeu_ps(st + (long)(j0 + jj) * ldq, a[jj][0]);
+            _mm256_storeu_ps(st + (long)(j0 + jj) * ldq + 8, a[jj][1]);
+            bm0 = _mm256_max_ps(bm0, a[jj][0]);
+            bm1 = _mm256_max_ps(bm1, a[jj][1]);
+        }
+    }
+    for (; j0 < nk; j0++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) {
+            const __m256 kb = _mm256_broadcast_ss(kr + d);
+            a0 = _mm256_fmadd_ps(kb, _mm256_loadu_ps(qt + (long)d * ldq), a0);
+            a1 = _mm256_fmadd_ps(kb, _mm256_loadu_ps(qt + (long)d * ldq + 8), a1);
+        }
+        _mm256_storeu_ps(st + (long)j0 * ldq, a0);
+        _mm256_storeu_ps(st + (long)j0 * ldq + 8, a1);
+        bm0 = _mm256_max_ps(bm0, a0);
+        bm1 = _mm256_max_ps(bm1, a1);
+    }
+    if (bmax) {
+        _mm256_storeu_ps(bmax, bm0);
+        _mm256_storeu_ps(bmax + 8, bm1);
+    }
+}
+
+/* RB rows x NV vectors of values (8 each) from o / v's first: accumulators in registers */
+static inline __attribute__((always_inline)) void attn_tile_pv8_rb(
+        const int RB, const int NV, float *o, int Dv, const float *pt, int ldp, const float *v, long ldv, int nk,
+        const float *alpha) {
+    __m256 acc[6][2];
+    for (int r = 0; r < RB; r++) {
+        const __m256 a = _mm256_set1_ps(alpha[r]);
+        for (int i = 0; i < NV; i++) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + 8 * i), a);
+    }
+    for (int j = 0; j < nk; j++) {
+        __m256 vv[2];
+        for (int i = 0; i < NV; i++) vv[i] = _mm256_loadu_ps(v + (long)j * ldv + 8 * i);
+        const float *pr = pt + (long)j * ldp;
+        for (int r = 0; r < RB; r++) {
+            const __m256 pb = _mm256_broadcast_ss(pr + r);
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm256_fmadd_ps(pb, vv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + 8 * i, acc[r][i]);
+}
+
+#define ATTN_PV8_NV(RB, nv, ...)                                                 \
+    do {                                                                         \
+        if ((nv) == 2) attn_tile_pv8_rb(RB, 2, __VA_ARGS__);                     \
+        else attn_tile_pv8_rb(RB, 1, __VA_ARGS__);                               \
+    } while (0)
+#endif
+
 static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st,
                              float *bmax) {
 #if ATTN_AVX512
@@ -310,6 +461,11 @@ static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, l
         v0 += w;
     }
 #else
+#if ATTN_AVX2
+    for (int v0 = 0; v0 < 2 * nv; v0 += 2)  /* 16 lanes a pass (K read again from L1) */
+        attn_tile_scores8(qt + 8 * v0, ldq, k, ldk, nk, D, st + 8 * v0, bmax ? bmax + 8 * v0 : NULL);
+    return;
+#endif
     const int R = 16 * nv;
     for (int j = 0; j < nk; j++) {
         float *s = st + (long)j * ldq;
@@ -382,6 +538,54 @@ static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask,
         _mm512_storeu_ps(alpha + 16 * v, a);
     }
 #else
+#if ATTN_AVX2
+    {
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        for (int v = 0; v < 2 * nv; v++) {
+            const __m256i qp = _mm256_loadu_si256((const __m256i *)(qpos + 8 * v));
+            __m256 bm = bmax ? _mm256_loadu_ps(bmax + 8 * v) : ninf;
+            for (int j = 0; j < nk && !bmax; j++) {
+                float *s = st + (long)j * ldq + 8 * v;
+                __m256 x = _mm256_loadu_ps(s);
+                if (softcap > 0.0f) x = attn_softcap8(x, softcap);
+                if (need_mask) {
+                    const __m256i kp = _mm256_set1_epi32(kpos0 + j);
+                    __m256i bad = _mm256_cmpgt_epi32(kp, qp);
+                    if (window > 0)
+                        bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(_mm256_sub_epi32(qp, kp), _mm256_set1_epi32(window - 1)));
+                    x = _mm256_blendv_ps(x, ninf, _mm256_castsi256_ps(bad));
+                }
+                if (softcap > 0.0f || need_mask) _mm256_storeu_ps(s, x);
+                bm = _mm256_max_ps(bm, x);
+            }
+            const __m256 mo = _mm256_loadu_ps(m + 8 * v);
+            const __m256 mn = _mm256_max_ps(mo, bm);
+            const __m256 mu = _mm256_blendv_ps(mn, _mm256_setzero_ps(), _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ));
+            const __m256 a = attn_exp2_8(_mm256_sub_ps(mo, mu));
+            __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 2 <= nk; j += 2) {
+                float *s0 = st + (long)j * ldq + 8 * v, *s1 = s0 + ldq;
+                const __m256 p0 = attn_exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s0), mu));
+                const __m256 p1 = attn_exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s1), mu));
+                _mm256_storeu_ps(s0, p0);
+                _mm256_storeu_ps(s1, p1);
+                sum0 = _mm256_add_ps(sum0, p0);
+                sum1 = _mm256_add_ps(sum1, p1);
+            }
+            if (j < nk) {
+                float *s0 = st + (long)j * ldq + 8 * v;
+                const __m256 p0 = attn_exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s0), mu));
+                _mm256_storeu_ps(s0, p0);
+                sum0 = _mm256_add_ps(sum0, p0);
+            }
+            _mm256_storeu_ps(l + 8 * v, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * v), a, _mm256_add_ps(sum0, sum1)));
+            _mm256_storeu_ps(m + 8 * v, mn);
+            _mm256_storeu_ps(alpha + 8 * v, a);
+        }
+        return;
+    }
+#endif
     const int R = 16 * nv;
     for (int r = 0; r < R; r++) {
         float bm = bmax ? bmax[r] : -INFINITY;
@@ -470,6 +674,26 @@ static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, cons
         }
     }
 #else
+#if ATTN_AVX2
+    if (Dv % 8 == 0) {
+        for (int c0 = 0; c0 < Dv; c0 += 16) {
+            const int nv = Dv - c0 >= 16 ? 2 : 1;
+            float *oc = o + c0;
+            const float *vc = v + c0;
+            int r = 0;
+            for (; r + 6 <= R; r += 6) ATTN_PV8_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
+            switch (R - r) {
+                case 1: ATTN_PV8_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+                case 2: ATTN_PV8_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+                case 3: ATTN_PV8_NV(3, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+                case 4: ATTN_PV8_NV(4, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+                case 5: ATTN_PV8_NV(5, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+                default: break;
+            }
+        }
+        return;
+    }
+#endif
     for (int r = 0; r < R; r++) {
         float *orow = o + (long)r * Dv;
         for (int c = 0; c < Dv; c++) orow[c] *= alpha[r];
@@ -638,6 +862,59 @@ static inline __m512i attn_dpbusd(__m512i acc, __m512i u, __m512i s) {
 }
 #endif
 
+#if ATTN_AVX2
+/* int8 scores (attn_rows_scores_q8's numbers) for RB rows: per key and block, the K bytes
+ * once (Q4_0: nibbles n; Q8_0: signed bytes) against each row's q by maddubs + madd (exact:
+ * |n q| pairs <= 3810, |k||q| pairs <= 32512), 8 keys' lane sums at once by attn_hsum8x8_i32 */
+static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
+        const int RB, const int T, const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int D,
+        const uint8_t *k, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
+    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
+    const __m256i ones = _mm256_set1_epi16(1), lowbits = _mm256_set1_epi8(0x0F);
+    for (int jb = j0 & ~7; jb < j1; jb += 8) {
+        __m256 sacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        const __m256 live = attn_range8(jb, j0, j1 - 1);
+        for (int b = 0; b < nb; b++) {
+            __m256i tmp[4][8];
+            uint16_t dkh[8];
+            for (int u = 0; u < 8; u++) {
+                const int j = jb + u;
+                if (j < j0 || j >= j1) {
+                    dkh[u] = 0;
+                    for (int r = 0; r < RB; r++) tmp[r][u] = _mm256_setzero_si256();
+                    continue;
+                }
+                if (b == 0) attn_pf_row(pf, j);
+                const uint8_t *blk = k + (long)j * ldk + (long)b * bb;
+                dkh[u] = simd_rd16(blk);
+                __m256i kx;
+                if (T == ATTN_KV_Q4_0) {
+                    const __m128i x = _mm_loadu_si128((const __m128i *)(blk + 2));
+                    kx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), lowbits);
+                } else {
+                    kx = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                }
+                const __m256i ka = T == ATTN_KV_Q4_0 ? kx : _mm256_abs_epi8(kx);
+                for (int r = 0; r < RB; r++) {
+                    __m256i qv = _mm256_loadu_si256((const __m256i *)(qb + (long)r * qstride + 32 * b));
+                    if (T != ATTN_KV_Q4_0) qv = _mm256_sign_epi8(qv, kx);
+                    tmp[r][u] = _mm256_madd_epi16(_mm256_maddubs_epi16(ka, qv), ones);
+                }
+            }
+            const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dkh));
+            for (int r = 0; r < RB; r++) {
+                __m256i I = attn_hsum8x8_i32(tmp[r]);
+                if (T == ATTN_KV_Q4_0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
+                const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
+                sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)
+                                 : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), kq, sacc[r]);
+            }
+        }
+        for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, _mm256_and_ps(sacc[r], live));
+    }
+}
+#endif
+
 /* s[r * ldS + j] = the int8 score of row r (qb: rows qstride bytes apart; dq, corr: nb a row)
  * and key j, for r < R and keys of [j0, j1) of a block of K rows ldk bytes apart stored as T
  * (Q8_0 / Q4_0); AVX-512: keys of a 16-key group outside [j0, j1) get 0.
@@ -762,6 +1039,30 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
         }
     }
 #else
+#if ATTN_AVX2
+    for (int r = 0; r < R; r += 4) {
+        const int8_t *qr = qb + (long)r * qstride;
+        const float *dqr = dq + (long)r * nb;
+        const int32_t *cr = corr + (long)r * nb;
+        float *sr = s + (long)r * ldS;
+        const attn_pf *pfr = r == 0 ? pf : NULL;
+#define ATTN_Q8_RB(RB)                                                                                   \
+        do {                                                                                             \
+            if (T == ATTN_KV_Q4_0)                                                                       \
+                attn_rows_scores_q8_rb(RB, ATTN_KV_Q4_0, qr, qstride, dqr, cr, D, k, ldk, j0, j1, sr, ldS, pfr); \
+            else                                                                                         \
+                attn_rows_scores_q8_rb(RB, ATTN_KV_Q8_0, qr, qstride, dqr, cr, D, k, ldk, j0, j1, sr, ldS, pfr); \
+        } while (0)
+        switch (R - r) {
+            case 1: ATTN_Q8_RB(1); break;
+            case 2: ATTN_Q8_RB(2); break;
+            case 3: ATTN_Q8_RB(3); break;
+            default: ATTN_Q8_RB(4); break;
+        }
+#undef ATTN_Q8_RB
+    }
+    return;
+#endif
     (void)corr;
     (void)pf;
     for (int r = 0; r < R; r++) {
@@ -1163,6 +1464,94 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
 }
 #endif
 
+#if ATTN_AVX2
+/* s[r*ldS + j] = q_r . k_j, r < RB, keys of [j0, j1) of an f32 / f16 K (8-key groups from
+ * j0 & ~7; keys of a group outside the range get 0): one fma chain a score over d, reduced
+ * by attn_hsum8x8, so a score depends on its row and key only */
+static inline __attribute__((always_inline)) void attn_rows_scores8_rb(
+        const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        float *s, int ldS, const attn_pf *pf) {
+    for (int jb = j0 & ~7; jb < j1; jb += 8) {
+        __m256 tmp[4][8];
+        for (int u = 0; u < 8; u++) {
+            const int j = jb + u;
+            __m256 a[4];
+            for (int r = 0; r < RB; r++) a[r] = _mm256_setzero_ps();
+            if (j >= j0 && j < j1) {
+                attn_pf_row(pf, j);
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 kv = attn_kvec8(k, T, j, ldk, d);
+                    for (int r = 0; r < RB; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, a[r]);
+                }
+            }
+            for (int r = 0; r < RB; r++) tmp[r][u] = a[r];
+        }
+        for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, attn_hsum8x8(tmp[r]));
+    }
+}
+
+/* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c], r < RB, NV vectors of
+ * values from c0, V f32 / f16 */
+static inline __attribute__((always_inline)) void attn_rows_pv8_rb(
+        const int RB, const int T, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
+        int c0, int j0, int j1, const float *alpha, const attn_pf *pf) {
+    __m256 acc[4][4];
+    for (int r = 0; r < RB; r++) {
+        const __m256 a = _mm256_set1_ps(alpha[r]);
+        for (int i = 0; i < NV; i++) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + c0 + 8 * i), a);
+    }
+    for (int j = j0; j < j1; j++) {
+        attn_pf_row(pf, j);
+        __m256 vv[4];
+        for (int i = 0; i < NV; i++) vv[i] = attn_kvec8(v, T, j, ldv, c0 + 8 * i);
+        for (int r = 0; r < RB; r++) {
+            const __m256 pb = _mm256_broadcast_ss(p + (long)r * ldS + j);
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm256_fmadd_ps(pb, vv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + c0 + 8 * i, acc[r][i]);
+}
+
+/* RB rows, every value: 32 a pass for one or two rows, 16 for three or four (registers) */
+static inline __attribute__((always_inline)) void attn_rows_pv8_all(
+        const int RB, const int T, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
+        int j0, int j1, const float *alpha, const attn_pf *pf) {
+    const int NVMAX = RB <= 2 ? 4 : 2;
+    for (int c0 = 0; c0 < Dv; c0 += 8 * NVMAX) {
+        const int nv = (Dv - c0) / 8 < NVMAX ? (Dv - c0) / 8 : NVMAX;
+        const attn_pf *pfc = c0 == 0 ? pf : NULL;
+        switch (nv) {
+            case 1: attn_rows_pv8_rb(RB, T, 1, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, pfc); break;
+            case 2: attn_rows_pv8_rb(RB, T, 2, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, pfc); break;
+            case 3: attn_rows_pv8_rb(RB, T, 3, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, pfc); break;
+            default: attn_rows_pv8_rb(RB, T, 4, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, pfc); break;
+        }
+    }
+}
+
+/* fn(RB, T, ...) for RB = min(n, 4) rows and T f16 or f32 */
+#define ATTN_RB8_SWITCH(fn, n, t, ...)                                                          \
+    do {                                                                                        \
+        if ((t) == ATTN_KV_F16) {                                                               \
+            switch (n) {                                                                        \
+                case 1: fn(1, ATTN_KV_F16, __VA_ARGS__); break;                                 \
+                case 2: fn(2, ATTN_KV_F16, __VA_ARGS__); break;                                 \
+                case 3: fn(3, ATTN_KV_F16, __VA_ARGS__); break;                                 \
+                default: fn(4, ATTN_KV_F16, __VA_ARGS__); break;                                \
+            }                                                                                   \
+        } else {                                                                                \
+            switch (n) {                                                                        \
+                case 1: fn(1, ATTN_KV_F32, __VA_ARGS__); break;                                 \
+                case 2: fn(2, ATTN_KV_F32, __VA_ARGS__); break;                                 \
+                case 3: fn(3, ATTN_KV_F32, __VA_ARGS__); break;                                 \
+                default: fn(4, ATTN_KV_F32, __VA_ARGS__); break;                                \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+
+#endif
+
 /* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block of K rows stored as t
  * (ATTN_KV_*; f32 / f16 rows ldk elements apart, Q8_0 / Q4_0 rows ldk bytes apart, read in
  * place only by the AVX-512 kernels) */
@@ -1173,6 +1562,14 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
         ATTN_RB_SWITCH(attn_rows_scores_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
                        r == 0 ? pf : NULL);
 #else
+#if ATTN_AVX2
+    if (D % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
+        for (int r = 0; r < R; r += 4)
+            ATTN_RB8_SWITCH(attn_rows_scores8_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
+                            r == 0 ? pf : NULL);
+        return;
+    }
+#endif
     (void)pf;
     for (int r = 0; r < R; r++)
         for (int j = j0; j < j1; j++) {
@@ -1193,6 +1590,14 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
         ATTN_RB_SWITCH(attn_rows_pv_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r,
                        r == 0 ? pf : NULL);
 #else
+#if ATTN_AVX2
+    if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
+        for (int r = 0; r < R; r += 4)
+            ATTN_RB8_SWITCH(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
+                            alpha + r, r == 0 ? pf : NULL);
+        return;
+    }
+#endif
     (void)pf;
     for (int r = 0; r < R; r++) {
         float *orow = o + (long)r * Dv;
@@ -1246,6 +1651,36 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
     *m = mn;
     return alpha;
 #else
+#if ATTN_AVX2
+    {
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        __m256 bm = ninf;
+        for (int j = 0; j < ldS; j += 8) {
+            __m256 x = _mm256_loadu_ps(s + j);
+            if (softcap > 0.0f) x = attn_softcap8(x, softcap);
+            x = _mm256_blendv_ps(ninf, x, attn_range8(j, jlo, jhi));
+            _mm256_storeu_ps(s + j, x);
+            bm = _mm256_max_ps(bm, x);
+        }
+        const float mo = *m, bmax = attn_hmax8(bm);
+        const float mn = mo > bmax ? mo : bmax;
+        const float alpha = mo == mn && mn > -INFINITY ? 1.0f : attn_exp2(mo - mn);
+        const __m256 mm = _mm256_set1_ps(mn), al = _mm256_set1_ps(alpha);
+        __m256 acc0 = _mm256_mul_ps(_mm256_loadu_ps(l16), al), acc1 = _mm256_mul_ps(_mm256_loadu_ps(l16 + 8), al);
+        for (int j = 0; j < ldS; j += 16) {  /* lanes j % 16 as the other paths */
+            const __m256 p0 = attn_exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mm));
+            const __m256 p1 = attn_exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), mm));
+            _mm256_storeu_ps(s + j, p0);
+            _mm256_storeu_ps(s + j + 8, p1);
+            acc0 = _mm256_add_ps(acc0, p0);
+            acc1 = _mm256_add_ps(acc1, p1);
+        }
+        _mm256_storeu_ps(l16, acc0);
+        _mm256_storeu_ps(l16 + 8, acc1);
+        *m = mn;
+        return alpha;
+    }
+#endif
     float bm = -INFINITY;
     for (int j = 0; j < ldS; j++) {
         float x = s[j];
