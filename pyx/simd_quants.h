@@ -896,61 +896,113 @@ static int lq_amx_on_get(void) {
 
 #if !LQ_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LQ_AVX2 1
-/* Same packed layout, 8 rows per 256-bit half; maddubs+madd instead of vpdpbusd. FMT8 uses
- * the signed form (|q| * sign(a, q)) so the int16 pair sums cannot saturate. */
+/* Same packed layout, 8 rows per 256-bit half; maddubs+madd instead of vpdpbusd. Each
+ * half-block of weights is unpacked once for all T tokens of the call (the tokens' float
+ * accumulators stay in L1), and the int16 pair sums of several chunks are added before one
+ * madd where they cannot overflow (Q4: 8 x 3810, Q5: 4 x 7874 < 32767). FMT8 uses the signed
+ * form (|q| * sign(a, q)), a madd per chunk. Integer sums are exact in any order and each
+ * token's float updates are the same fma chain over the blocks, so the outputs do not depend
+ * on T. */
 static inline __m256i lq_dot_u8s8(__m256i u, __m256i a) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
 }
-static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
-                           float *y, int64_t ys, int nv) {
+static inline __attribute__((always_inline)) void lq_kernel_avx2_fmt(const lq_packed *P, int64_t g, const int8_t *qa,
+                                                                     const float *da, const float *sa, int T, float *y,
+                                                                     int64_t ys, int nv, const int FMT, const int HAS_M) {
     const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
-    const int fmt = P->fmt;
     const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10), x80 = _mm256_set1_epi8((char)0x80);
-    for (int t = 0; t < T; t++) {
-        __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        const uint8_t *blk = P->data + g * nb * bb;
-        for (int64_t b = 0; b < nb; b++, blk += bb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f[LQ_TT][2];
+    for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
         simd_prefetch_range(blk, (int)bb);
-            const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
-            const __m256 dat = _mm256_set1_ps(da[t * nb + b]), sat = _mm256_set1_ps(sa[t * nb + b]);
-            for (int h = 0; h < 2; h++) {
-                __m256i acc = _mm256_setzero_si256();
-                if (fmt == LQ_FMT8) {
-                    for (int c = 0; c < 8; c++) {
-                        __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h)), x80);
-                        __m256i a = _mm256_set1_epi32(aw[c]);
-                        acc = _mm256_add_epi32(acc, lq_dot_u8s8(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q)));
+        for (int h = 0; h < 2; h++) {
+            __m256i w[8];
+            if (FMT == LQ_FMT8) {
+                for (int c = 0; c < 8; c++)
+                    w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h)), x80);
+            } else {
+                const __m256i hb = FMT == LQ_FMT5 ? _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h)) : m4;
+                for (int c = 0; c < 4; c++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
+                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (FMT == LQ_FMT5) {
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - c), b16));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, c), b16));
                     }
-                } else {
-                    __m256i hb = fmt == LQ_FMT5 ? _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h)) : m4;
-                    for (int c = 0; c < 4; c++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
-                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        if (fmt == LQ_FMT5) {
-                            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4 - c), b16));
-                            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(hb, c), b16));
-                        }
-                        acc = _mm256_add_epi32(acc, lq_dot_u8s8(lo, _mm256_set1_epi32(aw[c])));
-                        acc = _mm256_add_epi32(acc, lq_dot_u8s8(hi, _mm256_set1_epi32(aw[4 + c])));
-                    }
+                    w[c] = lo;
+                    w[4 + c] = hi;
                 }
-                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 16 * h)));
-                if (P->has_m) {
-                    const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32 + 16 * h)));
-                    f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[h]);
-                    f[h] = _mm256_fmadd_ps(mv, sat, f[h]);
-                } else if (fmt == LQ_FMT8) {
-                    f[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[h]);
+            }
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 16 * h)));
+            const __m256 mv = HAS_M ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32 + 16 * h)))
+                                    : _mm256_setzero_ps();
+            __m256i wa[8];
+            if (FMT == LQ_FMT8)
+                for (int c = 0; c < 8; c++) wa[c] = _mm256_abs_epi8(w[c]);
+            for (int t = 0; t < T; t++) {
+                const int32_t *aw = (const int32_t *)(qa + t * K + b * LQ_QK);
+                __m256i acc;
+                if (FMT == LQ_FMT8) {
+                    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+                    for (int c = 0; c < 8; c += 2) {
+                        a0 = _mm256_add_epi32(a0, lq_dot_u8s8(wa[c], _mm256_sign_epi8(_mm256_set1_epi32(aw[c]), w[c])));
+                        a1 = _mm256_add_epi32(a1, lq_dot_u8s8(wa[c + 1], _mm256_sign_epi8(_mm256_set1_epi32(aw[c + 1]), w[c + 1])));
+                    }
+                    acc = _mm256_add_epi32(a0, a1);
                 } else {
-                    f[h] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_cvtepi32_ps(acc), sat), _mm256_mul_ps(dv, dat), f[h]);
+                    /* lo chunks c with a[4c..], hi chunks with a[16 + 4c..] */
+                    __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(aw[0])),
+                                                  _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(aw[4])));
+                    __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[1], _mm256_set1_epi32(aw[1])),
+                                                  _mm256_maddubs_epi16(w[5], _mm256_set1_epi32(aw[5])));
+                    s0 = _mm256_add_epi16(s0, _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(aw[2])),
+                                                               _mm256_maddubs_epi16(w[6], _mm256_set1_epi32(aw[6]))));
+                    s1 = _mm256_add_epi16(s1, _mm256_add_epi16(_mm256_maddubs_epi16(w[3], _mm256_set1_epi32(aw[3])),
+                                                               _mm256_maddubs_epi16(w[7], _mm256_set1_epi32(aw[7]))));
+                    if (FMT == LQ_FMT4)
+                        acc = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+                    else
+                        acc = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+                }
+                const __m256 dat = _mm256_set1_ps(da[t * nb + b]), sat = _mm256_set1_ps(sa[t * nb + b]);
+                if (HAS_M) {
+                    f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[t][h]);
+                    f[t][h] = _mm256_fmadd_ps(mv, sat, f[t][h]);
+                } else if (FMT == LQ_FMT8) {
+                    f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dv, dat), f[t][h]);
+                } else {
+                    f[t][h] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_cvtepi32_ps(acc), sat), _mm256_mul_ps(dv, dat), f[t][h]);
                 }
             }
         }
+    }
+    for (int t = 0; t < T; t++) {
         float tmp[LQ_G];
-        _mm256_storeu_ps(tmp, f[0]);
-        _mm256_storeu_ps(tmp + 8, f[1]);
+        _mm256_storeu_ps(tmp, f[t][0]);
+        _mm256_storeu_ps(tmp + 8, f[t][1]);
         for (int i = 0; i < nv; i++) y[t * ys + i] = tmp[i];
     }
+}
+
+static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
+                           float *y, int64_t ys, int nv) {
+    if (T == 1) {  /* a decode's one token: its accumulators in registers (a constant T) */
+        if (P->has_m) {
+            if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT4, 1);
+            else lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT5, 1);
+        } else if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT4, 0);
+        else if (P->fmt == LQ_FMT5) lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT5, 0);
+        else lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT8, 0);
+        return;
+    }
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT4, 1);
+        else lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT5, 1);
+    } else if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT4, 0);
+    else if (P->fmt == LQ_FMT5) lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT5, 0);
+    else lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT8, 0);
 }
 #else
 #define LQ_AVX2 0
