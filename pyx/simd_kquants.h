@@ -70,6 +70,43 @@ static inline void kq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
+#if defined(KQ_AVX2)
+/* the q bytes of a Q4_K / Q5_K / Q6_K super-block, 32 at a time (the scalar loops' bytes:
+ * a decode unpacks each super-block for one token, so these loops were its cost) */
+static inline void kq_unpack_q_avx2(int t, const uint8_t *b, uint8_t *q) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    if (t == KQ_Q4_K) {
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, m4));
+            _mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        }
+    } else if (t == KQ_Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * c));
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
+            _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_or_si256(_mm256_and_si256(v, m4), h0));
+            _mm256_storeu_si256((__m256i *)(q + 64 * c + 32),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
+        }
+    } else { /* Q6_K */
+        for (int c = 0; c < 2; c++) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * c));
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * c));
+            const __m256i bb = _mm256_loadu_si256((const __m256i *)(b + 64 * c + 32));
+            for (int k = 0; k < 4; k++) {
+                const __m256i lo = k & 1 ? bb : a;
+                const __m256i n = k < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+                const __m256i hk = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m3), 4);
+                _mm256_storeu_si256((__m256i *)(q + 128 * c + 32 * k), _mm256_or_si256(n, hk));
+            }
+        }
+    }
+}
+#endif
+
 static inline void kq_unpack_q4_k(const uint8_t *b, kq_sb *o) {
     o->d = simd_load_f16(b);
     o->dmin = simd_load_f16(b + 2);
@@ -81,12 +118,17 @@ static inline void kq_unpack_q4_k(const uint8_t *b, kq_sb *o) {
         o->sc[2 * j] = o->sc[2 * j + 1] = sc;
         o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)m;
     }
+#if defined(KQ_AVX2)
+    (void)qs;
+    kq_unpack_q_avx2(KQ_Q4_K, b, o->q);
+#else
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             uint8_t v = qs[c * 32 + l];
             o->q[c * 64 + l] = v & 0xF;
             o->q[c * 64 + 32 + l] = v >> 4;
         }
+#endif
 }
 
 static inline void kq_unpack_q5_k(const uint8_t *b, kq_sb *o) {
@@ -100,6 +142,11 @@ static inline void kq_unpack_q5_k(const uint8_t *b, kq_sb *o) {
         o->sc[2 * j] = o->sc[2 * j + 1] = sc;
         o->mn[2 * j] = o->mn[2 * j + 1] = (int16_t)m;
     }
+#if defined(KQ_AVX2)
+    (void)qs; (void)qh;
+    kq_unpack_q_avx2(KQ_Q5_K, b, o->q);
+    return;
+#endif
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             uint8_t v = qs[c * 32 + l], h = qh[l];
@@ -118,6 +165,11 @@ static inline void kq_unpack_q6_k(const uint8_t *b, kq_sb *o) {
         o->sc[g] = s[g];
         o->mn[g] = (int16_t)(32 * s[g]);
     }
+#if defined(KQ_AVX2)
+    (void)ql; (void)qh;
+    kq_unpack_q_avx2(KQ_Q6_K, b, o->q);
+    return;
+#endif
     for (int c = 0; c < 2; c++)
         for (int l = 0; l < 32; l++) {
             uint8_t h = qh[c * 32 + l];
@@ -547,6 +599,32 @@ kq_rows_avx512(const int t, const uint8_t *W, int64_t row_stride, int64_t r0, in
 }
 #endif
 
+#if defined(KQ_AVX2)
+/* a super-block's 8 scale vectors (int16 lanes 0-7: sc[2i], 8-15: sc[2i+1]), made once and
+ * used for every token: madd by them replaces madd-by-ones + mullo (exact: pair sums of
+ * maddubs are <= 63 * 127 * 2, times |sc| <= 128, in int32) */
+static inline void kq_sc16_avx2(const kq_sb *w, __m256i *s) {
+    const __m256i S = _mm256_loadu_si256((const __m256i *)w->sc);
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    for (int i = 0; i < 8; i++) s[i] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(i)), pick);
+}
+
+static inline float kq_dot_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq_q8k *a) {
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0;
+    for (int i = 0; i < 8; i += 2) {
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(
+            _mm256_loadu_si256((const __m256i *)(w->q + 32 * i)), _mm256_loadu_si256((const __m256i *)(a->qs + 32 * i))), sc16[i]));
+        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(
+            _mm256_loadu_si256((const __m256i *)(w->q + 32 * i + 32)), _mm256_loadu_si256((const __m256i *)(a->qs + 32 * i + 32))), sc16[i + 1]));
+    }
+    const int32_t is = simd_hsum_i32x8(_mm256_add_epi32(acc0, acc1));
+    const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
+                                                         _mm256_loadu_si256((const __m256i *)a->bsums)));
+    return (a->d * w->d) * (float)is - (a->d * w->dmin) * (float)ms;  /* kq_dot_sb's formula */
+}
+#endif
+
 /* W: row r at W + r*row_stride; A: n tokens x nb blocks of q8_K; Y row-major ldy */
 static void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
                            int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy) {
@@ -569,7 +647,13 @@ static void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t 
             for (int64_t b = 0; b < nb; b++) {
                 kq_unpack(t, wr + b * ts, &sb);
                 const kq_q8k *ab = A + t0 * nb + b;
+#if defined(KQ_AVX2)
+                __m256i sc16[8];
+                kq_sc16_avx2(&sb, sc16);
+                for (int64_t j = 0; j < nt; j++) acc[j] += kq_dot_sb_avx2(&sb, sc16, ab + j * nb);
+#else
                 for (int64_t j = 0; j < nt; j++) acc[j] += kq_dot_sb(&sb, ab + j * nb);
+#endif
             }
             for (int64_t j = 0; j < nt; j++) Y[(t0 + j) * ldy + r] = acc[j];
         }
