@@ -22,6 +22,18 @@ static inline double act_exp_sub_sum(const float *x, float *y, float m, int n) {
         _mm512_mask_storeu_ps(y + i, k, e);
         s += (double)_mm512_reduce_add_ps(e);
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    {
+        const __m256 vm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY);
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            const __m256 live = _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ);
+            const __m256 e = _mm256_and_ps(live, simd_exp_f32x8(_mm256_sub_ps(v, vm)));
+            _mm256_storeu_ps(y + i, e);
+            s += (double)simd_hsum_f32x8(e);
+        }
+    }
+    for (; i < n; i++) { y[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m); s += (double)y[i]; }
 #else
     for (; i < n; i++) { y[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m); s += (double)y[i]; }
 #endif
@@ -38,6 +50,14 @@ static inline void act_silu_row(const float *g, const float *u, float *y, int n)
         __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, simd_exp_f32x16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
         if (u) r = _mm512_mul_ps(r, _mm512_loadu_ps(u + i));
         _mm512_storeu_ps(y + i, r);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 r = _mm256_div_ps(x, _mm256_add_ps(one, simd_exp_f32x8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        if (u) r = _mm256_mul_ps(r, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, r);
     }
 #endif
     for (; i < n; i++) {
@@ -63,6 +83,18 @@ static inline void act_gelu_row(const float *g, const float *u, float *y, int n)
         __m512 r = _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, th));
         if (u) r = _mm512_mul_ps(r, _mm512_loadu_ps(u + i));
         _mm512_storeu_ps(y + i, r);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 t = _mm256_mul_ps(_mm256_set1_ps(ACT_SQRT_2_OVER_PI),
+                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(ACT_GELU_COEF_A), x),
+                                                 _mm256_mul_ps(x, x), x));
+        __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(simd_exp_f32x8(_mm256_mul_ps(two, t)), one)));
+        __m256 r = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, th));
+        if (u) r = _mm256_mul_ps(r, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, r);
     }
 #endif
     for (; i < n; i++) {
