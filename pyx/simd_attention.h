@@ -263,8 +263,21 @@ static inline float attn_hmax8(__m256 v) {
 }
 
 /* 8 values e.. of row j of an f32 / f16 K or V (rows ld elements apart) */
+/* (Q8_0 / Q4_0 rows ld bytes apart, e a multiple of 8: d * q as kv_dequant_* rounds it, so
+ * V read in place gives the bits of V converted first) */
 static inline __m256 attn_kvec8(const void *k, const int T, long j, long ld, int e) {
     if (T == ATTN_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)k + j * ld + e)));
+    if (T == ATTN_KV_Q8_0) {
+        const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 34;
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + (e & 31))));
+        return _mm256_mul_ps(_mm256_set1_ps(simd_load_f16(b)), _mm256_cvtepi32_ps(q));
+    }
+    if (T == ATTN_KV_Q4_0) {
+        const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 18;
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + (e & 15))));
+        const __m256i n = (e & 16) ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(0x0f));
+        return _mm256_mul_ps(_mm256_set1_ps(simd_load_f16(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))));
+    }
     return _mm256_loadu_ps((const float *)k + j * ld + e);
 }
 #endif
@@ -1531,6 +1544,27 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_all(
 }
 
 /* fn(RB, T, ...) for RB = min(n, 4) rows and T f16 or f32 */
+#define ATTN_RB8_SWITCH_T(fn, n, T, ...)                                                        \
+    do {                                                                                        \
+        switch (n) {                                                                            \
+            case 1: fn(1, T, __VA_ARGS__); break;                                               \
+            case 2: fn(2, T, __VA_ARGS__); break;                                               \
+            case 3: fn(3, T, __VA_ARGS__); break;                                               \
+            default: fn(4, T, __VA_ARGS__); break;                                              \
+        }                                                                                       \
+    } while (0)
+
+/* (V in place: Q8_0 / Q4_0 too) */
+#define ATTN_RB8_SWITCH_PV(fn, n, t, ...)                                                       \
+    do {                                                                                        \
+        switch (t) {                                                                            \
+            case ATTN_KV_F16: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_F16, __VA_ARGS__); break;        \
+            case ATTN_KV_Q8_0: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_Q8_0, __VA_ARGS__); break;      \
+            case ATTN_KV_Q4_0: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_Q4_0, __VA_ARGS__); break;      \
+            default: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_F32, __VA_ARGS__); break;                 \
+        }                                                                                       \
+    } while (0)
+
 #define ATTN_RB8_SWITCH(fn, n, t, ...)                                                          \
     do {                                                                                        \
         if ((t) == ATTN_KV_F16) {                                                               \
@@ -1591,9 +1625,9 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
                        r == 0 ? pf : NULL);
 #else
 #if ATTN_AVX2
-    if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
+    if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32 || Dv % 32 == 0)) {
         for (int r = 0; r < R; r += 4)
-            ATTN_RB8_SWITCH(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
+            ATTN_RB8_SWITCH_PV(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
                             alpha + r, r == 0 ? pf : NULL);
         return;
     }
@@ -1984,6 +2018,11 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 kp = kb; ldk = ks;
 #if ATTN_AVX512
                 if (rn <= ATTN_ROWS_IN_PLACE) {
+                    vp = vb; ldv = vs; kt = c->kv_type;
+                } else
+#elif ATTN_AVX2
+                /* a few rows read V in place (the bits of V converted first) */
+                if (rn <= ATTN_ROWS_IN_PLACE && Dv % 32 == 0) {
                     vp = vb; ldv = vs; kt = c->kv_type;
                 } else
 #endif
