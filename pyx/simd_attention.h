@@ -262,9 +262,9 @@ static inline float attn_hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* 8 values e.. of row j of an f32 / f16 K or V (rows ld elements apart) */
-/* (Q8_0 / Q4_0 rows ld bytes apart, e a multiple of 8: d * q as kv_dequant_* rounds it, so
- * V read in place gives the bits of V converted first) */
+/* 8 values e.. of row j of K or V stored as T: f32 / f16 rows ld elements apart; Q8_0 / Q4_0
+ * rows ld bytes apart (e a multiple of 8), d * q as kv_dequant_* rounds it, so V read in place
+ * gives the bits of V converted first */
 static inline __m256 attn_kvec8(const void *k, const int T, long j, long ld, int e) {
     if (T == ATTN_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)k + j * ld + e)));
     if (T == ATTN_KV_Q8_0) {
@@ -1239,6 +1239,29 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
 
 /* ---- rows kernel: keys in lanes ------------------------------------------------------------ */
 
+/* (the AVX-512 and AVX2 rows kernels dispatch through these) */
+#define ATTN_RB_SWITCH_T(fn, n, T, ...)                         \
+    do {                                                         \
+        switch (n) {                                             \
+            case 1: fn(1, T, __VA_ARGS__); break;                \
+            case 2: fn(2, T, __VA_ARGS__); break;                \
+            case 3: fn(3, T, __VA_ARGS__); break;                \
+            default: fn(4, T, __VA_ARGS__); break;               \
+        }                                                        \
+    } while (0)
+
+/* fn(RB, T, ...) for RB = min(n, 4) rows and storage type t (ATTN_KV_*) */
+#define ATTN_RB_SWITCH(fn, n, t, ...)                                                  \
+    do {                                                                               \
+        switch (t) {                                                                   \
+            case ATTN_KV_F16: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F16, __VA_ARGS__); break;   \
+            case ATTN_KV_Q8_0: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_Q8_0, __VA_ARGS__); break; \
+            case ATTN_KV_Q4_0: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_Q4_0, __VA_ARGS__); break; \
+            default: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F32, __VA_ARGS__); break;            \
+        }                                                                              \
+    } while (0)
+
+
 #if ATTN_AVX512
 /* 16 values e.. of K/V row j, stored as T (ATTN_KV_*: f32 and f16 rows ld elements apart;
  * Q8_0 / Q4_0 rows ld bytes apart, e a multiple of 16): f32 values, a quantized value as
@@ -1402,27 +1425,6 @@ static inline __attribute__((always_inline)) void attn_rows_scores_rb(
     }
 }
 
-#define ATTN_RB_SWITCH_T(fn, n, T, ...)                         \
-    do {                                                         \
-        switch (n) {                                             \
-            case 1: fn(1, T, __VA_ARGS__); break;                \
-            case 2: fn(2, T, __VA_ARGS__); break;                \
-            case 3: fn(3, T, __VA_ARGS__); break;                \
-            default: fn(4, T, __VA_ARGS__); break;               \
-        }                                                        \
-    } while (0)
-
-/* fn(RB, T, ...) for RB = min(n, 4) rows and storage type t (ATTN_KV_*) */
-#define ATTN_RB_SWITCH(fn, n, t, ...)                                                  \
-    do {                                                                               \
-        switch (t) {                                                                   \
-            case ATTN_KV_F16: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F16, __VA_ARGS__); break;   \
-            case ATTN_KV_Q8_0: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_Q8_0, __VA_ARGS__); break; \
-            case ATTN_KV_Q4_0: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_Q4_0, __VA_ARGS__); break; \
-            default: ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F32, __VA_ARGS__); break;            \
-        }                                                                              \
-    } while (0)
-
 /* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c] for r < RB, over NV
  * vectors of values from c0 (the last masked by kl) */
 static inline __attribute__((always_inline)) void attn_rows_pv_rb(
@@ -1544,46 +1546,6 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_all(
 }
 
 /* fn(RB, T, ...) for RB = min(n, 4) rows and T f16 or f32 */
-#define ATTN_RB8_SWITCH_T(fn, n, T, ...)                                                        \
-    do {                                                                                        \
-        switch (n) {                                                                            \
-            case 1: fn(1, T, __VA_ARGS__); break;                                               \
-            case 2: fn(2, T, __VA_ARGS__); break;                                               \
-            case 3: fn(3, T, __VA_ARGS__); break;                                               \
-            default: fn(4, T, __VA_ARGS__); break;                                              \
-        }                                                                                       \
-    } while (0)
-
-/* (V in place: Q8_0 / Q4_0 too) */
-#define ATTN_RB8_SWITCH_PV(fn, n, t, ...)                                                       \
-    do {                                                                                        \
-        switch (t) {                                                                            \
-            case ATTN_KV_F16: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_F16, __VA_ARGS__); break;        \
-            case ATTN_KV_Q8_0: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_Q8_0, __VA_ARGS__); break;      \
-            case ATTN_KV_Q4_0: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_Q4_0, __VA_ARGS__); break;      \
-            default: ATTN_RB8_SWITCH_T(fn, n, ATTN_KV_F32, __VA_ARGS__); break;                 \
-        }                                                                                       \
-    } while (0)
-
-#define ATTN_RB8_SWITCH(fn, n, t, ...)                                                          \
-    do {                                                                                        \
-        if ((t) == ATTN_KV_F16) {                                                               \
-            switch (n) {                                                                        \
-                case 1: fn(1, ATTN_KV_F16, __VA_ARGS__); break;                                 \
-                case 2: fn(2, ATTN_KV_F16, __VA_ARGS__); break;                                 \
-                case 3: fn(3, ATTN_KV_F16, __VA_ARGS__); break;                                 \
-                default: fn(4, ATTN_KV_F16, __VA_ARGS__); break;                                \
-            }                                                                                   \
-        } else {                                                                                \
-            switch (n) {                                                                        \
-                case 1: fn(1, ATTN_KV_F32, __VA_ARGS__); break;                                 \
-                case 2: fn(2, ATTN_KV_F32, __VA_ARGS__); break;                                 \
-                case 3: fn(3, ATTN_KV_F32, __VA_ARGS__); break;                                 \
-                default: fn(4, ATTN_KV_F32, __VA_ARGS__); break;                                \
-            }                                                                                   \
-        }                                                                                       \
-    } while (0)
-
 #endif
 
 /* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block of K rows stored as t
@@ -1599,7 +1561,7 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
 #if ATTN_AVX2
     if (D % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
         for (int r = 0; r < R; r += 4)
-            ATTN_RB8_SWITCH(attn_rows_scores8_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
+            ATTN_RB_SWITCH(attn_rows_scores8_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
                             r == 0 ? pf : NULL);
         return;
     }
@@ -1627,7 +1589,7 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
 #if ATTN_AVX2
     if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32 || Dv % 32 == 0)) {
         for (int r = 0; r < R; r += 4)
-            ATTN_RB8_SWITCH_PV(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
+            ATTN_RB_SWITCH(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
                             alpha + r, r == 0 ? pf : NULL);
         return;
     }

@@ -404,10 +404,15 @@ static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum,
 #endif
 }
 
+/* a super-block's float contribution from its integer parts */
+static inline float kq_sb_float(const kq_sb *w, const kq_q8k *a, int32_t is, int32_t ms) {
+    return (a->d * w->d) * (float)is - (a->d * w->dmin) * (float)ms;
+}
+
 static inline float kq_dot_sb(const kq_sb *w, const kq_q8k *a) {
     int32_t is, ms;
     kq_dot_sb_int(w, a, &is, &ms);
-    return (a->d * w->d) * (float)is - (a->d * w->dmin) * (float)ms;
+    return kq_sb_float(w, a, is, ms);
 }
 
 /* MXFP4 row unpacked: q[k] = kvalue + 12 (0..24), dw[k/32] */
@@ -621,7 +626,7 @@ static inline float kq_dot_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq
     const int32_t is = simd_hsum_i32x8(_mm256_add_epi32(acc0, acc1));
     const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
                                                          _mm256_loadu_si256((const __m256i *)a->bsums)));
-    return (a->d * w->d) * (float)is - (a->d * w->dmin) * (float)ms;  /* kq_dot_sb's formula */
+    return kq_sb_float(w, a, is, ms);
 }
 #endif
 

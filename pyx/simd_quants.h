@@ -986,23 +986,23 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_fmt(const lq_pa
     }
 }
 
-static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
-                           float *y, int64_t ys, int nv) {
-    if (T == 1) {  /* a decode's one token: its accumulators in registers (a constant T) */
-        if (P->has_m) {
-            if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT4, 1);
-            else lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT5, 1);
-        } else if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT4, 0);
-        else if (P->fmt == LQ_FMT5) lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT5, 0);
-        else lq_kernel_avx2_fmt(P, g, qa, da, sa, 1, y, ys, nv, LQ_FMT8, 0);
-        return;
-    }
+/* the format's kernel (always inlined, so a constant T specializes it) */
+static inline __attribute__((always_inline)) void lq_kernel_avx2_any(const lq_packed *P, int64_t g, const int8_t *qa,
+                                                                     const float *da, const float *sa, int T, float *y,
+                                                                     int64_t ys, int nv) {
     if (P->has_m) {
         if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT4, 1);
         else lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT5, 1);
     } else if (P->fmt == LQ_FMT4) lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT4, 0);
     else if (P->fmt == LQ_FMT5) lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT5, 0);
     else lq_kernel_avx2_fmt(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT8, 0);
+}
+
+static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
+                           float *y, int64_t ys, int nv) {
+    /* a decode's one token: its accumulators in registers (a constant T) */
+    if (T == 1) lq_kernel_avx2_any(P, g, qa, da, sa, 1, y, ys, nv);
+    else lq_kernel_avx2_any(P, g, qa, da, sa, T, y, ys, nv);
 }
 #else
 #define LQ_AVX2 0
