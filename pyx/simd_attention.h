@@ -1517,6 +1517,14 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_rb(
     }
     for (int j = j0; j < j1; j++) {
         attn_pf_row(pf, j);
+        if (T == ATTN_KV_F32 && RB * NV > 8) {  /* values read by each fma from L1: 12 accumulators fit */
+            const float *vj = (const float *)v + (long)j * ldv + c0;
+            for (int r = 0; r < RB; r++) {
+                const __m256 pb = _mm256_broadcast_ss(p + (long)r * ldS + j);
+                for (int i = 0; i < NV; i++) acc[r][i] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vj + 8 * i), acc[r][i]);
+            }
+            continue;
+        }
         __m256 vv[4];
         for (int i = 0; i < NV; i++) vv[i] = attn_kvec8(v, T, j, ldv, c0 + 8 * i);
         for (int r = 0; r < RB; r++) {
@@ -1528,11 +1536,12 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_rb(
         for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + c0 + 8 * i, acc[r][i]);
 }
 
-/* RB rows, every value: 32 a pass for one or two rows, 16 for three or four (registers) */
+/* RB rows, every value: 32 a pass for one or two rows (three from f32 values), 16 for more
+ * (registers) */
 static inline __attribute__((always_inline)) void attn_rows_pv8_all(
         const int RB, const int T, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int j0, int j1, const float *alpha, const attn_pf *pf) {
-    const int NVMAX = RB <= 2 ? 4 : 2;
+    const int NVMAX = RB <= 2 || (RB == 3 && T == ATTN_KV_F32) ? 4 : 2;
     for (int c0 = 0; c0 < Dv; c0 += 8 * NVMAX) {
         const int nv = (Dv - c0) / 8 < NVMAX ? (Dv - c0) / 8 : NVMAX;
         const attn_pf *pfc = c0 == 0 ? pf : NULL;
@@ -1982,12 +1991,10 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 if (rn <= ATTN_ROWS_IN_PLACE) {
                     vp = vb; ldv = vs; kt = c->kv_type;
                 } else
-#elif ATTN_AVX2
-                /* a few rows read V in place (the bits of V converted first) */
-                if (rn <= ATTN_ROWS_IN_PLACE && Dv % 32 == 0) {
-                    vp = vb; ldv = vs; kt = c->kv_type;
-                } else
 #endif
+                /* (AVX2: converted once, even for one row: the f32 P.V from L1 costs less than
+                 * unpacking every value in each pass over the values; 16% of batched decode
+                 * attention at 3 rows) */
                 {
                     attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
                     vp = vf; ldv = Dv;
