@@ -799,6 +799,36 @@ static inline float attn_q8_block(const float *x, int8_t *v, int *sum) {
         *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
         return bad ? NAN : amax / 127.0f;
     }
+#elif ATTN_AVX2
+    {  /* the same numbers, 8 lanes (lrintf through the PLT was 3% of batched decode attention) */
+        const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), big = _mm256_set1_ps(3.4e38f);
+        __m256 xv[4], mx = _mm256_setzero_ps(), nb = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            xv[i] = _mm256_loadu_ps(x + 8 * i);
+            const __m256 a = _mm256_and_ps(xv[i], absm);
+            nb = _mm256_or_ps(nb, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
+            mx = _mm256_max_ps(mx, a);
+        }
+        const int bad = _mm256_movemask_ps(nb) != 0;
+        const float amax = bad ? 0.0f : attn_hmax8(mx);
+        const __m256 iv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+        __m256i q[4], t = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            q[i] = bad ? _mm256_setzero_si256()
+                       : _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(xv[i], iv)), lim), nlim);
+            t = _mm256_add_epi32(t, q[i]);
+        }
+        const __m256i b8 = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)v, b8);
+        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+        *sum = _mm_cvtsi128_si32(t4);
+        return bad ? NAN : amax / 127.0f;
+    }
 #endif
     float amax = 0.0f;
     int bad = 0;
