@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""A/B of two builds of the attention extension in one process: batched decode attention
+(8 sequences x 600 tokens, SmolLM2's 9 heads / 3 kv heads of 64, 4 layers' K/V pools), the
+builds interleaved rep by rep, thread CPU time at 1 thread (robust on a shared host).
+
+    python bench/attn_ab.py DIR_A DIR_B [--kv q4_0] [--reps 31]
+
+DIR_A, DIR_B: folders holding a built attention extension (copies of
+llmcore/_kernels/attention*.so before and after a change). Prints whether their outputs are
+identical and the ms per layer call (min and median of the reps)."""
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load(folder: str):
+    path = glob.glob(os.path.join(folder, "attention*.so"))[0]
+    spec = importlib.util.spec_from_file_location("llmcore._kernels.attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--kv", default="q4_0", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap.add_argument("--reps", type=int, default=31)
+    a = ap.parse_args(argv)
+    from attn_decode import build_layer
+
+    from llmcore import nn, threads
+
+    threads.set_num_threads(1)
+    mods = {name: load(folder) for name, folder in (("A", a.a), ("B", a.b))}
+    r = np.random.default_rng(0)
+    H, KVH, D, seqs, ctx = 9, 3, 64, 8, 600
+    layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(4)]
+    q = r.standard_normal((seqs, H, D), dtype=np.float32)
+    seg = np.arange(seqs + 1, dtype=np.int32)
+    q_pos = np.full(seqs, ctx - 1, np.int32)
+    decode = np.ones(seqs, np.uint8)
+    outs, res = {}, {k: [] for k in mods}
+    for name, mod in mods.items():
+        nn._attention = mod
+        out = np.empty((seqs, H, D), np.float32)
+        kp, vp, ids = layers[0]
+        nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
+        outs[name] = out
+    same = np.array_equal(outs["A"], outs["B"])
+    print(f"outputs identical: {same} (max abs difference {np.abs(outs['A'] - outs['B']).max():.3g})")
+    out = np.empty((seqs, H, D), np.float32)
+    for _ in range(a.reps):
+        for name, mod in mods.items():
+            nn._attention = mod
+            t0 = time.thread_time()
+            for _ in range(5):
+                for kp, vp, ids in layers:
+                    nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
+            res[name].append((time.thread_time() - t0) / (5 * len(layers)))
+    for name, ts in res.items():
+        ts.sort()
+        print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.4f} ms  median {ts[len(ts) // 2] * 1e3:.4f} ms "
+              f"per layer call, kv {a.kv}")
+    print(f"B / A: {res['B'][0] / res['A'][0]:.3f} (min), {res['B'][len(res['B']) // 2] / res['A'][len(res['A']) // 2]:.3f} (median)")
+
+
+if __name__ == "__main__":
+    main()
