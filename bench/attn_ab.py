@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A/B of two builds of the attention extension in one process: batched decode attention
-(8 sequences x 600 tokens, SmolLM2's 9 heads / 3 kv heads of 64, 4 layers' K/V pools), the
+(8 sequences x 600 tokens, SmolLM2's 9 heads / 3 kv heads of 64, --layers K/V pools), the
 builds interleaved rep by rep, thread CPU time at 1 thread (robust on a shared host).
 
     python bench/attn_ab.py DIR_A DIR_B [--kv q4_0] [--reps 31]
@@ -37,6 +37,8 @@ def main(argv=None):
     ap.add_argument("b")
     ap.add_argument("--kv", default="q4_0", choices=("f32", "f16", "q8_0", "q4_0"))
     ap.add_argument("--reps", type=int, default=31)
+    ap.add_argument("--layers", type=int, default=4,
+                    help="K/V pools a step walks (4: ~4 MB, in cache; 30: the model's ~33 MB, from memory)")
     a = ap.parse_args(argv)
     from attn_decode import build_layer
 
@@ -46,7 +48,7 @@ def main(argv=None):
     mods = {name: load(folder) for name, folder in (("A", a.a), ("B", a.b))}
     r = np.random.default_rng(0)
     H, KVH, D, seqs, ctx = 9, 3, 64, 8, 600
-    layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(4)]
+    layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(a.layers)]
     q = r.standard_normal((seqs, H, D), dtype=np.float32)
     seg = np.arange(seqs + 1, dtype=np.int32)
     q_pos = np.full(seqs, ctx - 1, np.int32)
@@ -65,10 +67,10 @@ def main(argv=None):
         for name, mod in mods.items():
             nn._attention = mod
             t0 = time.thread_time()
-            for _ in range(5):
+            for _ in range(5 if a.layers < 10 else 1):
                 for kp, vp, ids in layers:
                     nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
-            res[name].append((time.thread_time() - t0) / (5 * len(layers)))
+            res[name].append((time.thread_time() - t0) / ((5 if a.layers < 10 else 1) * len(layers)))
     for name, ts in res.items():
         ts.sort()
         print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.4f} ms  median {ts[len(ts) // 2] * 1e3:.4f} ms "
