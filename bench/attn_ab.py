@@ -63,14 +63,15 @@ def main(argv=None):
     same = np.array_equal(outs["A"], outs["B"])
     print(f"outputs identical: {same} (max abs difference {np.abs(outs['A'] - outs['B']).max():.3g})")
     out = np.empty((seqs, H, D), np.float32)
+    passes = 5 if a.layers < 10 else 1  # over the pools a rep: a few layers' in cache take several
     for _ in range(a.reps):
         for name, mod in mods.items():
             nn._attention = mod
             t0 = time.thread_time()
-            for _ in range(5 if a.layers < 10 else 1):
+            for _ in range(passes):
                 for kp, vp, ids in layers:
                     nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
-            res[name].append((time.thread_time() - t0) / ((5 if a.layers < 10 else 1) * len(layers)))
+            res[name].append((time.thread_time() - t0) / (passes * len(layers)))
     for name, ts in res.items():
         ts.sort()
         print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.4f} ms  median {ts[len(ts) // 2] * 1e3:.4f} ms "

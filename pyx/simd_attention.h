@@ -262,22 +262,10 @@ static inline float attn_hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* 8 values e.. of row j of K or V stored as T: f32 / f16 rows ld elements apart; Q8_0 / Q4_0
- * rows ld bytes apart (e a multiple of 8), d * q as kv_dequant_* rounds it, so V read in place
- * gives the bits of V converted first */
+/* 8 values e.. of row j of an f32 / f16 K or V (rows ld elements apart; a quantized block is
+ * converted to f32 first: attn_rows_item) */
 static inline __m256 attn_kvec8(const void *k, const int T, long j, long ld, int e) {
     if (T == ATTN_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)k + j * ld + e)));
-    if (T == ATTN_KV_Q8_0) {
-        const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 34;
-        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + (e & 31))));
-        return _mm256_mul_ps(_mm256_set1_ps(simd_load_f16(b)), _mm256_cvtepi32_ps(q));
-    }
-    if (T == ATTN_KV_Q4_0) {
-        const uint8_t *b = (const uint8_t *)k + j * ld + (e >> 5) * 18;
-        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + (e & 15))));
-        const __m256i n = (e & 16) ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(0x0f));
-        return _mm256_mul_ps(_mm256_set1_ps(simd_load_f16(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))));
-    }
     return _mm256_loadu_ps((const float *)k + j * ld + e);
 }
 #endif
@@ -1291,6 +1279,13 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         }                                                                              \
     } while (0)
 
+/* fn(RB, T, ...) for an f16 or f32 storage type t (the AVX2 rows kernels' float K/V) */
+#define ATTN_RB_SWITCH_FLOAT(fn, n, t, ...)                               \
+    do {                                                                  \
+        if ((t) == ATTN_KV_F16) ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F16, __VA_ARGS__); \
+        else ATTN_RB_SWITCH_T(fn, n, ATTN_KV_F32, __VA_ARGS__);          \
+    } while (0)
+
 
 #if ATTN_AVX512
 /* 16 values e.. of K/V row j, stored as T (ATTN_KV_*: f32 and f16 rows ld elements apart;
@@ -1600,7 +1595,7 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
 #if ATTN_AVX2
     if (D % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
         for (int r = 0; r < R; r += 4)
-            ATTN_RB_SWITCH(attn_rows_scores8_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
+            ATTN_RB_SWITCH_FLOAT(attn_rows_scores8_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
                             r == 0 ? pf : NULL);
         return;
     }
@@ -1626,9 +1621,9 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
                        r == 0 ? pf : NULL);
 #else
 #if ATTN_AVX2
-    if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32 || Dv % 32 == 0)) {
+    if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
         for (int r = 0; r < R; r += 4)
-            ATTN_RB_SWITCH(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
+            ATTN_RB_SWITCH_FLOAT(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
                             alpha + r, r == 0 ? pf : NULL);
         return;
     }

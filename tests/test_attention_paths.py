@@ -6,14 +6,11 @@ A machine with AVX-512 builds neither path into llmcore's extensions, so without
 AVX2 kernels (what Zen 2/3 and many Intel machines run) would go untested there."""
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-PYX = Path(__file__).resolve().parent.parent / "pyx"
+from c_harness import build_c_harness
 
 # One sequence of N_CTX cached keys in blocks of BS, H heads over KVH kv heads of D values.
 # argv: kv type (0 f32, 1 f16, 2 q8_0, 3 q4_0), item kind (0 tile: the last NT tokens
@@ -90,20 +87,7 @@ BUILDS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "portable": []}
 
 
 def _build(tmp_path, name):
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc")
-    flags = BUILDS[name]
-    probe = tmp_path / "probe.c"
-    probe.write_text("int main(void){return 0;}\n")
-    if subprocess.run(["gcc", *flags, str(probe), "-o", str(tmp_path / "probe")], capture_output=True).returncode:
-        pytest.skip(f"gcc does not take {flags}")
-    src = tmp_path / "h.c"
-    src.write_text(HARNESS)
-    exe = tmp_path / f"h_{name}"
-    r = subprocess.run(["gcc", "-O2", *flags, f"-I{PYX}", str(src), "-o", str(exe), "-lm"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:3000]
-    return exe
+    return build_c_harness(tmp_path, HARNESS, BUILDS[name], f"h_{name}")
 
 
 def _run(exe, kv, kind, softcap):

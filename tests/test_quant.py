@@ -325,23 +325,11 @@ int main(void){
 @pytest.mark.parametrize("flags", [["-mavx2", "-mfma", "-mf16c"], []], ids=["avx2", "portable"])
 def test_c_fallback_paths(tmp_path, flags):
     """The AVX2 and plain-C kernels (not the ones built here) agree with the float reference."""
-    import shutil
     import subprocess
-    from pathlib import Path
 
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc")
-    probe = tmp_path / "probe.c"
-    probe.write_text("int main(void){return 0;}\n")
-    if subprocess.run(["gcc", *flags, str(probe), "-o", str(tmp_path / "probe")], capture_output=True).returncode:
-        pytest.skip(f"gcc does not take {flags}")
-    src = tmp_path / "h.c"
-    src.write_text(C_HARNESS)
-    pyx = Path(__file__).resolve().parent.parent / "pyx"
-    exe = tmp_path / "h"
-    r = subprocess.run(["gcc", "-O1", *flags, f"-I{pyx}", str(src), "-o", str(exe), "-lm"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:2000]
+    from c_harness import build_c_harness
+
+    exe = build_c_harness(tmp_path, C_HARNESS, flags, opt="-O1")
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
     assert f"simd level {1 if flags else 0}" in out.stdout
