@@ -997,9 +997,9 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_fmt(const lq_pa
  * T even. */
 static inline __attribute__((always_inline)) void lq_kernel_avx2_pairs(const lq_packed *P, int64_t g, const int8_t *qa,
                                                                        const float *da, const float *sa, int T, float *y,
-                                                                       int64_t ys, int nv, const int HAS_M) {
+                                                                       int64_t ys, int nv, const int FMT, const int HAS_M) {
     const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8((char)0x80);
     __m256 f[LQ_TT][2];  /* f[token][half], in L1 */
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
@@ -1011,6 +1011,28 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_pairs(const lq_
             const int u = t + 1;
             const int32_t *a0 = (const int32_t *)(qa + t * K + b * LQ_QK), *a1 = (const int32_t *)(qa + u * K + b * LQ_QK);
             __m256i i00 = _mm256_setzero_si256(), i01 = i00, i10 = i00, i11 = i00;
+            if (FMT == LQ_FMT8) {
+                /* signed bytes: |w| against the activations given w's signs, a madd per
+                 * maddubs (two pair sums can pass int16); the int32 sums in i.. */
+                for (int c = 0; c < 8; c++) {
+                    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c)), x80);
+                    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32)), x80);
+                    const __m256i u0 = _mm256_abs_epi8(w0), u1 = _mm256_abs_epi8(w1);
+                    const __m256i b0 = _mm256_set1_epi32(a0[c]), b1 = _mm256_set1_epi32(a1[c]);
+                    i00 = _mm256_add_epi32(i00, lq_dot_u8s8(u0, _mm256_sign_epi8(b0, w0)));
+                    i01 = _mm256_add_epi32(i01, lq_dot_u8s8(u1, _mm256_sign_epi8(b0, w1)));
+                    i10 = _mm256_add_epi32(i10, lq_dot_u8s8(u0, _mm256_sign_epi8(b1, w0)));
+                    i11 = _mm256_add_epi32(i11, lq_dot_u8s8(u1, _mm256_sign_epi8(b1, w1)));
+                    __asm__("" : "+x"(i00), "+x"(i01), "+x"(i10), "+x"(i11));
+                }
+                const __m256 da0 = _mm256_set1_ps(da[t * nb + b]), da1 = _mm256_set1_ps(da[u * nb + b]);
+                const __m256 n00 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i00), _mm256_mul_ps(dv0, da0), f[t][0]);
+                const __m256 n01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i01), _mm256_mul_ps(dv1, da0), f[t][1]);
+                const __m256 n10 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i10), _mm256_mul_ps(dv0, da1), f[u][0]);
+                const __m256 n11 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i11), _mm256_mul_ps(dv1, da1), f[u][1]);
+                f[t][0] = n00; f[t][1] = n01; f[u][0] = n10; f[u][1] = n11;
+                continue;
+            }
             for (int c = 0; c < 4; c++) {
                 /* chunk c: rows' bytes 4c..4c+3, low nibbles with a[4c..], high with a[16 + 4c..] */
                 const __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
@@ -1077,12 +1099,16 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_any(const lq_pa
 
 static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa, int T,
                            float *y, int64_t ys, int nv) {
+    if (T % 2 == 0 && P->fmt == LQ_FMT8) {
+        lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT8, 0);
+        return;
+    }
     if (T % 2 == 0 && P->fmt == LQ_FMT4) {
         /* tokens in pairs (an odd count stays below: the one pair's kernel computing a token
          * twice, or a pass of the one-token loop after the pairs, measured 2-5% slower at 3,
          * 5 and 7 tokens) */
-        if (P->has_m) lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, 1);
-        else lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, 0);
+        if (P->has_m) lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT4, 1);
+        else lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT4, 0);
         return;
     }
     /* a decode's one token: its accumulators in registers (a constant T) */
