@@ -1000,6 +1000,7 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_pairs(const lq_
                                                                        int64_t ys, int nv, const int FMT, const int HAS_M) {
     const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8((char)0x80);
+    const __m256i b16 = _mm256_set1_epi8(0x10);
     __m256 f[LQ_TT][2];  /* f[token][half], in L1 */
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
@@ -1033,18 +1034,27 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_pairs(const lq_
                 f[t][0] = n00; f[t][1] = n01; f[u][0] = n10; f[u][1] = n11;
                 continue;
             }
+            __m256i j00 = i00, j01 = i00, j10 = i00, j11 = i00;  /* (FMT5) int32 sums */
             for (int c = 0; c < 4; c++) {
                 /* chunk c: rows' bytes 4c..4c+3, low nibbles with a[4c..], high with a[16 + 4c..] */
                 const __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c));
                 const __m256i v1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32));
-                const __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
+                __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
+                __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
+                __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+                if (FMT == LQ_FMT5) {  /* the fifth bits (as lq_kernel_avx2_fmt adds them) */
+                    const __m256i h0 = _mm256_loadu_si256((const __m256i *)(blk + 256));
+                    const __m256i h1 = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32));
+                    lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4 - c), b16));
+                    lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4 - c), b16));
+                    hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_srli_epi16(h0, c), b16));
+                    hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_srli_epi16(h1, c), b16));
+                }
                 const __m256i b0 = _mm256_set1_epi32(a0[c]), b1 = _mm256_set1_epi32(a1[c]);
                 i00 = _mm256_add_epi16(i00, _mm256_maddubs_epi16(lo0, b0));
                 i01 = _mm256_add_epi16(i01, _mm256_maddubs_epi16(lo1, b0));
                 i10 = _mm256_add_epi16(i10, _mm256_maddubs_epi16(lo0, b1));
                 i11 = _mm256_add_epi16(i11, _mm256_maddubs_epi16(lo1, b1));
-                const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
-                const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
                 const __m256i c0 = _mm256_set1_epi32(a0[4 + c]), c1 = _mm256_set1_epi32(a1[4 + c]);
                 i00 = _mm256_add_epi16(i00, _mm256_maddubs_epi16(hi0, c0));
                 i01 = _mm256_add_epi16(i01, _mm256_maddubs_epi16(hi1, c0));
@@ -1053,13 +1063,24 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_pairs(const lq_
                 /* the sums in registers chunk by chunk: left free, gcc reassociates them into
                  * all 32 products first, spilled to the stack */
                 __asm__("" : "+x"(i00), "+x"(i01), "+x"(i10), "+x"(i11));
+                if (FMT == LQ_FMT5 && (c & 1)) {  /* 4 pair sums of 5-bit values fill int16 */
+                    j00 = _mm256_add_epi32(j00, _mm256_madd_epi16(i00, ones));
+                    j01 = _mm256_add_epi32(j01, _mm256_madd_epi16(i01, ones));
+                    j10 = _mm256_add_epi32(j10, _mm256_madd_epi16(i10, ones));
+                    j11 = _mm256_add_epi32(j11, _mm256_madd_epi16(i11, ones));
+                    i00 = i01 = i10 = i11 = _mm256_setzero_si256();
+                }
+            }
+            if (FMT == LQ_FMT4) {
+                j00 = _mm256_madd_epi16(i00, ones);
+                j01 = _mm256_madd_epi16(i01, ones);
+                j10 = _mm256_madd_epi16(i10, ones);
+                j11 = _mm256_madd_epi16(i11, ones);
             }
             const __m256 da0 = _mm256_set1_ps(da[t * nb + b]), da1 = _mm256_set1_ps(da[u * nb + b]);
             const __m256 sa0 = _mm256_set1_ps(sa[t * nb + b]), sa1 = _mm256_set1_ps(sa[u * nb + b]);
-            const __m256 x00 = _mm256_cvtepi32_ps(_mm256_madd_epi16(i00, ones));
-            const __m256 x01 = _mm256_cvtepi32_ps(_mm256_madd_epi16(i01, ones));
-            const __m256 x10 = _mm256_cvtepi32_ps(_mm256_madd_epi16(i10, ones));
-            const __m256 x11 = _mm256_cvtepi32_ps(_mm256_madd_epi16(i11, ones));
+            const __m256 x00 = _mm256_cvtepi32_ps(j00), x01 = _mm256_cvtepi32_ps(j01);
+            const __m256 x10 = _mm256_cvtepi32_ps(j10), x11 = _mm256_cvtepi32_ps(j11);
             if (HAS_M) {
                 const __m256 mv0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32)));
                 const __m256 mv1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 48)));
@@ -1101,6 +1122,11 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
                            float *y, int64_t ys, int nv) {
     if (T % 2 == 0 && P->fmt == LQ_FMT8) {
         lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT8, 0);
+        return;
+    }
+    if (T % 2 == 0 && P->fmt == LQ_FMT5) {
+        if (P->has_m) lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT5, 1);
+        else lq_kernel_avx2_pairs(P, g, qa, da, sa, T, y, ys, nv, LQ_FMT5, 0);
         return;
     }
     if (T % 2 == 0 && P->fmt == LQ_FMT4) {
