@@ -902,6 +902,62 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
         const uint8_t *k, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
     const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
     const __m256i ones = _mm256_set1_epi16(1), lowbits = _mm256_set1_epi8(0x0F);
+    if (T == ATTN_KV_Q4_0) {
+        /* keys in lanes: a block's 16 nibble bytes of 8 keys transposed by dwords (vector m:
+         * bytes 4m..4m+3 of every key), so a row's dots are 8 maddubs against broadcasts of
+         * its q, summed in int16 (8 x 15 x 127 x 2 < 32767) and widened once: no horizontal
+         * sums, and the transposition and unpacking are shared by the rows. The integers are
+         * the same, and so the bits. */
+        for (int jb = j0 & ~7; jb < j1; jb += 8) {
+            __m256 sacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            const __m256 live = attn_range8(jb, j0, j1 - 1);
+            const int whole = jb >= j0 && jb + 8 <= j1;
+            for (int u = 0; u < 8; u++)
+                if (jb + u >= j0 && jb + u < j1) attn_pf_row(pf, jb + u);
+            for (int b = 0; b < nb; b++) {
+                /* the 8 keys' rows of this block (zeros for keys outside [j0, j1)) */
+                const uint8_t *row[8];
+                uint8_t zero[18] = {0};
+                uint16_t dkh[8];
+                for (int u = 0; u < 8; u++) {
+                    const int j = jb + u;
+                    row[u] = whole || (j >= j0 && j < j1) ? k + (long)j * ldk + (long)b * bb : zero;
+                    dkh[u] = simd_rd16(row[u]);
+                }
+                /* y_u: key u's bytes (low lane), key u + 4's (high lane) */
+                __m256i y[4];
+                for (int u = 0; u < 4; u++)
+                    y[u] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row[u] + 2))),
+                                                   _mm_loadu_si128((const __m128i *)(row[u + 4] + 2)), 1);
+                const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+                const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+                __m256i kv[4];  /* kv[m]: dword m of keys 0..7 */
+                kv[0] = _mm256_unpacklo_epi64(t0, t2);
+                kv[1] = _mm256_unpackhi_epi64(t0, t2);
+                kv[2] = _mm256_unpacklo_epi64(t1, t3);
+                kv[3] = _mm256_unpackhi_epi64(t1, t3);
+                __m256i lo[4], hi[4];  /* values 4m..4m+3 and 16 + 4m..16 + 4m + 3 of each key */
+                for (int m = 0; m < 4; m++) {
+                    lo[m] = _mm256_and_si256(kv[m], lowbits);
+                    hi[m] = _mm256_and_si256(_mm256_srli_epi16(kv[m], 4), lowbits);
+                }
+                const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dkh));
+                for (int r = 0; r < RB; r++) {
+                    const int32_t *qw = (const int32_t *)(qb + (long)r * qstride + 32 * b);
+                    __m256i acc = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qw[0]));
+                    for (int m = 1; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo[m], _mm256_set1_epi32(qw[m])));
+                    for (int m = 0; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi[m], _mm256_set1_epi32(qw[4 + m])));
+                    __m256i I = _mm256_madd_epi16(acc, ones);
+                    I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
+                    const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
+                    sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)
+                                     : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), kq, sacc[r]);
+                }
+            }
+            for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, _mm256_and_ps(sacc[r], live));
+        }
+        return;
+    }
     for (int jb = j0 & ~7; jb < j1; jb += 8) {
         __m256 sacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         const __m256 live = attn_range8(jb, j0, j1 - 1);
