@@ -5,8 +5,8 @@ thread (robust on a shared host).
 
     python bench/matmul_ab.py DIR_A DIR_B [--type Q4_1] [--tokens 8] [--reps 21] [--copies 1]
 
-DIR_A, DIR_B: folders holding a built quants extension (copies of
-llmcore/_kernels/quants*.so before and after a change). Prints the largest difference of
+DIR_A, DIR_B: folders holding a built quants (or, --module kquants, kquants) extension
+(copies of llmcore/_kernels/quants*.so before and after a change). Prints the largest difference of
 their outputs (relative to the output's scale) and the us per pass over the shapes (min and
 median of the reps). --copies N: N copies of each weight (from memory rather than cache)."""
 from __future__ import annotations
@@ -26,11 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (out, in) of one SmolLM2 layer's q, k, v, o, gate+up, down
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (3072, 576), (576, 1536)]
+# the K-quants (256-value super-blocks): gemma-3-270m's o and down projections
+SHAPES_K = [(640, 1024), (640, 2048)]
 
 
-def load(folder: str):
-    path = glob.glob(os.path.join(folder, "quants*.so"))[0]
-    spec = importlib.util.spec_from_file_location("llmcore._kernels.quants", path)
+def load(folder: str, module: str = "quants"):
+    path = glob.glob(os.path.join(folder, f"{module}.*.so"))[0]
+    spec = importlib.util.spec_from_file_location(f"llmcore._kernels.{module}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -44,6 +46,7 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--copies", type=int, default=1)
+    ap.add_argument("--module", default="quants", help="the kernel extension (quants; kquants for the K-quants)")
     a = ap.parse_args(argv)
     from matmul import make_raw
 
@@ -51,7 +54,10 @@ def main(argv=None):
 
     threads.set_num_threads(1)
     qt = QT[a.type]
-    mods = {name: load(folder) for name, folder in (("A", a.a), ("B", a.b))}
+    global SHAPES
+    if a.module == "kquants":
+        SHAPES = SHAPES_K
+    mods = {name: load(folder, a.module) for name, folder in (("A", a.a), ("B", a.b))}
     r = np.random.default_rng(0)
     raws = [make_raw(qt, o, i, seed=s) for s, (o, i) in enumerate(SHAPES)]
     packs = {name: [[m.pack(raw, int(qt)) for raw in raws] for _ in range(a.copies)] for name, m in mods.items()}
@@ -81,7 +87,7 @@ def main(argv=None):
     for name, ts in res.items():
         ts.sort()
         print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e6:.1f} us  median {ts[len(ts) // 2] * 1e6:.1f} us "
-              f"a layer's matmuls, {a.type}, {a.tokens} tokens ({macs / ts[0] / 1e9:.1f} GMAC/s at the min)")
+              f"a pass over the shapes, {a.type}, {a.tokens} tokens ({macs / ts[0] / 1e9:.1f} GMAC/s at the min)")
     print(f"B / A: {res['B'][0] / res['A'][0]:.3f} (min), "
           f"{res['B'][len(res['B']) // 2] / res['A'][len(res['A']) // 2]:.3f} (median)")
 
