@@ -405,8 +405,11 @@ static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum,
 }
 
 /* a super-block's float contribution from its integer parts */
+static inline float kq_sb_float_d(float ad, float d, float dmin, int32_t is, int32_t ms) {
+    return (ad * d) * (float)is - (ad * dmin) * (float)ms;
+}
 static inline float kq_sb_float(const kq_sb *w, const kq_q8k *a, int32_t is, int32_t ms) {
-    return (a->d * w->d) * (float)is - (a->d * w->dmin) * (float)ms;
+    return kq_sb_float_d(a->d, w->d, w->dmin, is, ms);
 }
 
 static inline float kq_dot_sb(const kq_sb *w, const kq_q8k *a) {
@@ -665,8 +668,7 @@ static inline float kq_dot_q4k_avx2(const uint8_t *b, const kq_q8k *a) {
     const __m128i mn8 = _mm_srli_si128(sm, 8);
     const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)a->bsums)));
-    const float d = simd_load_f16(b), dmin = simd_load_f16(b + 2);
-    return (a->d * d) * (float)is - (a->d * dmin) * (float)ms;
+    return kq_sb_float_d(a->d, simd_load_f16(b), simd_load_f16(b + 2), is, ms);
 }
 
 static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
@@ -692,7 +694,7 @@ static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
     const int32_t is = simd_hsum_i32x8(acc);
     const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(_mm256_slli_epi16(S, 5), _mm256_loadu_si256((const __m256i *)a->bsums)));
     const float d = simd_load_f16(b + 208);
-    return (a->d * d) * (float)is - (a->d * d) * (float)ms;
+    return kq_sb_float_d(a->d, d, d, is, ms);
 }
 #endif
 
