@@ -405,9 +405,25 @@ static inline void kq_dot_sb_int(const kq_sb *w, const kq_q8k *a, int32_t *isum,
 }
 
 /* a super-block's float contribution from its integer parts */
-static inline float kq_sb_float_d(float ad, float d, float dmin, int32_t is, int32_t ms) {
-    return (ad * d) * (float)is - (ad * dmin) * (float)ms;
+static inline float kq_sb_float_f(float ad, float d, float dmin, float is, float ms) {
+    return (ad * d) * is - (ad * dmin) * ms;
 }
+static inline float kq_sb_float_d(float ad, float d, float dmin, int32_t is, int32_t ms) {
+    return kq_sb_float_f(ad, d, dmin, (float)is, (float)ms);
+}
+#if defined(KQ_AVX2)
+/* the float contribution of a super-block from the 8-lane int32 vectors of its dot (is) and
+ * mins (ms) parts: both reduced in one tree and converted in the vector unit (a scalar
+ * cvtsi2ss merges into a register gcc picks, and that false dependency chained the
+ * super-blocks; the same values, so the same bits) */
+static inline float kq_sb_float_v(float ad, float d, float dmin, __m256i isv, __m256i msv) {
+    const __m256i h = _mm256_hadd_epi32(isv, msv);          /* is01 is23 ms01 ms23 | is45 is67 ms45 ms67 */
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    r = _mm_hadd_epi32(r, r);                                 /* is, ms, is, ms */
+    const __m128 f = _mm_cvtepi32_ps(r);
+    return kq_sb_float_f(ad, d, dmin, _mm_cvtss_f32(f), _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1)));
+}
+#endif
 static inline float kq_sb_float(const kq_sb *w, const kq_q8k *a, int32_t is, int32_t ms) {
     return kq_sb_float_d(a->d, w->d, w->dmin, is, ms);
 }
@@ -626,10 +642,9 @@ static inline float kq_dot_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq
         acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(
             _mm256_loadu_si256((const __m256i *)(w->q + 32 * i + 32)), _mm256_loadu_si256((const __m256i *)(a->qs + 32 * i + 32))), sc16[i + 1]));
     }
-    const int32_t is = simd_hsum_i32x8(_mm256_add_epi32(acc0, acc1));
-    const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
-                                                         _mm256_loadu_si256((const __m256i *)a->bsums)));
-    return kq_sb_float(w, a, is, ms);
+    return kq_sb_float_v(a->d, w->d, w->dmin, _mm256_add_epi32(acc0, acc1),
+                         _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
+                                           _mm256_loadu_si256((const __m256i *)a->bsums)));
 }
 #endif
 
@@ -663,12 +678,11 @@ static inline float kq_dot_q4k_avx2(const uint8_t *b, const kq_q8k *a) {
         const __m256i s1 = _mm256_shuffle_epi8(S, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
         acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(plo, s0), _mm256_madd_epi16(phi, s1)));
     }
-    const int32_t is = simd_hsum_i32x8(acc);
     /* mins: each of the 8 twice (the canonical 16 groups), against the 16 bsums */
     const __m128i mn8 = _mm_srli_si128(sm, 8);
     const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-    const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)a->bsums)));
-    return kq_sb_float_d(a->d, simd_load_f16(b), simd_load_f16(b + 2), is, ms);
+    return kq_sb_float_v(a->d, simd_load_f16(b), simd_load_f16(b + 2), acc,
+                         _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)a->bsums)));
 }
 
 static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
@@ -691,10 +705,8 @@ static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
         }
     }
-    const int32_t is = simd_hsum_i32x8(acc);
-    const int32_t ms = simd_hsum_i32x8(_mm256_madd_epi16(_mm256_slli_epi16(S, 5), _mm256_loadu_si256((const __m256i *)a->bsums)));
     const float d = simd_load_f16(b + 208);
-    return kq_sb_float_d(a->d, d, d, is, ms);
+    return kq_sb_float_v(a->d, d, d, acc, _mm256_madd_epi16(_mm256_slli_epi16(S, 5), _mm256_loadu_si256((const __m256i *)a->bsums)));
 }
 #endif
 
