@@ -11,8 +11,6 @@ identical and the ms per layer call (min and median of the reps)."""
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
 import os
 import sys
 import time
@@ -21,14 +19,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load(folder: str):
-    path = glob.glob(os.path.join(folder, "attention*.so"))[0]
-    spec = importlib.util.spec_from_file_location("llmcore._kernels.attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main(argv=None):
@@ -40,12 +30,13 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4,
                     help="K/V pools a step walks (4: ~4 MB, in cache; 30: the model's ~33 MB, from memory)")
     a = ap.parse_args(argv)
+    from _ab import load_build
     from attn_decode import build_layer
 
     from llmcore import nn, threads
 
     threads.set_num_threads(1)
-    mods = {name: load(folder) for name, folder in (("A", a.a), ("B", a.b))}
+    mods = {name: load_build(folder, "attention") for name, folder in (("A", a.a), ("B", a.b))}
     r = np.random.default_rng(0)
     H, KVH, D, seqs, ctx = 9, 3, 64, 8, 600
     layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(a.layers)]

@@ -12,8 +12,6 @@ median of the reps). --copies N: N copies of each weight (from memory rather tha
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
 import os
 import sys
 import time
@@ -30,14 +28,6 @@ SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (3072, 576), (576, 153
 SHAPES_K = [(640, 1024), (640, 2048)]
 
 
-def load(folder: str, module: str = "quants"):
-    path = glob.glob(os.path.join(folder, f"{module}.*.so"))[0]
-    spec = importlib.util.spec_from_file_location(f"llmcore._kernels.{module}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a")
@@ -48,6 +38,7 @@ def main(argv=None):
     ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--module", default="quants", help="the kernel extension (quants; kquants for the K-quants)")
     a = ap.parse_args(argv)
+    from _ab import load_build
     from matmul import make_raw
 
     from llmcore import threads
@@ -57,7 +48,7 @@ def main(argv=None):
     global SHAPES
     if a.module == "kquants":
         SHAPES = SHAPES_K
-    mods = {name: load(folder, a.module) for name, folder in (("A", a.a), ("B", a.b))}
+    mods = {name: load_build(folder, a.module) for name, folder in (("A", a.a), ("B", a.b))}
     r = np.random.default_rng(0)
     raws = [make_raw(qt, o, i, seed=s) for s, (o, i) in enumerate(SHAPES)]
     packs = {name: [[m.pack(raw, int(qt)) for raw in raws] for _ in range(a.copies)] for name, m in mods.items()}

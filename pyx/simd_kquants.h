@@ -640,7 +640,9 @@ static inline void kq_sc16_avx2(const kq_sb *w, __m256i *s) {
     for (int i = 0; i < 8; i++) s[i] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(i)), pick);
 }
 
-static inline float kq_dot_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq_q8k *a) {
+/* the 8 int32 lanes whose sum is isum of an unpacked super-block with a q8_K block (two
+ * chains, for the latency) */
+static inline __m256i kq_isum_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq_q8k *a) {
     __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0;
     for (int i = 0; i < 8; i += 2) {
         acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(
@@ -648,7 +650,11 @@ static inline float kq_dot_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq
         acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(
             _mm256_loadu_si256((const __m256i *)(w->q + 32 * i + 32)), _mm256_loadu_si256((const __m256i *)(a->qs + 32 * i + 32))), sc16[i + 1]));
     }
-    return kq_sb_float_v(a->d, w->d, w->dmin, _mm256_add_epi32(acc0, acc1),
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+static inline float kq_dot_sb_avx2(const kq_sb *w, const __m256i *sc16, const kq_q8k *a) {
+    return kq_sb_float_v(a->d, w->d, w->dmin, kq_isum_sb_avx2(w, sc16, a),
                          _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w->mn),
                                            _mm256_loadu_si256((const __m256i *)a->bsums)));
 }
@@ -731,16 +737,8 @@ static inline void kq_dot_sb8_avx2(const kq_sb *w, const __m256i *sc16, const kq
     __m256i is[8], ms[8];
     const __m256i mn = _mm256_loadu_si256((const __m256i *)w->mn);
     for (int u = 0; u < 8; u++) {
-        const kq_q8k *au = a + u * nb;
-        __m256i s0 = _mm256_setzero_si256(), s1 = s0;
-        for (int i = 0; i < 8; i += 2) {
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(
-                _mm256_loadu_si256((const __m256i *)(w->q + 32 * i)), _mm256_loadu_si256((const __m256i *)(au->qs + 32 * i))), sc16[i]));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(
-                _mm256_loadu_si256((const __m256i *)(w->q + 32 * i + 32)), _mm256_loadu_si256((const __m256i *)(au->qs + 32 * i + 32))), sc16[i + 1]));
-        }
-        is[u] = _mm256_add_epi32(s0, s1);
-        ms[u] = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)au->bsums));
+        is[u] = kq_isum_sb_avx2(w, sc16, a + u * nb);
+        ms[u] = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)a[u * nb].bsums));
     }
     const __m256 isf = _mm256_cvtepi32_ps(kq_hsum8x8_i32(is)), msf = _mm256_cvtepi32_ps(kq_hsum8x8_i32(ms));
     const __m256 ad = _mm256_setr_ps(a[0].d, a[nb].d, a[2 * nb].d, a[3 * nb].d, a[4 * nb].d, a[5 * nb].d,
