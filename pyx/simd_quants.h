@@ -1011,6 +1011,34 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_pairs(const lq_
         simd_prefetch_range(blk, (int)bb);
         const __m256 dv0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB)));
         const __m256 dv1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 16)));
+        if (FMT == LQ_FMT8 && T % 4 == 0) {
+            /* Q8_0, four tokens a pass: the weights' sign fix-up (xor, abs) once for four
+             * tokens, eight int32 sums in registers */
+            for (int t = 0; t < T; t += 4) {
+                const int32_t *a[4];
+                for (int k = 0; k < 4; k++) a[k] = (const int32_t *)(qa + (t + k) * K + b * LQ_QK);
+                __m256i i0[4], i1[4];
+                for (int k = 0; k < 4; k++) i0[k] = i1[k] = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c++) {
+                    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c)), x80);
+                    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32)), x80);
+                    const __m256i u0 = _mm256_abs_epi8(w0), u1 = _mm256_abs_epi8(w1);
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i bk = _mm256_set1_epi32(a[k][c]);
+                        i0[k] = _mm256_add_epi32(i0[k], lq_dot_u8s8(u0, _mm256_sign_epi8(bk, w0)));
+                        i1[k] = _mm256_add_epi32(i1[k], lq_dot_u8s8(u1, _mm256_sign_epi8(bk, w1)));
+                    }
+                    __asm__("" : "+x"(i0[0]), "+x"(i0[1]), "+x"(i0[2]), "+x"(i0[3]),
+                                 "+x"(i1[0]), "+x"(i1[1]), "+x"(i1[2]), "+x"(i1[3]));
+                }
+                for (int k = 0; k < 4; k++) {
+                    const __m256 dak = _mm256_set1_ps(da[(t + k) * nb + b]);
+                    f[t + k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0[k]), _mm256_mul_ps(dv0, dak), f[t + k][0]);
+                    f[t + k][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[k]), _mm256_mul_ps(dv1, dak), f[t + k][1]);
+                }
+            }
+            continue;
+        }
         for (int t = 0; t < T; t += 2) {
             const int u = t + 1;
             const int32_t *a0 = (const int32_t *)(qa + t * K + b * LQ_QK), *a1 = (const int32_t *)(qa + u * K + b * LQ_QK);
