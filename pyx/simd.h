@@ -144,6 +144,14 @@ static inline int32_t simd_hsum_i32x8(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
 }
+
+/* lane u: the sum of v[u]'s 8 int32 lanes (8 sums at once, transposed by hadds) */
+static inline __m256i simd_hsum8x8_i32(const __m256i *v) {
+    const __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
 #endif
 
 #if defined(__AVX__)

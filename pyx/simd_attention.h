@@ -240,13 +240,6 @@ static inline __m256 attn_hsum8x8(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-static inline __m256i attn_hsum8x8_i32(const __m256i *v) {
-    const __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
-}
-
 /* lanes i of [base, base + 8) with lo <= i <= hi, as an all-ones float mask */
 static inline __m256 attn_range8(int base, int lo, int hi) {
     const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -896,7 +889,7 @@ static inline __m512i attn_dpbusd(__m512i acc, __m512i u, __m512i s) {
 #if ATTN_AVX2
 /* int8 scores (attn_rows_scores_q8's numbers) for RB rows: per key and block, the K bytes
  * once (Q4_0: nibbles n; Q8_0: signed bytes) against each row's q by maddubs + madd (exact:
- * |n q| pairs <= 3810, |k||q| pairs <= 32512), 8 keys' lane sums at once by attn_hsum8x8_i32 */
+ * |n q| pairs <= 3810, |k||q| pairs <= 32512), 8 keys' lane sums at once by simd_hsum8x8_i32 */
 static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
         const int RB, const int T, const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int D,
         const uint8_t *k, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
@@ -990,7 +983,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
             }
             const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dkh));
             for (int r = 0; r < RB; r++) {
-                __m256i I = attn_hsum8x8_i32(tmp[r]);
+                __m256i I = simd_hsum8x8_i32(tmp[r]);
                 if (T == ATTN_KV_Q4_0) I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
                 const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
                 sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)

@@ -633,11 +633,15 @@ kq_rows_avx512(const int t, const uint8_t *W, int64_t row_stride, int64_t r0, in
 /* a super-block's 8 scale vectors (int16 lanes 0-7: sc[2i], 8-15: sc[2i+1]), made once and
  * used for every token: madd by them replaces madd-by-ones + mullo (exact: pair sums of
  * maddubs are <= 63 * 127 * 2, times |sc| <= 128, in int32) */
-static inline void kq_sc16_avx2(const kq_sb *w, __m256i *s) {
-    const __m256i S = _mm256_loadu_si256((const __m256i *)w->sc);
+/* chunk i's scale vector from the 16 int16 scales S: lanes 0-7 sc[2i], 8-15 sc[2i+1] */
+static inline __m256i kq_sc16_chunk(__m256i S, int i) {
     const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                           2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    for (int i = 0; i < 8; i++) s[i] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(i)), pick);
+    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(i)), pick);
+}
+static inline void kq_sc16_avx2(const kq_sb *w, __m256i *s) {
+    const __m256i S = _mm256_loadu_si256((const __m256i *)w->sc);
+    for (int i = 0; i < 8; i++) s[i] = kq_sc16_chunk(S, i);
 }
 
 /* the 8 int32 lanes whose sum is isum of an unpacked super-block with a q8_K block (two
@@ -699,8 +703,6 @@ static inline float kq_dot_q4k_avx2(const uint8_t *b, const kq_q8k *a) {
 
 static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
     const __m256i S = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));  /* 16 int16 scales */
-    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 2; c++) {
@@ -713,8 +715,7 @@ static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
             const __m256i n = k < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
             const __m256i q = _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m3), 4));
             const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(a->qs + 32 * i)));
-            const __m256i sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(i)), pick);
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, kq_sc16_chunk(S, i)));
         }
     }
     const float d = simd_load_f16(b + 208);
@@ -723,13 +724,6 @@ static inline float kq_dot_q6k_avx2(const uint8_t *b, const kq_q8k *a) {
 #endif
 
 #if defined(KQ_AVX2)
-static inline __m256i kq_hsum8x8_i32(const __m256i *v) {  /* lane u: the sum of v[u]'s lanes */
-    const __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
-}
-
 /* acc[0..7] += the dots of 8 tokens (a, a + nb, ...) with an unpacked super-block: the
  * integer sums reduced for all 8 in one transposing tree, the float update in lanes, each
  * lane kq_sb_float_f's operations (so the same bits as kq_dot_sb_avx2, token by token) */
@@ -740,7 +734,7 @@ static inline void kq_dot_sb8_avx2(const kq_sb *w, const __m256i *sc16, const kq
         is[u] = kq_isum_sb_avx2(w, sc16, a + u * nb);
         ms[u] = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)a[u * nb].bsums));
     }
-    const __m256 isf = _mm256_cvtepi32_ps(kq_hsum8x8_i32(is)), msf = _mm256_cvtepi32_ps(kq_hsum8x8_i32(ms));
+    const __m256 isf = _mm256_cvtepi32_ps(simd_hsum8x8_i32(is)), msf = _mm256_cvtepi32_ps(simd_hsum8x8_i32(ms));
     const __m256 ad = _mm256_setr_ps(a[0].d, a[nb].d, a[2 * nb].d, a[3 * nb].d, a[4 * nb].d, a[5 * nb].d,
                                      a[6 * nb].d, a[7 * nb].d);
     const __m256 p = _mm256_mul_ps(ad, _mm256_set1_ps(w->d)), q = _mm256_mul_ps(ad, _mm256_set1_ps(w->dmin));
