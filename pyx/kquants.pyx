@@ -4,11 +4,12 @@
 Implements the weight-format kernel interface of llmcore.quant (quants.pyx implements the
 same one): SUPPORTED, SIMD_LEVEL, Packed, pack, matmul, matmul_grouped, dequantize and
 get_rows. Q4_K, Q5_K, Q6_K and MXFP4 are repacked at load into 16-row interleaved tiles
-("repacked16", AVX-512 VNNI builds; ``LLMCORE_KQ_REPACK=0`` or repack=False keeps the
-zero-copy GGUF layout, "raw"). Activations are quantized like llama.cpp (q8_K for K-quants,
-q8_0 for MXFP4) and dots are integer (VNNI / AVX2 / C), so repacked and raw layouts compute
-the same integers; their float sums differ in order only. Results never depend on the
-thread count or the batch composition. The kernels are in simd_kquants.h.
+("repacked16": AVX-512 VNNI builds all four, AVX2 builds the three K-quants; REPACK_TYPES
+says which; ``LLMCORE_KQ_REPACK=0`` or repack=False keeps the zero-copy GGUF layout, "raw").
+Activations are quantized like llama.cpp (q8_K for K-quants, q8_0 for MXFP4) and dots are
+integer (VNNI / AVX2 / C), so repacked and raw layouts compute the same integers; their float
+sums differ in order only. Results never depend on the thread count or the batch composition.
+The kernels are in simd_kquants.h.
 
 Beyond the interface (tests, benchmarks, references):
 
@@ -79,6 +80,9 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 AMX = bool(kq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
 SIMD_LEVEL = kq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
+# the ggml types this build repacks into 16-row tiles (VNNI: Q4_K, Q5_K, Q6_K, MXFP4; AVX2:
+# the K-quants; portable C: none)
+REPACK_TYPES = frozenset(t for t in (10, 11, 12, 13, 14, 39) if kq_rp_supported(t))
 # The streaming K-quant kernels prefetch 8 KB ahead (simd.h's default is 2 KB). Zen 5, 1
 # thread, CPU ms with the weights cold (min of 25): Q6_K 32768 x 2048 at 1 / 4 / 8 tokens
 # 1.66 / 1.76 / 3.33 at 2 KB, 1.51 / 1.64 / 2.76 at 8 KB; Q5_K 16384 x 2048 at 1 / 4 tokens
@@ -232,11 +236,14 @@ cdef object _repack(const uint8_t[:, ::1] rv, int t, int64_t k, int64_t ngroups,
     return arr
 
 
+cdef bint _VNNI = SIMD_LEVEL == "avx512vnni"
+
+
 cdef inline bint _pairs(int t, int64_t n) noexcept:
     """Whether work items of n tokens of type t take two 16-row groups (the VNNI kernel on
-    unpacked super-blocks; not where AMX takes the tiles)."""
+    unpacked super-blocks; not where AMX takes the tiles; AVX2 unpacks one group at a time)."""
     cdef int m = kq_u_min_tokens_for(t)
-    return m > 0 and n >= m and not (AMX and ptype_amx(t))
+    return _VNNI and m > 0 and n >= m and not (AMX and ptype_amx(t))
 
 
 cdef inline bint ptype_amx(int t) noexcept nogil:
@@ -557,9 +564,9 @@ def _set_amx_min_tokens(int tile, int call=0):
 
 def _set_unpacked_min_tokens(int n):
     """Tests and benchmarks: the fewest tokens of a work item (16-row group x token chunk)
-    the VNNI kernel runs on unpacked super-blocks (kq_u_groups; fewer: 4 tokens a call on the
-    packed tiles), for every type; 0: never; -1: the built-in per-type thresholds. Both
-    kernels give the same bits."""
+    the kernels run on unpacked super-blocks (VNNI: kq_u_groups; AVX2: the group unpacked
+    once; fewer: 4 tokens a call on the packed tiles), for every type; 0: never; -1: the
+    built-in per-type thresholds. Both ways give the same bits."""
     kq_u_set_min_tokens(n)
 
 

@@ -859,7 +859,7 @@ static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* repacked layout (AVX-512 VNNI): 16 rows interleaved per super-block                  */
+/* repacked layout (AVX-512 VNNI, AVX2): 16 rows interleaved per super-block            */
 /* ---------------------------------------------------------------------------------- */
 /* Rows are taken 16 at a time (the last group padded with zero rows). One tile holds one
  * super-block of 16 rows; a 64-byte chunk holds 4 bytes of each row, so one vpdpbusd
@@ -895,6 +895,8 @@ static inline int64_t kq_rp_tile_bytes(int t) {
 static inline int kq_rp_supported(int t) {
 #if SIMD_AVX512_VNNI
     return t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K || t == KQ_MXFP4;
+#elif defined(KQ_AVX2)
+    return t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K;
 #else
     (void)t;
     return 0;
@@ -1118,6 +1120,239 @@ kq_rp_kernel_mxfp4(const int NT, const uint8_t *G, int64_t nblk, const int8_t *c
         }
     }
     for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(Y[u], store_mask, acc[u]);
+}
+#endif
+
+#if defined(KQ_AVX2)
+/* ------------------------------------------------- the repacked tiles on AVX2 (no vpdpbusd) */
+/* A 64-byte chunk is two 8-row halves (32 bytes: 4 values of each of 8 rows). Per token,
+ * maddubs(a half's unsigned values, 4 broadcast activation bytes) gives each row's two pair
+ * sums as int16 lanes; these are summed in int16 over as many chunks as cannot overflow (a
+ * lane adds 2 products of at most 63 * 128 a chunk: Q4_K 8 chunks = its 32-value sub-block,
+ * Q5_K 4, Q6_K 2), then one madd with the row's scale in both of its lanes gives the int32
+ * sum per row (8 rows in 8 lanes: no horizontal sums). Up to 4 tokens a call. From a few
+ * tokens a group's tiles are unpacked once (kq_rp_unpack_group_avx2) and the kernel takes
+ * the low and the high parts in turn with both halves at once, so each broadcast feeds two
+ * maddubs and the inner loop is loads, maddubs and adds; for fewer tokens it unpacks a half
+ * as it goes. The integer sums equal the VNNI kernel's (exact) and the float updates are its
+ * own, operation for operation and in its order, so a token's outputs do not depend on the
+ * path, the token count, the tile or the thread count (and equal an AVX-512 VNNI build's). */
+static inline __m256i kq_dup_even16(__m256i s) {  /* int16 lanes (2r, 2r+1) <- lane 2r */
+    return _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(s, 0xA0), 0xA0);
+}
+static inline __m256i kq_dup_odd16(__m256i s) {   /* int16 lanes (2r, 2r+1) <- lane 2r + 1 */
+    return _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(s, 0xF5), 0xF5);
+}
+
+/* chunk j's half h (rows 8h .. 8h+7) of a tile: the low part's values (4j .. 4j+3 of each
+ * row) and the high part's (128 + 4j ..), unsigned, Q5_K's / Q6_K's high bits merged */
+static inline __attribute__((always_inline)) void kq_rp_half_avx2(const int t, const uint8_t *tile, int j, int h,
+                                                                  __m256i *lo, __m256i *hi) {
+    const uint8_t *qs = tile + 320, *qh = tile + 2368;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + j * 64 + 32 * h));
+    __m256i wl = _mm256_and_si256(w, m4), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+    if (t == KQ_Q5_K) {
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + (j & 7) * 64 + 32 * h));
+        const int kl = j >> 3; /* bit kl -> low part, bit kl+4 -> high part */
+        const __m256i b4 = _mm256_set1_epi8(0x10);
+        wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(4 - kl)), b4));
+        wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(kl)), b4));
+    } else if (t == KQ_Q6_K) {
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + (j & 15) * 64 + 32 * h));
+        const __m256i b45 = _mm256_set1_epi8(0x30);
+        if (j < 16) {
+            wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_slli_epi16(hb, 4), b45));
+            wh = _mm256_or_si256(wh, _mm256_and_si256(hb, b45));
+        } else {
+            wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_slli_epi16(hb, 2), b45));
+            wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_srli_epi16(hb, 2), b45));
+        }
+    }
+    *lo = wl;
+    *hi = wh;
+}
+
+/* a group's nb tiles unpacked once for a work item of many tokens (U: nb x 4096 bytes,
+ * 64-aligned; tile b's chunk j half h at U + b*4096 + j*64 + 32h, its high part at
+ * + (32 + j)*64): the kernel then reads the values as they are */
+static void kq_rp_unpack_group_avx2(const int t, const uint8_t *G, int64_t nb, uint8_t *U) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    for (int64_t b = 0; b < nb; b++)
+        for (int j = 0; j < 32; j++)
+            for (int h = 0; h < 2; h++) {
+                __m256i lo, hi;
+                kq_rp_half_avx2(t, G + b * tb, j, h, &lo, &hi);
+                _mm256_store_si256((__m256i *)(U + b * 4096 + j * 64 + 32 * h), lo);
+                _mm256_store_si256((__m256i *)(U + b * 4096 + (32 + j) * 64 + 32 * h), hi);
+            }
+}
+
+/* tokens a call (4 tokens x 2 int16 sums + 2 weight vectors + a broadcast: the 16 registers) */
+#define KQ_RP_NT_AVX2 4
+
+/* one 16-row group x NT (1..4) tokens, K-quants; rows >= nvalid are not stored. UNP 0: the
+ * values unpacked from the tiles as used; 1: read from U, the group unpacked (same bits) */
+static inline __attribute__((always_inline)) void
+kq_rp_kernel_avx2(const int t, const int NT, const int UNP, const uint8_t *G, const uint8_t *U, int64_t nb,
+                  const kq_q8k *const *A, float *const *Y, int nvalid) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    const int six = t == KQ_Q6_K;
+    const int np = six ? 8 : 4, cpp = 32 / np;
+    const int run = t == KQ_Q4_K ? 8 : t == KQ_Q5_K ? 4 : 2;  /* chunks summed in int16 */
+    __m256 acc[KQ_RP_NT_AVX2][2];
+    for (int u = 0; u < NT; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *tile = G + b * tb;
+        if (!UNP) simd_prefetch_range(tile, (int)tb);
+        const kq_q8k *ab[KQ_RP_NT_AVX2];
+        __m256i isum[KQ_RP_NT_AVX2][2];
+        for (int u = 0; u < NT; u++) ab[u] = A[u] + b;
+        if (!six) { /* mins: acc -= dmin*da * sum_G mn(G,G+4) . bs32(G,G+4) */
+            int32_t bp[KQ_RP_NT_AVX2][4];
+            for (int u = 0; u < NT; u++) {
+                __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)ab[u]->bsums),
+                                           _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8)));
+                _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(v, _mm_srli_si128(v, 8)));
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));
+                __m256i mn[4];
+                for (int p = 0; p < 4; p++)
+                    mn[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(tile + 64 + p * 64 + 32 + 16 * h)));
+                for (int u = 0; u < NT; u++) {
+                    __m256i ms = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(bp[u][0]));
+                    for (int p = 1; p < 4; p++) ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(bp[u][p])));
+                    acc[u][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmv, _mm256_set1_ps(ab[u]->d)),
+                                                 acc[u][h]);
+                    isum[u][h] = _mm256_setzero_si256();
+                }
+            }
+        } else { /* Q6_K offset 32: isum = -32 * sum_g sc(g,g+8) . bsum(g,g+8) */
+            int32_t bp[KQ_RP_NT_AVX2][8];
+            for (int u = 0; u < NT; u++) {
+                __m128i lo = _mm_loadu_si128((const __m128i *)ab[u]->bsums);
+                __m128i hi = _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8));
+                _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(lo, hi));
+                _mm_storeu_si128((__m128i *)(bp[u] + 4), _mm_unpackhi_epi16(lo, hi));
+            }
+            for (int h = 0; h < 2; h++)
+                for (int u = 0; u < NT; u++) {
+                    __m256i is = _mm256_setzero_si256();
+                    for (int p = 0; p < 8; p++)
+                        is = _mm256_add_epi32(is, _mm256_madd_epi16(
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(tile + 64 + p * 32 + 16 * h))),
+                            _mm256_set1_epi32(bp[u][p])));
+                    isum[u][h] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(is, 5));
+                }
+        }
+        for (int p = 0; p < np; p++) {
+            /* the scale pairs (low part's, high part's) of each half's 8 rows, each scale in
+             * both int16 lanes of its row */
+            __m256i sl[2], sh[2];
+            for (int h = 0; h < 2; h++) {
+                const __m128i s8 = _mm_loadu_si128((const __m128i *)(tile + 64 + (six ? p * 32 : p * 64) + 16 * h));
+                const __m256i s2 = six ? _mm256_cvtepi8_epi16(s8) : _mm256_cvtepu8_epi16(s8);
+                sl[h] = kq_dup_even16(s2);
+                sh[h] = kq_dup_odd16(s2);
+            }
+            if (UNP) {
+                /* the low and the high parts in turn, both halves at once: a broadcast feeds
+                 * two maddubs (NT x 2 sums + 2 weight vectors in registers) */
+                for (int c0 = 0; c0 < cpp; c0 += run)
+                    for (int part = 0; part < 2; part++) {
+                        __m256i d[KQ_RP_NT_AVX2][2];
+                        for (int u = 0; u < NT; u++) d[u][0] = d[u][1] = _mm256_setzero_si256();
+                        /* not unrolled: unrolled, gcc hoists the broadcasts of several chunks
+                         * and spills the sums */
+#pragma GCC unroll 1
+                        for (int c = c0; c < c0 + run; c++) {
+                            const int j = p * cpp + c;
+                            const uint8_t *uw = U + b * 4096 + (32 * part + j) * 64;
+                            const __m256i w0 = _mm256_load_si256((const __m256i *)uw);
+                            const __m256i w1 = _mm256_load_si256((const __m256i *)(uw + 32));
+                            for (int u = 0; u < NT; u++) {
+                                int32_t a;
+                                memcpy(&a, ab[u]->qs + 128 * part + 4 * j, 4);
+                                const __m256i av = _mm256_set1_epi32(a);
+                                d[u][0] = _mm256_add_epi16(d[u][0], _mm256_maddubs_epi16(w0, av));
+                                d[u][1] = _mm256_add_epi16(d[u][1], _mm256_maddubs_epi16(w1, av));
+                            }
+                        }
+                        for (int u = 0; u < NT; u++)
+                            for (int h = 0; h < 2; h++)
+                                isum[u][h] = _mm256_add_epi32(isum[u][h], _mm256_madd_epi16(d[u][h], part ? sh[h] : sl[h]));
+                    }
+                continue;
+            }
+            for (int h = 0; h < 2; h++) {
+                for (int c0 = 0; c0 < cpp; c0 += run) {
+                    __m256i lo[4], hi[4];
+                    for (int u = 0; u < NT; u++) lo[u] = hi[u] = _mm256_setzero_si256();
+                    for (int c = c0; c < c0 + run; c++) {
+                        const int j = p * cpp + c;
+                        __m256i wl, wh;
+                        kq_rp_half_avx2(t, tile, j, h, &wl, &wh);
+                        for (int u = 0; u < NT; u++) {
+                            int32_t a0, a1;
+                            memcpy(&a0, ab[u]->qs + 4 * j, 4);
+                            memcpy(&a1, ab[u]->qs + 128 + 4 * j, 4);
+                            lo[u] = _mm256_add_epi16(lo[u], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(a0)));
+                            hi[u] = _mm256_add_epi16(hi[u], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(a1)));
+                        }
+                    }
+                    for (int u = 0; u < NT; u++)
+                        isum[u][h] = _mm256_add_epi32(isum[u][h], _mm256_add_epi32(_mm256_madd_epi16(lo[u], sl[h]),
+                                                                                  _mm256_madd_epi16(hi[u], sh[h])));
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h)));
+            for (int u = 0; u < NT; u++)
+                acc[u][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[u][h]), _mm256_mul_ps(dv, _mm256_set1_ps(ab[u]->d)),
+                                            acc[u][h]);
+        }
+    }
+    if (nvalid >= KQ_RP) {
+        for (int u = 0; u < NT; u++) {
+            _mm256_storeu_ps(Y[u], acc[u][0]);
+            _mm256_storeu_ps(Y[u] + 8, acc[u][1]);
+        }
+    } else {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nvalid), lane);
+        const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nvalid - 8), lane);
+        for (int u = 0; u < NT; u++) {
+            _mm256_maskstore_ps(Y[u], m0, acc[u][0]);
+            _mm256_maskstore_ps(Y[u] + 8, m1, acc[u][1]);
+        }
+    }
+}
+
+/* Fewest tokens of a group's work for which it is unpacked once: the unpacked kernel's
+ * broadcasts feed both halves and it does no unpacking, which pays for the group's unpack
+ * from 3 tokens (Zen 3, -t 1, gemma-3's shapes: Q4_K 0.89 of the time at 3, 0.77 at 6; Q6_K
+ * 0.85, 0.71; Q5_K, whose high bits cost its unpack most, 0.99 at 3, 0.84 at 5).
+ * kq_u_override_avx2 >= 0 (tests, benchmarks): that for every type, 0: never. */
+static int kq_u_override_avx2 = -1;
+static inline int kq_u_min_avx2(int t) {
+    if (kq_u_override_avx2 >= 0) return kq_u_override_avx2 ? kq_u_override_avx2 : INT32_MAX;
+    return t == KQ_Q5_K ? 5 : 3;
+}
+
+/* a thread's buffer for one group's unpacked tiles (NULL when it cannot be had: the caller
+ * unpacks as it goes) */
+static __thread uint8_t *kq_u_buf_avx2 = NULL;
+static __thread size_t kq_u_cap_avx2 = 0;
+static inline uint8_t *kq_u_buffer_avx2(int64_t nb) {
+    const size_t need = (size_t)nb * 4096;
+    if (need > kq_u_cap_avx2) {
+        free(kq_u_buf_avx2);
+        kq_u_buf_avx2 = (uint8_t *)aligned_alloc(64, need);
+        kq_u_cap_avx2 = kq_u_buf_avx2 ? need : 0;
+    }
+    return kq_u_buf_avx2;
 }
 #endif
 
@@ -1545,6 +1780,8 @@ static int kq_amx_init(int enable) { (void)enable; return 0; }
 static inline void kq_u_set_min_tokens(int n) {
 #if SIMD_AVX512_VNNI
     kq_u_override = n < 0 ? -1 : n;
+#elif defined(KQ_AVX2)
+    kq_u_override_avx2 = n < 0 ? -1 : n;
 #else
     (void)n;
 #endif
@@ -1554,6 +1791,8 @@ static inline void kq_u_set_min_tokens(int n) {
 static inline int kq_u_min_tokens_for(int t) {
 #if SIMD_AVX512_VNNI
     return t == KQ_MXFP4 ? 0 : kq_u_min(t);
+#elif defined(KQ_AVX2)
+    return !kq_rp_supported(t) || kq_u_min_avx2(t) == INT32_MAX ? 0 : kq_u_min_avx2(t);
 #else
     (void)t;
     return 0;
@@ -1622,6 +1861,43 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
         case 3: kq_rp_kernel(T, 3, G, nb, a, y, m); break;                                  \
         case 2: kq_rp_kernel(T, 2, G, nb, a, y, m); break;                                  \
         default: kq_rp_kernel(T, 1, G, nb, a, y, m); break;                                 \
+        }
+        if (t == KQ_Q4_K) { KQ_RP_CASE(KQ_Q4_K) }
+        else if (t == KQ_Q5_K) { KQ_RP_CASE(KQ_Q5_K) }
+        else { KQ_RP_CASE(KQ_Q6_K) }
+#undef KQ_RP_CASE
+        j += nt;
+    }
+#elif defined(KQ_AVX2)
+    const uint8_t *G = P + g * kq_rp_group_bytes(t, k);
+    const int nvalid = rows - g * KQ_RP < KQ_RP ? (int)(rows - g * KQ_RP) : KQ_RP;
+    const int64_t nb = k / KQ_QK;
+    const kq_q8k *a[KQ_RP_NT_AVX2];
+    float *y[KQ_RP_NT_AVX2];
+    /* many tokens: the group unpacked once, not once per 4 tokens */
+    const uint8_t *U = n >= kq_u_min_avx2(t) ? kq_u_buffer_avx2(nb) : NULL;
+    if (U) kq_rp_unpack_group_avx2(t, G, nb, (uint8_t *)U);
+    for (int64_t j = 0; j < n;) {
+        const int64_t nt = n - j >= KQ_RP_NT_AVX2 ? KQ_RP_NT_AVX2 : n - j;
+        for (int u = 0; u < nt; u++) {
+            a[u] = act->q8k + (tok0 + j + u) * nb;
+            y[u] = Y + (j + u) * ldy + g * KQ_RP;
+        }
+#define KQ_RP_CASE(T)                                                                       \
+        if (U) {                                                                            \
+            switch (nt) {                                                                   \
+            case 4: kq_rp_kernel_avx2(T, 4, 1, G, U, nb, a, y, nvalid); break;              \
+            case 3: kq_rp_kernel_avx2(T, 3, 1, G, U, nb, a, y, nvalid); break;              \
+            case 2: kq_rp_kernel_avx2(T, 2, 1, G, U, nb, a, y, nvalid); break;              \
+            default: kq_rp_kernel_avx2(T, 1, 1, G, U, nb, a, y, nvalid); break;             \
+            }                                                                               \
+        } else {                                                                            \
+            switch (nt) {                                                                   \
+            case 4: kq_rp_kernel_avx2(T, 4, 0, G, U, nb, a, y, nvalid); break;              \
+            case 3: kq_rp_kernel_avx2(T, 3, 0, G, U, nb, a, y, nvalid); break;              \
+            case 2: kq_rp_kernel_avx2(T, 2, 0, G, U, nb, a, y, nvalid); break;              \
+            default: kq_rp_kernel_avx2(T, 1, 0, G, U, nb, a, y, nvalid); break;             \
+            }                                                                               \
         }
         if (t == KQ_Q4_K) { KQ_RP_CASE(KQ_Q4_K) }
         else if (t == KQ_Q5_K) { KQ_RP_CASE(KQ_Q5_K) }
