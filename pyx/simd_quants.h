@@ -282,6 +282,25 @@ static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *
         _mm_storeu_si128((__m128i *)(q + b * LQ_QK), _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(q + b * LQ_QK + 16), _mm512_cvtepi32_epi8(i1));
         int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+#elif defined(__AVX2__)
+        /* the C loop's arithmetic in lanes (cvtps rounds to nearest even, as nearbyintf) */
+        const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absm), _mm256_and_ps(v1, absm)),
+                                 _mm256_max_ps(_mm256_and_ps(v2, absm), _mm256_and_ps(v3, absm)));
+        a = _mm256_max_ps(a, _mm256_permute2f128_ps(a, a, 1));
+        a = _mm256_max_ps(a, _mm256_shuffle_ps(a, a, 0x4e));
+        a = _mm256_max_ps(a, _mm256_shuffle_ps(a, a, 0xb1));
+        const float amax = _mm256_cvtss_f32(a);
+        float db = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)(q + b * LQ_QK),
+                            _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const int sum = simd_hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
 #else
         float amax = 0.f;
         for (int k = 0; k < LQ_QK; k++) { float v = fabsf(xb[k]); amax = v > amax ? v : amax; }
