@@ -46,6 +46,7 @@ cdef extern from "simd_quants.h" nogil:
     void lq_float_rows(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n)
     int lq_act_buffers(int64_t n, int64_t K, int8_t **qa, float **da, float **sa)
     int64_t lq_tile_tokens(const lq_packed *P, int portable)
+    void lq_u_set_min_tokens(int n)
     void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                        int64_t n, int64_t tt, float *y, int portable)
     int LQ_REC
@@ -409,6 +410,13 @@ def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, f
         else:
             for i in range(k):
                 lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])
+
+
+def _set_unpacked_min_tokens(int n):
+    """Tests and benchmarks: the fewest tokens of a work item (16-row group x token chunk)
+    for which AVX2 builds unpack a 4-bit (Q4_0 / Q4_1) group once (fewer: the pair and one-token loops;
+    the same bits either way); 0: never; -1: the built-in thresholds. Other builds: no-op."""
+    lq_u_set_min_tokens(n)
 
 
 def _set_prefetch(int nbytes):

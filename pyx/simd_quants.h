@@ -1184,9 +1184,152 @@ static void lq_kernel_avx2(const lq_packed *P, int64_t g, const int8_t *qa, cons
     if (T == 1) lq_kernel_avx2_any(P, g, qa, da, sa, 1, y, ys, nv);
     else lq_kernel_avx2_any(P, g, qa, da, sa, T, y, ys, nv);
 }
+
+/* ---- many tokens: a group's 4-bit blocks unpacked once ----------------------------------
+ * A work item of many tokens of Q4_0 / Q4_1 unpacks the group's blocks once into bytes (U:
+ * per block 4 chunks x {low part, high part} x 2 halves, 32 bytes each: 512 bytes) and runs
+ * the tokens 4 at a time over them: each broadcast of 4 activation bytes feeds both halves'
+ * maddubs and the inner loop is loads, maddubs and adds (the pair loop unpacks each block once
+ * per token pair): 0.91-0.95 of the time from 12 tokens (Zen 3, -t 1, SmolLM2 and gemma-3
+ * shapes). Q5_0 / Q5_1, whose sums must widen every 4 chunks, gained nothing (0.95-1.15) and
+ * keep the pair loop. The integer sums (exact) and the float updates are
+ * lq_kernel_avx2_pairs', so a token's outputs are the same bits on either path. */
+static void lq_unpack_group_avx2(const lq_packed *P, int64_t g, uint8_t *U) {
+    const int64_t nb = P->nb, bb = P->blk_bytes;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        uint8_t *o = U + b * 512;
+        for (int c = 0; c < 4; c++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
+                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                _mm256_store_si256((__m256i *)(o + (2 * c) * 64 + 32 * h), lo);
+                _mm256_store_si256((__m256i *)(o + (2 * c + 1) * 64 + 32 * h), hi);
+            }
+    }
+}
+
+/* keeps the int16 sums in registers in order (gcc otherwise hoists all broadcasts and spills) */
+#define LQ_PIN_SUMS(d, NT)                                                                   \
+    do {                                                                                     \
+        if (NT == 4) __asm__("" : "+x"(d[0][0]), "+x"(d[0][1]), "+x"(d[1][0]), "+x"(d[1][1]), \
+                                  "+x"(d[2][0]), "+x"(d[2][1]), "+x"(d[3][0]), "+x"(d[3][1])); \
+        else if (NT == 2) __asm__("" : "+x"(d[0][0]), "+x"(d[0][1]), "+x"(d[1][0]), "+x"(d[1][1])); \
+    } while (0)
+
+/* NT (1..4) tokens over the unpacked group U; as lq_kernel_avx2_pairs (FMT4) */
+static inline __attribute__((always_inline)) void
+lq_kernel_avx2_unpacked(const lq_packed *P, int64_t g, const uint8_t *U, const int8_t *qa, const float *da,
+                        const float *sa, const int NT, float *y, int64_t ys, int nv, const int HAS_M) {
+    const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f[4][2];
+    for (int t = 0; t < NT; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
+    const uint8_t *blk = P->data + g * nb * bb;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        const uint8_t *o = U + b * 512;
+        const int32_t *a[4];
+        for (int t = 0; t < NT; t++) a[t] = (const int32_t *)(qa + t * K + b * LQ_QK);
+        __m256i d[4][2];
+        for (int t = 0; t < NT; t++) d[t][0] = d[t][1] = _mm256_setzero_si256();
+        /* the low parts, then the high parts (8 x 2 x 15 x 127 fits int16) */
+        for (int part = 0; part < 2; part++) {
+#pragma GCC unroll 1
+            for (int c = 0; c < 4; c++) {  /* low nibbles with a[4c..], high with a[16 + 4c..] */
+                const __m256i w0 = _mm256_load_si256((const __m256i *)(o + (2 * c + part) * 64));
+                const __m256i w1 = _mm256_load_si256((const __m256i *)(o + (2 * c + part) * 64 + 32));
+                for (int t = 0; t < NT; t++) {
+                    const __m256i av = _mm256_set1_epi32(a[t][c + 4 * part]);
+                    d[t][0] = _mm256_add_epi16(d[t][0], _mm256_maddubs_epi16(w0, av));
+                    d[t][1] = _mm256_add_epi16(d[t][1], _mm256_maddubs_epi16(w1, av));
+                }
+                LQ_PIN_SUMS(d, NT);
+            }
+        }
+        const __m256 dv0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB)));
+        const __m256 dv1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 16)));
+        for (int t = 0; t < NT; t++) {
+            const __m256 dat = _mm256_set1_ps(da[t * nb + b]), sat = _mm256_set1_ps(sa[t * nb + b]);
+            const __m256 x0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(d[t][0], ones));
+            const __m256 x1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(d[t][1], ones));
+            if (HAS_M) {
+                const __m256 mv0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 32)));
+                const __m256 mv1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + QB + 48)));
+                f[t][0] = _mm256_fmadd_ps(mv0, sat, _mm256_fmadd_ps(x0, _mm256_mul_ps(dv0, dat), f[t][0]));
+                f[t][1] = _mm256_fmadd_ps(mv1, sat, _mm256_fmadd_ps(x1, _mm256_mul_ps(dv1, dat), f[t][1]));
+            } else {
+                f[t][0] = _mm256_fmadd_ps(_mm256_add_ps(x0, sat), _mm256_mul_ps(dv0, dat), f[t][0]);
+                f[t][1] = _mm256_fmadd_ps(_mm256_add_ps(x1, sat), _mm256_mul_ps(dv1, dat), f[t][1]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        float tmp[LQ_G];
+        _mm256_storeu_ps(tmp, f[t][0]);
+        _mm256_storeu_ps(tmp + 8, f[t][1]);
+        for (int i = 0; i < nv; i++) y[t * ys + i] = tmp[i];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+lq_unpacked_fmt(const lq_packed *P, int64_t g, const uint8_t *U, const int8_t *qa, const float *da, const float *sa,
+                const int NT, float *y, int64_t ys, int nv) {
+    if (P->has_m) lq_kernel_avx2_unpacked(P, g, U, qa, da, sa, NT, y, ys, nv, 1);
+    else lq_kernel_avx2_unpacked(P, g, U, qa, da, sa, NT, y, ys, nv, 0);
+}
+
+/* Fewest tokens of a work item for which a 4-bit group is unpacked once (fewer: the pair and
+ * one-token loops). lq_u_override_avx2 >= 0 (tests, benchmarks): that; 0: never. */
+static int lq_u_override_avx2 = -1;
+static inline int64_t lq_u_min_avx2(void) {
+    return lq_u_override_avx2 < 0 ? 12 : lq_u_override_avx2 ? lq_u_override_avx2 : INT64_MAX;
+}
+
+static __thread uint8_t *lq_u_buf_avx2 = NULL;
+static __thread size_t lq_u_cap_avx2 = 0;
+
+/* tokens [0, n) of group g on the unpacked path; returns 0, or -1 (no buffer: the caller's
+ * loops take them) */
+static int lq_group_unpacked_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
+                                  int64_t n, float *y, int64_t R, int nv) {
+    const size_t need = (size_t)P->nb * 512;
+    if (need > lq_u_cap_avx2) {
+        free(lq_u_buf_avx2);
+        lq_u_buf_avx2 = (uint8_t *)aligned_alloc(64, need);
+        lq_u_cap_avx2 = lq_u_buf_avx2 ? need : 0;
+        if (!lq_u_buf_avx2) return -1;
+    }
+    const uint8_t *U = lq_u_buf_avx2;
+    lq_unpack_group_avx2(P, g, lq_u_buf_avx2);
+    const int64_t K = P->cols, nb = P->nb;
+    for (int64_t t0 = 0; t0 < n; t0 += 4) {
+        const int NT = (int)(n - t0 < 4 ? n - t0 : 4);
+        const int8_t *q = qa + t0 * K;
+        const float *dd = da + t0 * nb, *ss = sa + t0 * nb;
+        float *yo = y + t0 * R + g * LQ_G;
+        switch (NT) {
+        case 4: lq_unpacked_fmt(P, g, U, q, dd, ss, 4, yo, R, nv); break;
+        case 3: lq_unpacked_fmt(P, g, U, q, dd, ss, 3, yo, R, nv); break;
+        case 2: lq_unpacked_fmt(P, g, U, q, dd, ss, 2, yo, R, nv); break;
+        default: lq_unpacked_fmt(P, g, U, q, dd, ss, 1, yo, R, nv); break;
+        }
+    }
+    return 0;
+}
 #else
 #define LQ_AVX2 0
 #endif
+
+/* tests and benchmarks: the fewest tokens for the unpacked 4-bit path (AVX2); 0: never;
+ * -1: the built-in thresholds */
+static inline void lq_u_set_min_tokens(int n) {
+#if LQ_AVX2
+    lq_u_override_avx2 = n < 0 ? -1 : n;
+#else
+    (void)n;
+#endif
+}
 
 /* ---------------------------------------------------------------- float kernels */
 #if defined(__AVX512F__)
@@ -1339,6 +1482,11 @@ static void lq_group_rows_ld(const lq_packed *P, int64_t g, const int8_t *qa, co
 #if LQ_AMX_BUILT
     if (!portable && lq_amx_on && n >= 16) /* whole 16-token tiles on AMX, the rest below */
         t0 = lq_group_amx(P, g, qa, da, sa, n, y + g * LQ_G, R, nv);
+#endif
+#if LQ_AVX2
+    if (!portable && P->fmt == LQ_FMT4 && n - t0 >= lq_u_min_avx2() &&
+        lq_group_unpacked_avx2(P, g, qa + t0 * K, da + t0 * nb, sa + t0 * nb, n - t0, y + t0 * R, R, nv) == 0)
+        return;
 #endif
     for (; t0 < n; t0 += tt) {
         const int T = (int)(n - t0 < tt ? n - t0 : tt);

@@ -137,6 +137,34 @@ def test_matmul_rows_do_not_depend_on_the_batch(qt):
 
 
 @needs_kernels
+@pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
+def test_unpacked_groups_give_the_pair_loop_bits(qt):
+    """AVX2 builds run work items of many Q4_0 / Q4_1 tokens on a group unpacked once: the
+    same bits as the pair and one-token loops, for token counts around the threshold, partial
+    4-token tiles, a masked last row group, threads 1 and 2 (other types and builds: the
+    override changes nothing and the check holds as well)."""
+    rows, cols = 37, 256
+    raw = random_blocks(qt, rows, cols, seed=11)
+    pk = kq.pack(raw, int(qt))
+    x = np.random.default_rng(12).standard_normal((70, cols)).astype(np.float32)
+    try:
+        kq._set_unpacked_min_tokens(0)  # never: the pair / one-token loops
+        ref = np.empty((len(x), rows), np.float32)
+        kq.matmul(pk, x, ref, 1)
+        for umin in (1, 12):
+            kq._set_unpacked_min_tokens(umin)
+            for n in (1, 2, 5, 6, 12, 13, 16, 70):
+                for nt in (1, 2):
+                    y = np.full((n, rows), np.nan, np.float32)
+                    kq.matmul(pk, x[:n], y, nt)
+                    np.testing.assert_array_equal(y, ref[:n])
+    finally:
+        kq._set_unpacked_min_tokens(-1)
+    w = ref_dequant(raw, qt, rows, cols)
+    assert nmse(ref, x.astype(np.float64) @ w.T.astype(np.float64)) < 5e-4
+
+
+@needs_kernels
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_matmul_glu_is_matmul_then_act_rows(qt):
     """quants.matmul_glu (a gated FFN's gate/up product and activation in one kernel) gives
