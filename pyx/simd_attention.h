@@ -102,7 +102,7 @@ typedef struct {
 
 /* prefetch n bytes from p: a line every 64 bytes from p, and the last byte's line when that
  * stride stops short of it */
-static inline void attn_pf_span(const uint8_t *p, int n) {
+static inline __attribute__((always_inline)) void attn_pf_span(const uint8_t *p, int n) {
     if (n <= 0) return;
     if (n <= 64) {  /* a row of at most a line touches two lines at most: no loop, no test */
         __builtin_prefetch(p, 0, 3);
@@ -115,7 +115,7 @@ static inline void attn_pf_span(const uint8_t *p, int n) {
         __builtin_prefetch(p + n - 1, 0, 3);
 }
 
-static inline void attn_pf_row(const attn_pf *pf, int j) {
+static inline __attribute__((always_inline)) void attn_pf_row(const attn_pf *pf, int j) {
     if (!pf) return;
     /* every line the row touches: a quantized row (36 bytes for a 64-value Q4_0 head, rows
      * of kv heads side by side) often straddles a line boundary, and the stride from its
@@ -1556,26 +1556,56 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
 #if ATTN_AVX2
 /* s[r*ldS + j] = q_r . k_j, r < RB, keys of [j0, j1) of an f32 / f16 K (8-key groups from
  * j0 & ~7; keys of a group outside the range get 0): one fma chain a score over d, reduced
- * by attn_hsum8x8, so a score depends on its row and key only */
-static inline __attribute__((always_inline)) void attn_rows_scores8_rb(
-        const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
+ * by attn_hsum8x8, so a score depends on its row and key only. Two keys a pass: the chains
+ * of one key (RB of them) were latency-bound (an fma's latency per 8 values of d), two keys'
+ * interleaved chains share each q load (the same chains, so the same bits). */
+static inline __attribute__((always_inline)) void attn_rows_scores8_rb_d(
+        const int RB, const int T, const float *q, const int D, const void *k, long ldk, int j0, int j1,
         float *s, int ldS, const attn_pf *pf) {
     for (int jb = j0 & ~7; jb < j1; jb += 8) {
         __m256 tmp[4][8];
-        for (int u = 0; u < 8; u++) {
-            const int j = jb + u;
-            __m256 a[4];
-            for (int r = 0; r < RB; r++) a[r] = _mm256_setzero_ps();
-            if (j >= j0 && j < j1) {
-                attn_pf_row(pf, j);
+        for (int u = 0; u < 8; u += 2) {
+            const int ja = jb + u, jc = ja + 1;
+            const int la = ja >= j0 && ja < j1, lc = jc >= j0 && jc < j1;
+            __m256 a[4], c[4];
+            for (int r = 0; r < RB; r++) a[r] = c[r] = _mm256_setzero_ps();
+            if (la) attn_pf_row(pf, ja);
+            if (lc) attn_pf_row(pf, jc);
+            if (la && lc) {
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 ka = attn_kvec8(k, T, ja, ldk, d), kc = attn_kvec8(k, T, jc, ldk, d);
+                    for (int r = 0; r < RB; r++) {
+                        const __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
+                        a[r] = _mm256_fmadd_ps(qv, ka, a[r]);
+                        c[r] = _mm256_fmadd_ps(qv, kc, c[r]);
+                    }
+                }
+            } else if (la || lc) {
+                const int j = la ? ja : jc;
+                __m256 *x = la ? a : c;
                 for (int d = 0; d < D; d += 8) {
                     const __m256 kv = attn_kvec8(k, T, j, ldk, d);
-                    for (int r = 0; r < RB; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, a[r]);
+                    for (int r = 0; r < RB; r++) x[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, x[r]);
                 }
             }
-            for (int r = 0; r < RB; r++) tmp[r][u] = a[r];
+            for (int r = 0; r < RB; r++) {
+                tmp[r][u] = a[r];
+                tmp[r][u + 1] = c[r];
+            }
         }
         for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, attn_hsum8x8(tmp[r]));
+    }
+}
+
+/* the common head dims as constants (the d loop unrolled) */
+static inline __attribute__((always_inline)) void attn_rows_scores8_rb(
+        const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
+        float *s, int ldS, const attn_pf *pf) {
+    switch (D) {
+        case 64: attn_rows_scores8_rb_d(RB, T, q, 64, k, ldk, j0, j1, s, ldS, pf); break;
+        case 128: attn_rows_scores8_rb_d(RB, T, q, 128, k, ldk, j0, j1, s, ldS, pf); break;
+        case 256: attn_rows_scores8_rb_d(RB, T, q, 256, k, ldk, j0, j1, s, ldS, pf); break;
+        default: attn_rows_scores8_rb_d(RB, T, q, D, k, ldk, j0, j1, s, ldS, pf); break;
     }
 }
 
@@ -1610,12 +1640,13 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_rb(
         for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + c0 + 8 * i, acc[r][i]);
 }
 
-/* RB rows, every value: 32 a pass for one or two rows (three from f32 values), 16 for more
+/* RB rows, every value: 32 a pass for one or two rows (three from f32 values), 24 for three
+ * rows of f16 values (9 fma chains: 6 left each key waiting on an fma's latency), 16 for four
  * (registers) */
 static inline __attribute__((always_inline)) void attn_rows_pv8_all(
         const int RB, const int T, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int j0, int j1, const float *alpha, const attn_pf *pf) {
-    const int NVMAX = RB <= 2 || (RB == 3 && T == ATTN_KV_F32) ? 4 : 2;
+    const int NVMAX = RB <= 2 || (RB == 3 && T == ATTN_KV_F32) ? 4 : RB == 3 ? 3 : 2;
     for (int c0 = 0; c0 < Dv; c0 += 8 * NVMAX) {
         const int nv = (Dv - c0) / 8 < NVMAX ? (Dv - c0) / 8 : NVMAX;
         const attn_pf *pfc = c0 == 0 ? pf : NULL;
