@@ -152,6 +152,12 @@ static inline __m256i simd_hsum8x8_i32(const __m256i *v) {
     const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
     return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
+
+/* 32 int32 lanes (a, b, c, d in order) -> 32 int8 in order, saturating */
+static inline __m256i simd_pack_i8x32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)),
+                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 #endif
 
 #if defined(__AVX__)
@@ -161,6 +167,14 @@ static inline float simd_hsum_f32x8(__m256 v) {
     s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
     return _mm_cvtss_f32(s4);
+}
+
+/* the largest of 8 float lanes */
+static inline float simd_hmax_f32x8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
 }
 #endif
 

@@ -248,13 +248,6 @@ static inline __m256 attn_range8(int base, int lo, int hi) {
     return _mm256_castsi256_ps(ok);
 }
 
-static inline float attn_hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 /* 8 values e.. of row j of an f32 / f16 K or V (rows ld elements apart; a quantized block is
  * converted to f32 first: attn_rows_item) */
 static inline __m256 attn_kvec8(const void *k, const int T, long j, long ld, int e) {
@@ -791,7 +784,7 @@ static inline float attn_q8_block(const float *x, int8_t *v, int *sum) {
             mx = _mm256_max_ps(mx, a);
         }
         const int bad = _mm256_movemask_ps(nb) != 0;
-        const float amax = bad ? 0.0f : attn_hmax8(mx);
+        const float amax = bad ? 0.0f : simd_hmax_f32x8(mx);
         const __m256 iv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
         __m256i q[4], t = _mm256_setzero_si256();
@@ -800,14 +793,8 @@ static inline float attn_q8_block(const float *x, int8_t *v, int *sum) {
                        : _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(xv[i], iv)), lim), nlim);
             t = _mm256_add_epi32(t, q[i]);
         }
-        const __m256i b8 = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)v, b8);
-        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
-        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
-        *sum = _mm_cvtsi128_si32(t4);
+        _mm256_storeu_si256((__m256i *)v, simd_pack_i8x32(q[0], q[1], q[2], q[3]));
+        *sum = simd_hsum_i32x8(t);
         return bad ? NAN : amax / 127.0f;
     }
 #endif
@@ -1772,7 +1759,7 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
             _mm256_storeu_ps(s + j, x);
             bm = _mm256_max_ps(bm, x);
         }
-        const float mo = *m, bmax = attn_hmax8(bm);
+        const float mo = *m, bmax = simd_hmax_f32x8(bm);
         const float mn = mo > bmax ? mo : bmax;
         const float alpha = mo == mn && mn > -INFINITY ? 1.0f : attn_exp2(mo - mn);
         const __m256 mm = _mm256_set1_ps(mn), al = _mm256_set1_ps(alpha);

@@ -332,14 +332,10 @@ static void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y) {
     /* the C loop's arithmetic in lanes (round to nearest even = kq_nearest_int's), ~6% of a
      * many-token K-quant matmul in the C form */
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), lim = _mm256_set1_ps(127.f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t i = 0; i < k / KQ_QK; i++, x += KQ_QK) {
         __m256 m = _mm256_setzero_ps();
         for (int j = 0; j < 32; j++) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + 8 * j), absm));
-        m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
-        m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
-        m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
-        const float amax = _mm256_cvtss_f32(m);
+        const float amax = simd_hmax_f32x8(m);
         if (amax == 0) {
             y[i].d = 0;
             memset(y[i].qs, 0, KQ_QK);
@@ -361,8 +357,7 @@ static void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y) {
                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 q[u] = _mm256_cvtps_epi32(_mm256_min_ps(v, lim));
             }
-            const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-            _mm256_storeu_si256((__m256i *)(y[i].qs + 8 * j), _mm256_permutevar8x32_epi32(p8, order));
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 8 * j), simd_pack_i8x32(q[0], q[1], q[2], q[3]));
             y[i].bsums[j / 2] = (int16_t)simd_hsum_i32x8(_mm256_add_epi32(q[0], q[1]));
             y[i].bsums[j / 2 + 1] = (int16_t)simd_hsum_i32x8(_mm256_add_epi32(q[2], q[3]));
         }
@@ -943,6 +938,20 @@ static inline int kq_rp_supported(int t) {
 #endif
 }
 
+/* a thread's buffer for one 16-row group's unpacked super-blocks (nb x 4096 bytes, 64-byte
+ * aligned; the AVX2 and AMX kernels), or NULL when it cannot be had */
+static __thread uint8_t *kq_unp_buf = NULL;
+static __thread size_t kq_unp_cap = 0;
+static inline uint8_t *kq_unpack_buffer(int64_t nb) {
+    const size_t need = (size_t)nb * 4096;
+    if (need > kq_unp_cap) {
+        free(kq_unp_buf);
+        kq_unp_buf = (uint8_t *)aligned_alloc(64, need);
+        kq_unp_cap = kq_unp_buf ? need : 0;
+    }
+    return kq_unp_buf;
+}
+
 /* bytes of one 16-row group (k values per row) */
 static inline int64_t kq_rp_group_bytes(int t, int64_t k) {
     if (t == KQ_MXFP4) {
@@ -1380,20 +1389,6 @@ static inline int kq_u_min_avx2(int t) {
     if (kq_u_override_avx2 >= 0) return kq_u_override_avx2 ? kq_u_override_avx2 : INT32_MAX;
     return t == KQ_Q5_K ? 5 : 3;
 }
-
-/* a thread's buffer for one group's unpacked tiles (NULL when it cannot be had: the caller
- * unpacks as it goes) */
-static __thread uint8_t *kq_u_buf_avx2 = NULL;
-static __thread size_t kq_u_cap_avx2 = 0;
-static inline uint8_t *kq_u_buffer_avx2(int64_t nb) {
-    const size_t need = (size_t)nb * 4096;
-    if (need > kq_u_cap_avx2) {
-        free(kq_u_buf_avx2);
-        kq_u_buf_avx2 = (uint8_t *)aligned_alloc(64, need);
-        kq_u_cap_avx2 = kq_u_buf_avx2 ? need : 0;
-    }
-    return kq_u_buf_avx2;
-}
 #endif
 
 #if SIMD_AVX512_VNNI
@@ -1777,10 +1772,6 @@ kq_amx_kernel(const int t, const uint8_t *G, uint8_t *U, int64_t nb, const kq_q8
     for (int u = 0; u < ntok; u++) _mm512_mask_storeu_ps(Y + u * ldy, store_mask, f[u]);
 }
 
-/* a thread's buffer for one group's unpacked super-blocks */
-static __thread uint8_t *kq_amx_ubuf = NULL;
-static __thread size_t kq_amx_ucap = 0;
-
 /* Group g for tokens [0, n) of A (the group's Y at Y): the tiles of at least
  * kq_amx_min_tokens tokens on AMX. Returns the tokens done (0 when the unpack buffer cannot
  * be had); the rest are the caller's. */
@@ -1788,22 +1779,17 @@ static int64_t kq_amx_group(const int t, const uint8_t *G, int64_t nb, const kq_
                             float *Y, int64_t ldy, __mmask16 store_mask) {
     const int min_tile = kq_amx_tile_min(t);
     if (n < kq_amx_call_min(t) || n < min_tile) return 0;
-    const size_t need = (size_t)nb * 4096;
-    if (need > kq_amx_ucap) {
-        free(kq_amx_ubuf);
-        kq_amx_ubuf = (uint8_t *)aligned_alloc(64, need);
-        kq_amx_ucap = kq_amx_ubuf ? need : 0;
-        if (!kq_amx_ubuf) return 0;
-    }
+    uint8_t *ub = kq_unpack_buffer(nb);
+    if (!ub) return 0;
     kq_amx_config(t == KQ_Q6_K ? 16 : 32);
     int64_t j = 0;
     while (j < n && n - j >= min_tile) {
         const int nt = n - j >= 16 ? 16 : (int)(n - j);
         const kq_q8k *a = (const kq_q8k *)((const uint8_t *)A + j * nb * (int64_t)sizeof(kq_q8k));
         const int first = j == 0; /* the first tile unpacks the group as it goes */
-        if (t == KQ_Q4_K) kq_amx_kernel(KQ_Q4_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
-        else if (t == KQ_Q5_K) kq_amx_kernel(KQ_Q5_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
-        else kq_amx_kernel(KQ_Q6_K, G, kq_amx_ubuf, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        if (t == KQ_Q4_K) kq_amx_kernel(KQ_Q4_K, G, ub, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        else if (t == KQ_Q5_K) kq_amx_kernel(KQ_Q5_K, G, ub, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
+        else kq_amx_kernel(KQ_Q6_K, G, ub, nb, a, nt, Y + j * ldy, ldy, store_mask, first);
         j += nt;
     }
     _tile_release();
@@ -1915,7 +1901,7 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
     const kq_q8k *a[KQ_RP_NT_AVX2];
     float *y[KQ_RP_NT_AVX2];
     /* many tokens: the group unpacked once, not once per 4 tokens */
-    const uint8_t *U = n >= kq_u_min_avx2(t) ? kq_u_buffer_avx2(nb) : NULL;
+    const uint8_t *U = n >= kq_u_min_avx2(t) ? kq_unpack_buffer(nb) : NULL;
     if (U) kq_rp_unpack_group_avx2(t, G, nb, (uint8_t *)U);
     for (int64_t j = 0; j < n;) {
         const int64_t nt = n - j >= KQ_RP_NT_AVX2 ? KQ_RP_NT_AVX2 : n - j;

@@ -287,19 +287,13 @@ static inline void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *
         const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
         const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
         const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absm), _mm256_and_ps(v1, absm)),
-                                 _mm256_max_ps(_mm256_and_ps(v2, absm), _mm256_and_ps(v3, absm)));
-        a = _mm256_max_ps(a, _mm256_permute2f128_ps(a, a, 1));
-        a = _mm256_max_ps(a, _mm256_shuffle_ps(a, a, 0x4e));
-        a = _mm256_max_ps(a, _mm256_shuffle_ps(a, a, 0xb1));
-        const float amax = _mm256_cvtss_f32(a);
+        const float amax = simd_hmax_f32x8(_mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absm), _mm256_and_ps(v1, absm)),
+                                                         _mm256_max_ps(_mm256_and_ps(v2, absm), _mm256_and_ps(v3, absm))));
         float db = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
         const __m256 vid = _mm256_set1_ps(id);
         const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
         const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        _mm256_storeu_si256((__m256i *)(q + b * LQ_QK),
-                            _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        _mm256_storeu_si256((__m256i *)(q + b * LQ_QK), simd_pack_i8x32(i0, i1, i2, i3));
         const int sum = simd_hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
 #else
         float amax = 0.f;
@@ -353,6 +347,18 @@ static inline void lq_kernel_scalar(const lq_packed *P, int64_t g, const int8_t 
         }
         for (int i = 0; i < nvalid; i++) y[t * ystride + i] = acc[i];
     }
+}
+
+/* a thread's buffer for unpacked groups (64-byte aligned; the VNNI and AVX2 kernels), or NULL */
+static __thread uint8_t *lq_unp_buf = NULL;
+static __thread size_t lq_unp_cap = 0;
+static uint8_t *lq_unpack_buffer(size_t bytes) {
+    if (bytes > lq_unp_cap) {
+        free(lq_unp_buf);
+        lq_unp_buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        lq_unp_cap = lq_unp_buf ? bytes : 0;
+    }
+    return lq_unp_buf;
 }
 
 #if LQ_VNNI
@@ -558,18 +564,6 @@ static inline __attribute__((always_inline)) void lq_unpack_group(const lq_packe
         lq_unpack_vnni(blk, FMT, w);
         for (int c = 0; c < 8; c++) _mm512_store_si512((void *)(wu + b * 512 + 64 * c), w[c]);
     }
-}
-
-/* a thread's buffer for unpacked groups (64-byte aligned), or NULL */
-static __thread uint8_t *lq_unp_buf = NULL;
-static __thread size_t lq_unp_cap = 0;
-static uint8_t *lq_unpack_buffer(size_t bytes) {
-    if (bytes > lq_unp_cap) {
-        free(lq_unp_buf);
-        lq_unp_buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        lq_unp_cap = lq_unp_buf ? bytes : 0;
-    }
-    return lq_unp_buf;
 }
 
 /* group g x the first NT tokens of one tile (records rec): y[t * ys + i] for t < nst (<= NT
@@ -1286,22 +1280,13 @@ static inline int64_t lq_u_min_avx2(void) {
     return lq_u_override_avx2 < 0 ? 12 : lq_u_override_avx2 ? lq_u_override_avx2 : INT64_MAX;
 }
 
-static __thread uint8_t *lq_u_buf_avx2 = NULL;
-static __thread size_t lq_u_cap_avx2 = 0;
-
 /* tokens [0, n) of group g on the unpacked path; returns 0, or -1 (no buffer: the caller's
  * loops take them) */
 static int lq_group_unpacked_avx2(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                                   int64_t n, float *y, int64_t R, int nv) {
-    const size_t need = (size_t)P->nb * 512;
-    if (need > lq_u_cap_avx2) {
-        free(lq_u_buf_avx2);
-        lq_u_buf_avx2 = (uint8_t *)aligned_alloc(64, need);
-        lq_u_cap_avx2 = lq_u_buf_avx2 ? need : 0;
-        if (!lq_u_buf_avx2) return -1;
-    }
-    const uint8_t *U = lq_u_buf_avx2;
-    lq_unpack_group_avx2(P, g, lq_u_buf_avx2);
+    uint8_t *U = lq_unpack_buffer((size_t)P->nb * 512);
+    if (!U) return -1;
+    lq_unpack_group_avx2(P, g, U);
     const int64_t K = P->cols, nb = P->nb;
     for (int64_t t0 = 0; t0 < n; t0 += 4) {
         const int NT = (int)(n - t0 < 4 ? n - t0 : 4);
