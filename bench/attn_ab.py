@@ -4,6 +4,9 @@
 builds interleaved rep by rep, thread CPU time at 1 thread (robust on a shared host).
 
     python bench/attn_ab.py DIR_A DIR_B [--kv q4_0] [--reps 31]
+    python bench/attn_ab.py DIR_A DIR_B --prefill smollm2-4k --kv f16 [--reps 9]
+
+--prefill CASE: a prefill chunk of bench/attn_prefill.py's cases (tile items) instead.
 
 DIR_A, DIR_B: folders holding a built attention extension (copies of
 llmcore/_kernels/attention*.so before and after a change). Prints whether their outputs are
@@ -29,6 +32,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=31)
     ap.add_argument("--layers", type=int, default=4,
                     help="K/V pools a step walks (4: ~4 MB, in cache; 30: the model's ~33 MB, from memory)")
+    ap.add_argument("--prefill", metavar="CASE", help="a prefill case of bench/attn_prefill.py instead")
     a = ap.parse_args(argv)
     from _ab import load_build
     from attn_decode import build_layer
@@ -37,6 +41,8 @@ def main(argv=None):
 
     threads.set_num_threads(1)
     mods = {name: load_build(folder, "attention") for name, folder in (("A", a.a), ("B", a.b))}
+    if a.prefill:
+        return prefill_ab(a, mods)
     r = np.random.default_rng(0)
     H, KVH, D, seqs, ctx = 9, 3, 64, 8, 600
     layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(a.layers)]
@@ -67,6 +73,33 @@ def main(argv=None):
         ts.sort()
         print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.4f} ms  median {ts[len(ts) // 2] * 1e3:.4f} ms "
               f"per layer call, kv {a.kv}")
+    print(f"B / A: {res['B'][0] / res['A'][0]:.3f} (min), {res['B'][len(res['B']) // 2] / res['A'][len(res['A']) // 2]:.3f} (median)")
+
+
+def prefill_ab(a, mods):
+    from attn_prefill import CASES, build
+
+    from llmcore import nn
+
+    cfg = CASES[a.prefill]
+    (q, kp, vp, tables, seg, q_pos), flops = build(**cfg, bs=32, kv_type=a.kv)
+    scale = 1.0 / np.sqrt(cfg["D"])
+    outs, res = {}, {k: [] for k in mods}
+    for name, mod in mods.items():
+        nn._attention = mod
+        outs[name] = nn.attention(q, kp, vp, a.kv, tables, seg, q_pos, scale, window=cfg["window"])
+    diff = np.abs(outs["A"] - outs["B"]).max()
+    print(f"outputs identical: {np.array_equal(outs['A'], outs['B'])} (max abs difference {diff:.3g})")
+    for _ in range(a.reps):
+        for name, mod in mods.items():
+            nn._attention = mod
+            t0 = time.thread_time()
+            nn.attention(q, kp, vp, a.kv, tables, seg, q_pos, scale, window=cfg["window"])
+            res[name].append(time.thread_time() - t0)
+    for name, ts in res.items():
+        ts.sort()
+        print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.2f} ms  median {ts[len(ts) // 2] * 1e3:.2f} ms"
+              f"  {flops / ts[0] / 1e9:.1f} GFLOPS (at min), {a.prefill} kv {a.kv}")
     print(f"B / A: {res['B'][0] / res['A'][0]:.3f} (min), {res['B'][len(res['B']) // 2] / res['A'][len(res['A']) // 2]:.3f} (median)")
 
 

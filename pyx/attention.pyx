@@ -22,6 +22,7 @@ import numpy as np
 from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q8_0, store_row
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
+from simd cimport simd_alloc
 
 from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx,
                        attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free, attn_run_item,
@@ -233,7 +234,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     if nt < 1:
         nt = 1
     with nogil, parallel(num_threads=nt):
-        buf = <float *>malloc(buf_len * sizeof(float))
+        buf = <float *>simd_alloc(buf_len * sizeof(float))
         for i in prange(pl.n_items, schedule='dynamic'):
             attn_run_item(&c, &pl.items[i], buf)
         free(buf)

@@ -3,6 +3,7 @@ from libc.stdint cimport uint16_t
 
 cdef extern from "simd.h" nogil:
     int SIMD_AVX512_VNNI
+    void *simd_alloc(size_t n)
     void simd_f16_to_f32_row(const uint16_t *x, float *y, int n)
     void simd_f32_to_f16_row(const float *x, uint16_t *y, int n)
     void simd_f16_round_row(const float *x, float *y, int n)

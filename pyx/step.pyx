@@ -54,6 +54,7 @@ from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_p
 from kv_rows cimport store_row
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
+from simd cimport simd_alloc
 
 cdef extern from "team.h" nogil:
     ctypedef struct team_t:
@@ -372,7 +373,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef float *qo
     cdef float *tmp
     cdef long t_mark = team_now_ns() if S.prof != NULL else 0
-    cdef float *abuf = <float *>malloc((S.attn_buf + 16) * sizeof(float))  # attention scratch
+    cdef float *abuf = <float *>simd_alloc((S.attn_buf + 16) * sizeof(float))  # attention scratch
     if abuf == NULL:
         team_flag_set(&S.failed)
         return
