@@ -73,6 +73,11 @@ def main(argv=None):
         ts.sort()
         print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.4f} ms  median {ts[len(ts) // 2] * 1e3:.4f} ms "
               f"per layer call, kv {a.kv}")
+    print_ratio(res)
+
+
+def print_ratio(res):
+    """B's time over A's, at the min and the median (res: sorted times per build)."""
     print(f"B / A: {res['B'][0] / res['A'][0]:.3f} (min), {res['B'][len(res['B']) // 2] / res['A'][len(res['A']) // 2]:.3f} (median)")
 
 
@@ -100,7 +105,7 @@ def prefill_ab(a, mods):
         ts.sort()
         print(f"{name} ({getattr(a, name.lower())}): min {ts[0] * 1e3:.2f} ms  median {ts[len(ts) // 2] * 1e3:.2f} ms"
               f"  {flops / ts[0] / 1e9:.1f} GFLOPS (at min), {a.prefill} kv {a.kv}")
-    print(f"B / A: {res['B'][0] / res['A'][0]:.3f} (min), {res['B'][len(res['B']) // 2] / res['A'][len(res['A']) // 2]:.3f} (median)")
+    print_ratio(res)
 
 
 if __name__ == "__main__":

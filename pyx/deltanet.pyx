@@ -55,12 +55,10 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memmove
 cimport cython
 cimport numpy as cnp
+from simd cimport simd_alloc
 import numpy as np
 
 cnp.import_array()
-
-cdef extern from "<stdlib.h>" nogil:
-    void *aligned_alloc(size_t alignment, size_t size)
 
 cdef extern from "simd_deltanet.h" nogil:
     void gdn_rows(float *s, const float *k, const float *q, const float *v, float g, float beta,
@@ -360,7 +358,7 @@ def gated_delta_net(const float[:, :] qkv, const float[:, :] z, const float[:, :
     cdef void **ptrs
     cdef float nrm, sc
     with nogil, parallel(num_threads=n_threads):
-        wbuf = <float *>aligned_alloc(64, ((scratch_floats * sizeof(float) + 63) // 64) * 64) if scratch_floats else NULL
+        wbuf = <float *>simd_alloc(scratch_floats * sizeof(float)) if scratch_floats else NULL
         ptrs = <void **>malloc(5 * (nhmax + 1) * sizeof(void *))
         # 1. per token: causal conv + SiLU over [q | k | v] into xh (head-major); L2-normalised q
         # (scaled) and k per q/k head; decay and beta per value head

@@ -73,7 +73,7 @@ static inline float simd_f16_round(float f) { return simd_h2f(simd_f2h(f)); }
  * reads and writes. malloc's 16-byte alignment splits every other 32-byte access across two
  * cache lines: the AVX2 attention kernels ran 1.06-1.2x slower on such a buffer. */
 static inline void *simd_alloc(size_t n) {
-    return aligned_alloc(64, ((n + 63) / 64) * 64 + 64);
+    return aligned_alloc(64, (n + 63) & ~(size_t)63);  /* (aligned_alloc takes whole alignments) */
 }
 
 static inline float simd_bf2f(uint16_t h) { uint32_t r = (uint32_t)h << 16; float f; memcpy(&f, &r, 4); return f; }

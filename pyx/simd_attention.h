@@ -101,12 +101,12 @@ typedef struct {
 } attn_pf;
 
 /* prefetch n bytes from p: a line every 64 bytes from p, and the last byte's line when that
- * stride stops short of it */
+ * stride stops short of it; whole lines on a line boundary (f16 rows of a multiple of 32
+ * values in the line-aligned pool) just those lines, with no test of the last one (on Zen 3
+ * each prefetch instruction costs ~3 cycles even when the line is in L1; the general path
+ * cost a 64-value f16 row 2-3 of them more: decode attention 0.93 of the time in cache, 0.95
+ * from memory). The 128-byte row (64 values) is the common one: no loop. */
 static inline __attribute__((always_inline)) void attn_pf_span(const uint8_t *p, int n) {
-    /* whole lines (f16 rows of 64k values in a pool on a line boundary): those lines and no
-     * test of the last one (on Zen 3 each prefetch instruction costs ~3 cycles even when the
-     * line is in L1; the general path below cost a 64-value f16 row 2-3 of them more: decode
-     * attention 0.93 of the time in cache, 0.95 from memory) */
     if (n == 128 && ((uintptr_t)p & 63) == 0) {
         __builtin_prefetch(p, 0, 3);
         __builtin_prefetch(p + 64, 0, 3);

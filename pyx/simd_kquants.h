@@ -946,7 +946,7 @@ static inline uint8_t *kq_unpack_buffer(int64_t nb) {
     const size_t need = (size_t)nb * 4096;
     if (need > kq_unp_cap) {
         free(kq_unp_buf);
-        kq_unp_buf = (uint8_t *)aligned_alloc(64, need);
+        kq_unp_buf = (uint8_t *)simd_alloc(need);
         kq_unp_cap = kq_unp_buf ? need : 0;
     }
     return kq_unp_buf;

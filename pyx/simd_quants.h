@@ -355,7 +355,7 @@ static __thread size_t lq_unp_cap = 0;
 static uint8_t *lq_unpack_buffer(size_t bytes) {
     if (bytes > lq_unp_cap) {
         free(lq_unp_buf);
-        lq_unp_buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        lq_unp_buf = (uint8_t *)simd_alloc(bytes);
         lq_unp_cap = lq_unp_buf ? bytes : 0;
     }
     return lq_unp_buf;
@@ -1429,7 +1429,7 @@ static __thread size_t lq_scratch_cap = 0;
 static void *lq_get_scratch(size_t bytes) {
     if (bytes > lq_scratch_cap) {
         free(lq_scratch);
-        lq_scratch = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        lq_scratch = simd_alloc(bytes);
         lq_scratch_cap = lq_scratch ? bytes : 0;
     }
     return lq_scratch;
