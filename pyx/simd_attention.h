@@ -137,6 +137,36 @@ static inline __attribute__((always_inline)) void attn_pf_row(const attn_pf *pf,
     attn_pf_span(pf->p + (long)j * pf->stride, pf->bytes);
 }
 
+/* The next block's K and V rows, asked for a few at a time while a tile's P.V runs (the
+ * tile's 64 rows of lines at once overflowed the miss buffers, most of those prefetches were
+ * dropped, and the block's conversion waited on memory: 0.91-0.93 of the time on a 16k
+ * prefill chunk). rows: rows left to ask for (0: nothing), per: rows each step asks. */
+typedef struct {
+    attn_pf k, v;
+    int next, rows, per;
+} attn_pf_pace;
+
+/* before a P.V of `steps` kernel calls: spread what is left over them */
+static inline void attn_pace_plan(attn_pf_pace *pp, int steps) {
+    if (pp) pp->per = steps > 0 ? (pp->rows - pp->next + steps - 1) / steps : pp->rows - pp->next;
+}
+
+static inline __attribute__((always_inline)) void attn_pace_step(attn_pf_pace *pp) {
+    if (!pp) return;
+    for (int i = 0; i < pp->per && pp->next < pp->rows; i++, pp->next++) {
+        attn_pf_row(&pp->k, pp->next);
+        attn_pf_row(&pp->v, pp->next);
+    }
+}
+
+static inline void attn_pace_rest(attn_pf_pace *pp) {
+    if (!pp) return;
+    for (; pp->next < pp->rows; pp->next++) {
+        attn_pf_row(&pp->k, pp->next);
+        attn_pf_row(&pp->v, pp->next);
+    }
+}
+
 /* floats of per-thread scratch an item needs */
 static inline long attn_scratch_floats(int D, int Dv, int bs) {
     const long ldS = (bs + 15) & ~15;
@@ -463,6 +493,62 @@ static inline __attribute__((always_inline)) void attn_tile_pv8_rb(
         if ((nv) == 2) attn_tile_pv8_rb(RB, 2, __VA_ARGS__);                     \
         else attn_tile_pv8_rb(RB, 1, __VA_ARGS__);                               \
     } while (0)
+
+/* attn_tile_pv8_rb with V read as f16 from the pool (converted in the loop: the conversion
+ * is exact and runs beside the fmas; no f32 copy of the block passes through L1) */
+static inline __attribute__((always_inline)) void attn_tile_pv8h_rb(
+        const int RB, const int NV, float *o, int Dv, const float *pt, int ldp, const uint16_t *v, long ldv, int nk,
+        const float *alpha) {
+    __m256 acc[6][2];
+    for (int r = 0; r < RB; r++) {
+        const __m256 a = _mm256_set1_ps(alpha[r]);
+        for (int i = 0; i < NV; i++) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + 8 * i), a);
+    }
+    for (int j = 0; j < nk; j++) {
+        __m256 vv[2];
+        for (int i = 0; i < NV; i++) vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (long)j * ldv + 8 * i)));
+        const float *pr = pt + (long)j * ldp;
+        for (int r = 0; r < RB; r++) {
+            const __m256 pb = _mm256_broadcast_ss(pr + r);
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm256_fmadd_ps(pb, vv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + 8 * i, acc[r][i]);
+}
+
+#define ATTN_PV8H_NV(RB, nv, ...)                                                \
+    do {                                                                         \
+        if ((nv) == 2) attn_tile_pv8h_rb(RB, 2, __VA_ARGS__);                    \
+        else attn_tile_pv8h_rb(RB, 1, __VA_ARGS__);                              \
+    } while (0)
+
+/* attn_tile_pv for an f16 V (rows ldv values apart), Dv % 8 == 0; pp: the next block's rows,
+ * asked for along the way (or NULL) */
+static void attn_tile_pv_f16(float *o, int Dv, int R, const float *pt, int ldp, const uint16_t *v, long ldv, int nk,
+                             const float *alpha, attn_pf_pace *pp) {
+    attn_pace_plan(pp, (Dv + 15) / 16 * ((R + 5) / 6));
+    for (int c0 = 0; c0 < Dv; c0 += 16) {
+        const int nv = Dv - c0 >= 16 ? 2 : 1;
+        float *oc = o + c0;
+        const uint16_t *vc = v + c0;
+        int r = 0;
+        for (; r + 6 <= R; r += 6) {
+            attn_pace_step(pp);
+            ATTN_PV8H_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
+        }
+        attn_pace_step(pp);
+        switch (R - r) {
+            case 1: ATTN_PV8H_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 2: ATTN_PV8H_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 3: ATTN_PV8H_NV(3, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 4: ATTN_PV8H_NV(4, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 5: ATTN_PV8H_NV(5, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            default: break;
+        }
+    }
+    attn_pace_rest(pp);
+}
 #endif
 
 static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st,
@@ -676,15 +762,20 @@ static inline __attribute__((always_inline)) void attn_tile_pv_rb(
 #endif
 
 static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, const float *v, long ldv, int nk,
-                         const float *alpha) {
+                         const float *alpha, attn_pf_pace *pp) {
 #if ATTN_AVX512
+    attn_pace_plan(pp, (Dv + 63) / 64 * ((R + 5) / 6));
     for (int c0 = 0; c0 < Dv; c0 += 64) {
         const int w = Dv - c0 < 64 ? Dv - c0 : 64, nv = (w + 15) / 16;
         const __mmask16 kl = simd_mask16(w - 16 * (nv - 1));
         float *oc = o + c0;
         const float *vc = v + c0;
         int r = 0;
-        for (; r + 6 <= R; r += 6) ATTN_PV_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl);
+        for (; r + 6 <= R; r += 6) {
+            attn_pace_step(pp);
+            ATTN_PV_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl);
+        }
+        attn_pace_step(pp);
         switch (R - r) {
             case 1: ATTN_PV_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
             case 2: ATTN_PV_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r, kl); break;
@@ -694,15 +785,21 @@ static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, cons
             default: break;
         }
     }
+    attn_pace_rest(pp);
 #else
 #if ATTN_AVX2
     if (Dv % 8 == 0) {
+        attn_pace_plan(pp, (Dv + 15) / 16 * ((R + 5) / 6));
         for (int c0 = 0; c0 < Dv; c0 += 16) {
             const int nv = Dv - c0 >= 16 ? 2 : 1;
             float *oc = o + c0;
             const float *vc = v + c0;
             int r = 0;
-            for (; r + 6 <= R; r += 6) ATTN_PV8_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
+            for (; r + 6 <= R; r += 6) {
+                attn_pace_step(pp);
+                ATTN_PV8_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
+            }
+            attn_pace_step(pp);
             switch (R - r) {
                 case 1: ATTN_PV8_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
                 case 2: ATTN_PV8_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
@@ -712,10 +809,13 @@ static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, cons
                 default: break;
             }
         }
+        attn_pace_rest(pp);
         return;
     }
 #endif
+    attn_pace_plan(pp, R);
     for (int r = 0; r < R; r++) {
+        attn_pace_step(pp);
         float *orow = o + (long)r * Dv;
         for (int c = 0; c < Dv; c++) orow[c] *= alpha[r];
         for (int j = 0; j < nk; j++) {
@@ -724,6 +824,7 @@ static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, cons
             for (int c = 0; c < Dv; c++) orow[c] += p * vr[c];
         }
     }
+    attn_pace_rest(pp);
 #endif
 }
 
@@ -1309,17 +1410,25 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
         const int fold_max = !need_mask && cap <= 0.0f;
         attn_tile_scores(qt, ldq, nv, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
-        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, while this one's softmax and P.V run */
-            attn_prefetch_rows(c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row, ks, bs, c->k_row);
-            attn_prefetch_rows(c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row, vs, bs, c->v_row);
+        attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
+        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, asked for along this one's P.V */
+            pace.k.p = c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row;
+            pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
+            pace.rows = bs;
         }
         attn_tile_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha,
                           fold_max ? bmax : NULL);
+#if ATTN_AVX2
+        if (c->kv_type == ATTN_KV_F16 && Dv % 8 == 0) {  /* V converted in the P.V loop */
+            attn_tile_pv_f16(o, Dv, R, st, ldq, (const uint16_t *)(vb + jlo * vs), vs / 2, nk, alpha, &pace);
+            continue;
+        }
+#endif
         if (c->kv_type != ATTN_KV_F32) {
             attn_load_rows(vb, vs, c->kv_type, jlo, jhi + 1, Dv, vf, Dv);
             vp = vf + (long)jlo * Dv;
         }
-        attn_tile_pv(o, Dv, R, st, ldq, vp, ldv, nk, alpha);
+        attn_tile_pv(o, Dv, R, st, ldq, vp, ldv, nk, alpha, &pace);
     }
     for (int r = 0; r < R; r++)
         attn_emit(c, c->toks[it->tok0 + r % nt], it->h0 + r / nt, o + (long)r * Dv, m[r], l[r], it->chunk);
@@ -2101,7 +2210,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 attn_lanes_scores(qt, ldq, ldq / 16, D, kl, ldkl, j0, j1, s, blk_n >= 0 ? &pfk : NULL,
                                   blk_n >= 0 ? &pfv : NULL);
                 attn_lanes_softmax(s, ldq, ldq / 16, j0, j1, k0, lo, hi, cap, m, Lt, alpha);
-                attn_tile_pv(o, Dv, rl, s + (long)j0 * ldq, ldq, vl + (long)j0 * ldvl, ldvl, j1 - j0, alpha);
+                attn_tile_pv(o, Dv, rl, s + (long)j0 * ldq, ldq, vl + (long)j0 * ldvl, ldvl, j1 - j0, alpha, NULL);
                 if (rl == R) continue;
                 /* the rows past the lanes: the rows kernel over the same f32 block (their scores
                  * at s + r * ldS, r >= rl, lie past the lanes' bs x ldq) */
