@@ -283,6 +283,25 @@ static inline __m256 attn_hsum8x8(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* r[i] (row i of an 8 x 8 block) -> r[j] (its column j) */
+static inline void attn_transpose8(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
 /* lanes i of [base, base + 8) with lo <= i <= hi, as an all-ones float mask */
 static inline __m256 attn_range8(int base, int lo, int hi) {
     const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -1322,6 +1341,35 @@ static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, 
                 }
                 attn_transpose16(x16);
                 for (int i = 0; i < 16; i++) _mm512_storeu_ps(qt + (long)(d0 + i) * ldq + r0, x16[i]);
+            }
+        }
+        return;
+    }
+#endif
+#if ATTN_AVX2
+    if (D % 8 == 0) {  /* 8 x 8 blocks through registers; the scalar loop's operations, so its bits */
+        const __m256 sc = _mm256_set1_ps(qscale);
+        float rq[q8 ? 8 * D + 1 : 1];
+        for (int r0 = 0; r0 < ldq; r0 += 8) {
+            const float *src[8];
+            for (int i = 0; i < 8; i++) {
+                const int r = r0 + i;
+                src[i] = r < R ? c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D : NULL;
+                if (q8 && src[i]) {  /* rounded (and scaled) first */
+                    attn_q8_round(src[i], qscale, D, rq + (long)i * D);
+                    src[i] = rq + (long)i * D;
+                }
+            }
+            for (int d0 = 0; d0 < D; d0 += 8) {
+                __m256 x8[8];
+                for (int i = 0; i < 8; i++) {
+                    if (!src[i]) { x8[i] = _mm256_setzero_ps(); continue; }
+                    __m256 v = _mm256_loadu_ps(src[i] + d0);
+                    if (r16) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    x8[i] = q8 ? v : _mm256_mul_ps(v, sc);
+                }
+                attn_transpose8(x8);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(qt + (long)(d0 + i) * ldq + r0, x8[i]);
             }
         }
         return;
