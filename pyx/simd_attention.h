@@ -1313,6 +1313,21 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
 /* Q^T of a tile item: qt[d * ldq + r] = q row r (f16-rounded for an f16 cache) * qscale, 0 in
  * the padding lanes r >= R. AVX-512: 16 x 16 blocks through registers (a head dim that is
  * not a multiple of 16 takes the scalar loop). */
+/* the q rows r0..r0+W-1 of a tile item (NULL past its R rows), each first rounded (and
+ * scaled) into rq (W x D) for a quantized K; the register-transpose forms read these */
+static inline void attn_tile_qt_rows(const attn_ctx *c, const attn_item *it, int R, int nt, int r0, int W, int q8,
+                                     float qscale, float *rq, const float **src) {
+    const int D = c->D;
+    for (int i = 0; i < W; i++) {
+        const int r = r0 + i;
+        src[i] = r < R ? c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D : NULL;
+        if (q8 && src[i]) {
+            attn_q8_round(src[i], qscale, D, rq + (long)i * D);
+            src[i] = rq + (long)i * D;
+        }
+    }
+}
+
 static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, int ldq, int r16, float qscale,
                          float *qt) {
     const int D = c->D;
@@ -1323,14 +1338,7 @@ static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, 
         float rq[q8 ? 16 * D + 1 : 1];
         for (int r0 = 0; r0 < ldq; r0 += 16) {
             const float *src[16];
-            for (int i = 0; i < 16; i++) {
-                const int r = r0 + i;
-                src[i] = r < R ? c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D : NULL;
-                if (q8 && src[i]) {  /* rounded (and scaled) first */
-                    attn_q8_round(src[i], qscale, D, rq + (long)i * D);
-                    src[i] = rq + (long)i * D;
-                }
-            }
+            attn_tile_qt_rows(c, it, R, nt, r0, 16, q8, qscale, rq, src);
             for (int d0 = 0; d0 < D; d0 += 16) {
                 __m512 x16[16];
                 for (int i = 0; i < 16; i++) {
@@ -1352,14 +1360,7 @@ static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, 
         float rq[q8 ? 8 * D + 1 : 1];
         for (int r0 = 0; r0 < ldq; r0 += 8) {
             const float *src[8];
-            for (int i = 0; i < 8; i++) {
-                const int r = r0 + i;
-                src[i] = r < R ? c->q + ((long)c->toks[it->tok0 + r % nt] * c->H + it->h0 + r / nt) * D : NULL;
-                if (q8 && src[i]) {  /* rounded (and scaled) first */
-                    attn_q8_round(src[i], qscale, D, rq + (long)i * D);
-                    src[i] = rq + (long)i * D;
-                }
-            }
+            attn_tile_qt_rows(c, it, R, nt, r0, 8, q8, qscale, rq, src);
             for (int d0 = 0; d0 < D; d0 += 8) {
                 __m256 x8[8];
                 for (int i = 0; i < 8; i++) {
