@@ -485,10 +485,12 @@ static inline void attn_tile_scores8(const float *qt, int ldq, const float *k, l
     }
 }
 
-/* RB rows x NV vectors of values (8 each) from o / v's first: accumulators in registers */
+/* RB rows x NV vectors of values (8 each) from o / v's first: accumulators in registers. H:
+ * V is f16 (read from the pool and converted in the loop: the conversion is exact and runs
+ * beside the fmas; no f32 copy of the block passes through L1), else f32. */
 static inline __attribute__((always_inline)) void attn_tile_pv8_rb(
-        const int RB, const int NV, float *o, int Dv, const float *pt, int ldp, const float *v, long ldv, int nk,
-        const float *alpha) {
+        const int RB, const int NV, const int H, float *o, int Dv, const float *pt, int ldp, const void *v, long ldv,
+        int nk, const float *alpha) {
     __m256 acc[6][2];
     for (int r = 0; r < RB; r++) {
         const __m256 a = _mm256_set1_ps(alpha[r]);
@@ -496,7 +498,9 @@ static inline __attribute__((always_inline)) void attn_tile_pv8_rb(
     }
     for (int j = 0; j < nk; j++) {
         __m256 vv[2];
-        for (int i = 0; i < NV; i++) vv[i] = _mm256_loadu_ps(v + (long)j * ldv + 8 * i);
+        for (int i = 0; i < NV; i++)
+            vv[i] = H ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v + (long)j * ldv + 8 * i)))
+                      : _mm256_loadu_ps((const float *)v + (long)j * ldv + 8 * i);
         const float *pr = pt + (long)j * ldp;
         for (int r = 0; r < RB; r++) {
             const __m256 pb = _mm256_broadcast_ss(pr + r);
@@ -507,66 +511,44 @@ static inline __attribute__((always_inline)) void attn_tile_pv8_rb(
         for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + 8 * i, acc[r][i]);
 }
 
-#define ATTN_PV8_NV(RB, nv, ...)                                                 \
+#define ATTN_PV8_NV(RB, nv, H, ...)                                              \
     do {                                                                         \
-        if ((nv) == 2) attn_tile_pv8_rb(RB, 2, __VA_ARGS__);                     \
-        else attn_tile_pv8_rb(RB, 1, __VA_ARGS__);                               \
+        if ((nv) == 2) attn_tile_pv8_rb(RB, 2, H, __VA_ARGS__);                  \
+        else attn_tile_pv8_rb(RB, 1, H, __VA_ARGS__);                            \
     } while (0)
 
-/* attn_tile_pv8_rb with V read as f16 from the pool (converted in the loop: the conversion
- * is exact and runs beside the fmas; no f32 copy of the block passes through L1) */
-static inline __attribute__((always_inline)) void attn_tile_pv8h_rb(
-        const int RB, const int NV, float *o, int Dv, const float *pt, int ldp, const uint16_t *v, long ldv, int nk,
-        const float *alpha) {
-    __m256 acc[6][2];
-    for (int r = 0; r < RB; r++) {
-        const __m256 a = _mm256_set1_ps(alpha[r]);
-        for (int i = 0; i < NV; i++) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + 8 * i), a);
-    }
-    for (int j = 0; j < nk; j++) {
-        __m256 vv[2];
-        for (int i = 0; i < NV; i++) vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (long)j * ldv + 8 * i)));
-        const float *pr = pt + (long)j * ldp;
-        for (int r = 0; r < RB; r++) {
-            const __m256 pb = _mm256_broadcast_ss(pr + r);
-            for (int i = 0; i < NV; i++) acc[r][i] = _mm256_fmadd_ps(pb, vv[i], acc[r][i]);
-        }
-    }
-    for (int r = 0; r < RB; r++)
-        for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + (long)r * Dv + 8 * i, acc[r][i]);
-}
-
-#define ATTN_PV8H_NV(RB, nv, ...)                                                \
-    do {                                                                         \
-        if ((nv) == 2) attn_tile_pv8h_rb(RB, 2, __VA_ARGS__);                    \
-        else attn_tile_pv8h_rb(RB, 1, __VA_ARGS__);                              \
-    } while (0)
-
-/* attn_tile_pv for an f16 V (rows ldv values apart), Dv % 8 == 0; pp: the next block's rows,
- * asked for along the way (or NULL) */
-static void attn_tile_pv_f16(float *o, int Dv, int R, const float *pt, int ldp, const uint16_t *v, long ldv, int nk,
-                             const float *alpha, attn_pf_pace *pp) {
+/* attn_tile_pv on AVX2 (Dv % 8 == 0), V f32 or (H) f16, rows ldv values apart; pp: the next
+ * block's rows, asked for along the way (or NULL) */
+static inline __attribute__((always_inline)) void attn_tile_pv8(
+        const int H, float *o, int Dv, int R, const float *pt, int ldp, const void *v, long ldv, int nk,
+        const float *alpha, attn_pf_pace *pp) {
     attn_pace_plan(pp, (Dv + 15) / 16 * ((R + 5) / 6));
     for (int c0 = 0; c0 < Dv; c0 += 16) {
         const int nv = Dv - c0 >= 16 ? 2 : 1;
         float *oc = o + c0;
-        const uint16_t *vc = v + c0;
+        const void *vc = H ? (const void *)((const uint16_t *)v + c0) : (const void *)((const float *)v + c0);
         int r = 0;
         for (; r + 6 <= R; r += 6) {
             attn_pace_step(pp);
-            ATTN_PV8H_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
+            ATTN_PV8_NV(6, nv, H, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
         }
         attn_pace_step(pp);
         switch (R - r) {
-            case 1: ATTN_PV8H_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-            case 2: ATTN_PV8H_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-            case 3: ATTN_PV8H_NV(3, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-            case 4: ATTN_PV8H_NV(4, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-            case 5: ATTN_PV8H_NV(5, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 1: ATTN_PV8_NV(1, nv, H, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 2: ATTN_PV8_NV(2, nv, H, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 3: ATTN_PV8_NV(3, nv, H, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 4: ATTN_PV8_NV(4, nv, H, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
+            case 5: ATTN_PV8_NV(5, nv, H, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
             default: break;
         }
     }
     attn_pace_rest(pp);
+}
+
+/* attn_tile_pv for an f16 V read from the pool (its own symbol for profiles) */
+static void attn_tile_pv_f16(float *o, int Dv, int R, const float *pt, int ldp, const uint16_t *v, long ldv, int nk,
+                             const float *alpha, attn_pf_pace *pp) {
+    attn_tile_pv8(1, o, Dv, R, pt, ldp, v, ldv, nk, alpha, pp);
 }
 #endif
 
@@ -808,27 +790,7 @@ static void attn_tile_pv(float *o, int Dv, int R, const float *pt, int ldp, cons
 #else
 #if ATTN_AVX2
     if (Dv % 8 == 0) {
-        attn_pace_plan(pp, (Dv + 15) / 16 * ((R + 5) / 6));
-        for (int c0 = 0; c0 < Dv; c0 += 16) {
-            const int nv = Dv - c0 >= 16 ? 2 : 1;
-            float *oc = o + c0;
-            const float *vc = v + c0;
-            int r = 0;
-            for (; r + 6 <= R; r += 6) {
-                attn_pace_step(pp);
-                ATTN_PV8_NV(6, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r);
-            }
-            attn_pace_step(pp);
-            switch (R - r) {
-                case 1: ATTN_PV8_NV(1, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-                case 2: ATTN_PV8_NV(2, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-                case 3: ATTN_PV8_NV(3, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-                case 4: ATTN_PV8_NV(4, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-                case 5: ATTN_PV8_NV(5, nv, oc + (long)r * Dv, Dv, pt + r, ldp, vc, ldv, nk, alpha + r); break;
-                default: break;
-            }
-        }
-        attn_pace_rest(pp);
+        attn_tile_pv8(0, o, Dv, R, pt, ldp, v, ldv, nk, alpha, pp);
         return;
     }
 #endif
