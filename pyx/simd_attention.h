@@ -159,12 +159,11 @@ static inline __attribute__((always_inline)) void attn_pace_step(attn_pf_pace *p
     }
 }
 
+/* after the P.V: whatever its steps left */
 static inline void attn_pace_rest(attn_pf_pace *pp) {
     if (!pp) return;
-    for (; pp->next < pp->rows; pp->next++) {
-        attn_pf_row(&pp->k, pp->next);
-        attn_pf_row(&pp->v, pp->next);
-    }
+    pp->per = pp->rows - pp->next;
+    attn_pace_step(pp);
 }
 
 /* floats of per-thread scratch an item needs */
@@ -1272,9 +1271,6 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
 #endif
 }
 
-/* Q^T of a tile item: qt[d * ldq + r] = q row r (f16-rounded for an f16 cache) * qscale, 0 in
- * the padding lanes r >= R. AVX-512: 16 x 16 blocks through registers (a head dim that is
- * not a multiple of 16 takes the scalar loop). */
 /* the q rows r0..r0+W-1 of a tile item (NULL past its R rows), each first rounded (and
  * scaled) into rq (W x D) for a quantized K; the register-transpose forms read these */
 static inline void attn_tile_qt_rows(const attn_ctx *c, const attn_item *it, int R, int nt, int r0, int W, int q8,
@@ -1290,6 +1286,9 @@ static inline void attn_tile_qt_rows(const attn_ctx *c, const attn_item *it, int
     }
 }
 
+/* Q^T of a tile item: qt[d * ldq + r] = q row r (f16-rounded for an f16 cache) * qscale, 0 in
+ * the padding lanes r >= R. AVX-512: 16 x 16 blocks through registers, AVX2: 8 x 8 (a head
+ * dim that is not a multiple of the block takes the scalar loop; the same bits). */
 static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, int ldq, int r16, float qscale,
                          float *qt) {
     const int D = c->D;
@@ -1317,7 +1316,7 @@ static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, 
     }
 #endif
 #if ATTN_AVX2
-    if (D % 8 == 0) {  /* 8 x 8 blocks through registers; the scalar loop's operations, so its bits */
+    if (D % 8 == 0) {
         const __m256 sc = _mm256_set1_ps(qscale);
         float rq[q8 ? 8 * D + 1 : 1];
         for (int r0 = 0; r0 < ldq; r0 += 8) {
