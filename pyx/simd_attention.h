@@ -309,6 +309,17 @@ static inline __m256 attn_range8(int base, int lo, int hi) {
     return _mm256_castsi256_ps(ok);
 }
 
+/* the f16 scales at p + u * ld (u < 8; lanes outside `live` 0) as 8 floats: a gather (8
+ * two-byte stores read back as one vector stall on the store forwarding: ~18% of the
+ * batched decode scores' samples) */
+static inline __m256 attn_scales8(const uint8_t *p, long ld, __m256 live) {
+    const __m256i offs = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)ld));
+    const __m256i g = _mm256_and_si256(
+        _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)p, offs, _mm256_castps_si256(live), 1),
+        _mm256_set1_epi32(0xFFFF));
+    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1)));
+}
+
 /* 8 values e.. of row j of an f32 / f16 K or V (rows ld elements apart; a quantized block is
  * converted to f32 first: attn_rows_item) */
 static inline __m256 attn_kvec8(const void *k, const int T, long j, long ld, int e) {
@@ -1013,11 +1024,9 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
                 /* the 8 keys' rows of this block (zeros for keys outside [j0, j1)) */
                 const uint8_t *row[8];
                 uint8_t zero[18] = {0};
-                uint16_t dkh[8];
                 for (int u = 0; u < 8; u++) {
                     const int j = jb + u;
                     row[u] = whole || (j >= j0 && j < j1) ? k + (long)j * ldk + (long)b * bb : zero;
-                    dkh[u] = simd_rd16(row[u]);
                 }
                 /* y_u: key u's bytes (low lane), key u + 4's (high lane) */
                 __m256i y[4];
@@ -1036,7 +1045,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
                     lo[m] = _mm256_and_si256(kv[m], lowbits);
                     hi[m] = _mm256_and_si256(_mm256_srli_epi16(kv[m], 4), lowbits);
                 }
-                const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dkh));
+                const __m256 dk = attn_scales8(k + (long)jb * ldk + (long)b * bb, ldk, live);
                 for (int r = 0; r < RB; r++) {
                     const int32_t *qw = (const int32_t *)(qb + (long)r * qstride + 32 * b);
                     __m256i acc = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qw[0]));
@@ -1800,6 +1809,108 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_all(
 }
 
 /* fn(RB, T, ...) for RB = min(n, 4) rows and T f16 or f32 */
+
+/* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c], r < RB <= 3, for a
+ * Q4_0 / Q8_0 V read in place (rows ldv bytes apart), one 32-value block b a pass. The
+ * block's scale is folded into the probabilities, w_j = p_j d_j (w: RB x 8-key groups from
+ * j0 & ~7, scratch), and Q4_0's offset into one correction, sum_j w_j (n_j - 8) =
+ * sum_j w_j n_j - 8 sum_j w_j: a value costs an unpack and a convert, no multiply, no
+ * store and reload of an f32 copy. */
+static inline __attribute__((always_inline)) void attn_rows_pv_q8_rb(
+        const int RB, const int T, float *o, int Dv, const float *p, int ldS, const uint8_t *v, long ldv,
+        int j0, int j1, const float *alpha, float *w, const attn_pf *pf) {
+    const int bb = T == ATTN_KV_Q8_0 ? 34 : 18, jlo = j0 & ~7, nw = ((j1 + 7) & ~7) - jlo;
+    const __m256i lowbits = _mm256_set1_epi32(0x0F);
+    for (int b = 0; b < Dv / 32; b++) {
+        __m256 wsum[3] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int jb = jlo; jb < j1; jb += 8) {
+            const __m256 live = attn_range8(jb, j0, j1 - 1);
+            const __m256 dv = attn_scales8(v + (long)jb * ldv + (long)b * bb, ldv, live);
+            for (int r = 0; r < RB; r++) {
+                /* (masked after the product: the scores past a block's keys are not written) */
+                const __m256 wv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(p + (long)r * ldS + jb), dv), live);
+                _mm256_storeu_ps(w + (long)r * nw + (jb - jlo), wv);
+                wsum[r] = _mm256_add_ps(wsum[r], wv);
+            }
+        }
+        const uint8_t *vb = v + (long)b * bb + 2;
+        /* two passes of 16 values (Q4_0: bytes 0..7 hold values 0..7 and 16..23, bytes 8..15
+         * values 8..15 and 24..31), even and odd keys in their own accumulators: 12 chains
+         * and no spill */
+        for (int h = 0; h < 2; h++) {
+            const int c0 = T == ATTN_KV_Q4_0 ? 8 * h : 16 * h, c1 = T == ATTN_KV_Q4_0 ? 16 + 8 * h : 16 * h + 8;
+            __m256 acc[2][3][2];
+            for (int r = 0; r < RB; r++) {
+                const __m256 a = _mm256_set1_ps(alpha[r]);
+                acc[0][r][0] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + 32 * b + c0), a);
+                acc[0][r][1] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + 32 * b + c1), a);
+                acc[1][r][0] = acc[1][r][1] = _mm256_setzero_ps();
+            }
+            const uint8_t *x = vb + (T == ATTN_KV_Q4_0 ? 8 * h : 16 * h) + (long)j0 * ldv;
+            const float *wj = w + (j0 - jlo);
+            const float *w1 = wj + nw, *w2 = w1 + nw;  /* (rows past RB: not read) */
+#define ATTN_PV_Q8_KEY(e)                                                                                \
+            do {                                                                                         \
+                const uint8_t *xe = x + (e) * ldv;                                                       \
+                __m256 f0, f1;                                                                           \
+                if (T == ATTN_KV_Q4_0) {                                                                 \
+                    const __m256i x0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)xe));      \
+                    f0 = _mm256_cvtepi32_ps(_mm256_and_si256(x0, lowbits));                              \
+                    f1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(x0, 4));                                   \
+                } else {                                                                                 \
+                    f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)xe))); \
+                    f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(xe + 8)))); \
+                }                                                                                        \
+                __m256 wb = _mm256_broadcast_ss(wj + (e));                                               \
+                acc[e][0][0] = _mm256_fmadd_ps(wb, f0, acc[e][0][0]);                                    \
+                acc[e][0][1] = _mm256_fmadd_ps(wb, f1, acc[e][0][1]);                                    \
+                if (RB > 1) {                                                                            \
+                    wb = _mm256_broadcast_ss(w1 + (e));                                                  \
+                    acc[e][1][0] = _mm256_fmadd_ps(wb, f0, acc[e][1][0]);                                \
+                    acc[e][1][1] = _mm256_fmadd_ps(wb, f1, acc[e][1][1]);                                \
+                }                                                                                        \
+                if (RB > 2) {                                                                            \
+                    wb = _mm256_broadcast_ss(w2 + (e));                                                  \
+                    acc[e][2][0] = _mm256_fmadd_ps(wb, f0, acc[e][2][0]);                                \
+                    acc[e][2][1] = _mm256_fmadd_ps(wb, f1, acc[e][2][1]);                                \
+                }                                                                                        \
+            } while (0)
+            const int n = j1 - j0;
+            int i = 0;
+            if (b == 0 && h == 0 && pf) {  /* the next block's rows asked for at this pass's pace */
+                const uint8_t *q = pf->p + (long)j0 * pf->stride;
+                for (; i + 2 <= n; i += 2, x += 2 * ldv, wj += 2, w1 += 2, w2 += 2, q += 2 * pf->stride) {
+                    attn_pf_span(q, pf->bytes);
+                    attn_pf_span(q + pf->stride, pf->bytes);
+                    ATTN_PV_Q8_KEY(0);
+                    ATTN_PV_Q8_KEY(1);
+                }
+                if (i < n) attn_pf_span(q, pf->bytes);
+            } else {
+                for (; i + 2 <= n; i += 2, x += 2 * ldv, wj += 2, w1 += 2, w2 += 2) {
+                    ATTN_PV_Q8_KEY(0);
+                    ATTN_PV_Q8_KEY(1);
+                }
+            }
+            if (i < n) ATTN_PV_Q8_KEY(0);
+#undef ATTN_PV_Q8_KEY
+            for (int r = 0; r < RB; r++) {
+                __m256 corr = _mm256_setzero_ps();
+                if (T == ATTN_KV_Q4_0) {  /* 8 sum_j w_j, the sum in every lane */
+                    __m256 t = wsum[r];
+                    t = _mm256_add_ps(t, _mm256_permute2f128_ps(t, t, 1));
+                    t = _mm256_add_ps(t, _mm256_shuffle_ps(t, t, 0x4e));
+                    t = _mm256_add_ps(t, _mm256_shuffle_ps(t, t, 0xb1));
+                    corr = _mm256_mul_ps(t, _mm256_set1_ps(8.0f));
+                }
+                _mm256_storeu_ps(o + (long)r * Dv + 32 * b + c0,
+                                 _mm256_sub_ps(_mm256_add_ps(acc[0][r][0], acc[1][r][0]), corr));
+                _mm256_storeu_ps(o + (long)r * Dv + 32 * b + c1,
+                                 _mm256_sub_ps(_mm256_add_ps(acc[0][r][1], acc[1][r][1]), corr));
+            }
+        }
+    }
+}
 #endif
 
 /* scores of rows r < R (q: (R, D)) against keys [j0, j1) of a block of K rows stored as t
@@ -1834,7 +1945,7 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
 }
 
 static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const void *v, int t, long ldv,
-                         int j0, int j1, const float *alpha, const attn_pf *pf) {
+                         int j0, int j1, const float *alpha, const attn_pf *pf, float *w) {
 #if ATTN_AVX512
     for (int r = 0; r < R; r += 4)
         ATTN_RB_SWITCH(attn_rows_pv_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1, alpha + r,
@@ -1847,8 +1958,26 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
                             alpha + r, r == 0 ? pf : NULL);
         return;
     }
+    if (Dv % 32 == 0 && (t == ATTN_KV_Q4_0 || t == ATTN_KV_Q8_0) && w) {
+        for (int r = 0; r < R; r += 3) {
+            const int n = R - r < 3 ? R - r : 3;
+            float *or_ = o + (long)r * Dv;
+            const float *pr = p + (long)r * ldS;
+            const uint8_t *vv = (const uint8_t *)v;
+            const attn_pf *pfr = r == 0 ? pf : NULL;
+#define ATTN_PV_Q8(RB, T) attn_rows_pv_q8_rb(RB, T, or_, Dv, pr, ldS, vv, ldv, j0, j1, alpha + r, w, pfr)
+            if (t == ATTN_KV_Q4_0) {
+                if (n == 3) ATTN_PV_Q8(3, ATTN_KV_Q4_0); else if (n == 2) ATTN_PV_Q8(2, ATTN_KV_Q4_0); else ATTN_PV_Q8(1, ATTN_KV_Q4_0);
+            } else {
+                if (n == 3) ATTN_PV_Q8(3, ATTN_KV_Q8_0); else if (n == 2) ATTN_PV_Q8(2, ATTN_KV_Q8_0); else ATTN_PV_Q8(1, ATTN_KV_Q8_0);
+            }
+#undef ATTN_PV_Q8
+        }
+        return;
+    }
 #endif
     (void)pf;
+    (void)w;
     for (int r = 0; r < R; r++) {
         float *orow = o + (long)r * Dv;
         for (int cc = 0; cc < Dv; cc++) orow[cc] *= alpha[r];
@@ -2237,9 +2366,11 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                     vp = vb; ldv = vs; kt = c->kv_type;
                 } else
 #endif
-                /* (AVX2: converted once, even for one row: the f32 P.V from L1 costs less than
-                 * unpacking every value in each pass over the values; 16% of batched decode
-                 * attention at 3 rows) */
+#if ATTN_AVX2
+                if (Dv % 32 == 0) {  /* (AVX2: the scales folded into the probabilities) */
+                    vp = vb; ldv = vs; kt = c->kv_type;
+                } else
+#endif
                 {
                     attn_load_rows(vb, vs, c->kv_type, j0, j1, Dv, vf, Dv);
                     vp = vf; ldv = Dv;
@@ -2270,7 +2401,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                                              cap, m + r, l16 + 16 * r);
             }
             attn_rows_pv(o + (long)ra * Dv, Dv, rn, s + (long)ra * ldS, ldS, vp, kt, ldv, j0, j1, alpha + ra,
-                         pfv.p ? &pfv : NULL);
+                         pfv.p ? &pfv : NULL, kf);
         }
     }
     for (int r = 0; r < R; r++) {
