@@ -170,7 +170,7 @@ def main(argv=None):
         print(f"  {'(python / other)':28s} {other / 1e6:8.3f} ms  {100 * other / tot:5.1f}%")
 
     run("decode")
-    if a.batch == 1:
+    if a.batch == 1 and a.pp > 0:  # (--pp 0: the decode step only)
         run("prefill")
 
 
