@@ -5,8 +5,10 @@ builds interleaved rep by rep, thread CPU time at 1 thread (robust on a shared h
 
     python bench/attn_ab.py DIR_A DIR_B [--kv q4_0] [--reps 31]
     python bench/attn_ab.py DIR_A DIR_B --prefill smollm2-4k --kv f16 [--reps 9]
+    python bench/attn_ab.py DIR_A DIR_B --verify 4 --ctx 2444 --kv f16
 
 --prefill CASE: a prefill chunk of bench/attn_prefill.py's cases (tile items) instead.
+--verify K: a speculative verify (K + 1 rows of one sequence, decode bits) at --ctx keys.
 
 DIR_A, DIR_B: folders holding a built attention extension (copies of
 llmcore/_kernels/attention*.so before and after a change). Prints whether their outputs are
@@ -33,6 +35,10 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4,
                     help="K/V pools a step walks (4: ~4 MB, in cache; 30: the model's ~33 MB, from memory)")
     ap.add_argument("--prefill", metavar="CASE", help="a prefill case of bench/attn_prefill.py instead")
+    ap.add_argument("--verify", type=int, metavar="K",
+                    help="a speculative verify instead: K drafted tokens and the last one (K + 1 rows a "
+                         "sequence, each with a one-token decode's bits) of one sequence at --ctx")
+    ap.add_argument("--ctx", type=int, default=600, help="context of each sequence (keys)")
     a = ap.parse_args(argv)
     from _ab import load_build
     from attn_decode import build_layer
@@ -44,22 +50,25 @@ def main(argv=None):
     if a.prefill:
         return prefill_ab(a, mods)
     r = np.random.default_rng(0)
-    H, KVH, D, seqs, ctx = 9, 3, 64, 8, 600
+    H, KVH, D, seqs, ctx = 9, 3, 64, 8, a.ctx
+    rows = 1  # query rows a sequence
+    if a.verify is not None:
+        seqs, rows = 1, a.verify + 1
     layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(a.layers)]
-    q = r.standard_normal((seqs, H, D), dtype=np.float32)
-    seg = np.arange(seqs + 1, dtype=np.int32)
-    q_pos = np.full(seqs, ctx - 1, np.int32)
+    q = r.standard_normal((seqs * rows, H, D), dtype=np.float32)
+    seg = np.arange(0, seqs * rows + 1, rows, dtype=np.int32)
+    q_pos = np.tile(np.arange(ctx - rows, ctx, dtype=np.int32), seqs)
     decode = np.ones(seqs, np.uint8)
     outs, res = {}, {k: [] for k in mods}
     for name, mod in mods.items():
         nn._attention = mod
-        out = np.empty((seqs, H, D), np.float32)
+        out = np.empty((seqs * rows, H, D), np.float32)
         kp, vp, ids = layers[0]
         nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
         outs[name] = out
     same = np.array_equal(outs["A"], outs["B"])
     print(f"outputs identical: {same} (max abs difference {np.abs(outs['A'] - outs['B']).max():.3g})")
-    out = np.empty((seqs, H, D), np.float32)
+    out = np.empty((seqs * rows, H, D), np.float32)
     passes = 5 if a.layers < 10 else 1  # over the pools a rep: a few layers' in cache take several
     for _ in range(a.reps):
         for name, mod in mods.items():

@@ -1746,6 +1746,61 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_rb_d(
     }
 }
 
+/* attn_rows_scores8_rb_d's numbers for RB <= 3 rows of an f32 K, 4 keys at a time with the
+ * keys read by each fma from L1: 12 fma chains in flight, not 8 (its 2 keys x 4 rows left
+ * no slack over the fma latency); the same chains and the same tree, so the same bits */
+static inline __attribute__((always_inline)) void attn_rows_scores8_k4_d(
+        const int RB, const float *q, const int D, const float *k, long ldk, int j0, int j1, float *s, int ldS,
+        const attn_pf *pf) {
+    for (int jb = j0 & ~7; jb < j1; jb += 8) {
+        __m256 tmp[3][8];
+        for (int u = 0; u < 8; u += 4) {
+            const int j = jb + u;
+            if (j >= j0 && j + 4 <= j1) {
+                for (int e = 0; e < 4; e++) attn_pf_row(pf, j + e);
+                __m256 a[3][4];
+                for (int r = 0; r < RB; r++)
+                    for (int e = 0; e < 4; e++) a[r][e] = _mm256_setzero_ps();
+                const float *kj = k + (long)j * ldk;
+                for (int d = 0; d < D; d += 8)
+                    for (int r = 0; r < RB; r++) {
+                        const __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
+                        for (int e = 0; e < 4; e++)
+                            a[r][e] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + (long)e * ldk + d), a[r][e]);
+                    }
+                for (int r = 0; r < RB; r++)
+                    for (int e = 0; e < 4; e++) tmp[r][u + e] = a[r][e];
+                continue;
+            }
+            for (int e = 0; e < 4; e++) {  /* a group's edge: key by key, zeros outside [j0, j1) */
+                __m256 a[3];
+                for (int r = 0; r < RB; r++) a[r] = _mm256_setzero_ps();
+                if (j + e >= j0 && j + e < j1) {
+                    attn_pf_row(pf, j + e);
+                    const float *kj = k + (long)(j + e) * ldk;
+                    for (int d = 0; d < D; d += 8) {
+                        const __m256 kv = _mm256_loadu_ps(kj + d);
+                        for (int r = 0; r < RB; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, a[r]);
+                    }
+                }
+                for (int r = 0; r < RB; r++) tmp[r][u + e] = a[r];
+            }
+        }
+        for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, attn_hsum8x8(tmp[r]));
+    }
+}
+
+static inline __attribute__((always_inline)) void attn_rows_scores8_k4(
+        const int RB, const float *q, int D, const float *k, long ldk, int j0, int j1, float *s, int ldS,
+        const attn_pf *pf) {
+    switch (D) {
+        case 64: attn_rows_scores8_k4_d(RB, q, 64, k, ldk, j0, j1, s, ldS, pf); break;
+        case 128: attn_rows_scores8_k4_d(RB, q, 128, k, ldk, j0, j1, s, ldS, pf); break;
+        case 256: attn_rows_scores8_k4_d(RB, q, 256, k, ldk, j0, j1, s, ldS, pf); break;
+        default: attn_rows_scores8_k4_d(RB, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+    }
+}
+
 /* the common head dims as constants (the d loop unrolled) */
 static inline __attribute__((always_inline)) void attn_rows_scores8_rb(
         const int RB, const int T, const float *q, int D, const void *k, long ldk, int j0, int j1,
@@ -1924,6 +1979,18 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
                        r == 0 ? pf : NULL);
 #else
 #if ATTN_AVX2
+    if (D % 8 == 0 && t == ATTN_KV_F32 && R > 4) {  /* many rows of an f32 K: 3 a group, 4 keys a pass */
+        for (int r = 0; r < R; r += 3) {
+            const int n = R - r < 3 ? R - r : 3;
+            const float *qr = q + (long)r * D, *kf = (const float *)k;
+            float *sr = s + (long)r * ldS;
+            const attn_pf *pfr = r == 0 ? pf : NULL;
+            if (n == 3) attn_rows_scores8_k4(3, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
+            else if (n == 2) attn_rows_scores8_k4(2, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
+            else attn_rows_scores8_k4(1, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
+        }
+        return;
+    }
     if (D % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
         for (int r = 0; r < R; r += 4)
             ATTN_RB_SWITCH_FLOAT(attn_rows_scores8_rb, R - r, t, q + (long)r * D, D, k, ldk, j0, j1, s + (long)r * ldS, ldS,
@@ -1952,6 +2019,21 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
                        r == 0 ? pf : NULL);
 #else
 #if ATTN_AVX2
+    if (Dv % 8 == 0 && t == ATTN_KV_F32 && R > 4) {
+        /* many rows of an f32 V (a converted block): 3 rows a group, 32 values a pass with
+         * the values read by each fma from L1 (12 accumulators; a row's sums are the same
+         * whatever its group) */
+        for (int r = 0; r < R; r += 3) {
+            const int n = R - r < 3 ? R - r : 3;
+            float *or_ = o + (long)r * Dv;
+            const float *pr = p + (long)r * ldS;
+            const attn_pf *pfr = r == 0 ? pf : NULL;
+            if (n == 3) attn_rows_pv8_all(3, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
+            else if (n == 2) attn_rows_pv8_all(2, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
+            else attn_rows_pv8_all(1, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
+        }
+        return;
+    }
     if (Dv % 8 == 0 && (t == ATTN_KV_F16 || t == ATTN_KV_F32)) {
         for (int r = 0; r < R; r += 4)
             ATTN_RB_SWITCH_FLOAT(attn_rows_pv8_all, R - r, t, o + (long)r * Dv, Dv, p + (long)r * ldS, ldS, v, ldv, j0, j1,
