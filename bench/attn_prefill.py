@@ -10,6 +10,7 @@ Cases (f16 KV, block size 32 unless --bs):
   smollm2-pp512  512 query rows at positions 0..511
   gemma-pp512    512 query rows at 0..511, H=4, KVH=1, D=256
   gemma-swa      512 rows at 1536..2047 with a 512-token window, H=4, KVH=1, D=256
+  smollm2-next-turn  13 rows at 61249..61261 (a cached 60k agent history's next turn)
 
 FLOPs count 2 * (D + Dv) per visible (query head, key) pair (QK^T and P.V), the causal mask
 included. At -t 1 the calling thread's CPU time is reported (robust to a loaded machine);
@@ -32,6 +33,8 @@ CASES = {
     "smollm2-pp512": dict(H=9, KVH=3, D=64, n_q=512, ctx=512, window=0),
     "gemma-pp512": dict(H=4, KVH=1, D=256, n_q=512, ctx=512, window=0),
     "gemma-swa": dict(H=4, KVH=1, D=256, n_q=512, ctx=2048, window=512),
+    # a cached agent history's next turn: 13 new tokens (39 rows a kv head) at a 60k depth
+    "smollm2-next-turn": dict(H=9, KVH=3, D=64, n_q=13, ctx=61262, window=0),
 }
 
 

@@ -432,7 +432,7 @@ static inline __attribute__((always_inline)) void attn_tile_scores_nv(
 
 #if ATTN_AVX2
 /* 16 lanes (two vectors) of st against keys: 6 keys x 2 vectors of accumulators a pass */
-static inline void attn_tile_scores8(const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st,
+static inline __attribute__((always_inline)) void attn_tile_scores8(const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st,
                                      float *bmax) {
     __m256 bm0 = _mm256_set1_ps(-INFINITY), bm1 = bm0;
     int j0 = 0;
@@ -493,6 +493,49 @@ static inline void attn_tile_scores8(const float *qt, int ldq, const float *k, l
         _mm256_storeu_ps(bmax, bm0);
         _mm256_storeu_ps(bmax + 8, bm1);
     }
+}
+
+/* attn_tile_scores8 for 8 lanes (a tile's last rows past whole 16-lane pairs): 12 keys a pass
+ * (one vector each: 12 fma chains), the same chain over d for every key and lane, so the
+ * same bits as the 16-lane form gives those lanes */
+static inline void attn_tile_scores8_half(const float *qt, int ldq, const float *k, long ldk, int nk, int D, float *st,
+                                          float *bmax) {
+    __m256 bm = _mm256_set1_ps(-INFINITY);
+    int j0 = 0;
+    for (; j0 + 12 <= nk; j0 += 12) {
+        __m256 a[12];
+        for (int jj = 0; jj < 12; jj++) a[jj] = _mm256_setzero_ps();
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) {
+            const __m256 q0 = _mm256_loadu_ps(qt + (long)d * ldq);
+            for (int jj = 0; jj < 12; jj++) a[jj] = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + jj * ldk + d), q0, a[jj]);
+        }
+        for (int jj = 0; jj < 12; jj++) {
+            _mm256_storeu_ps(st + (long)(j0 + jj) * ldq, a[jj]);
+            bm = _mm256_max_ps(bm, a[jj]);
+        }
+    }
+    for (; j0 + 4 <= nk; j0 += 4) {
+        __m256 a[4];
+        for (int jj = 0; jj < 4; jj++) a[jj] = _mm256_setzero_ps();
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) {
+            const __m256 q0 = _mm256_loadu_ps(qt + (long)d * ldq);
+            for (int jj = 0; jj < 4; jj++) a[jj] = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + jj * ldk + d), q0, a[jj]);
+        }
+        for (int jj = 0; jj < 4; jj++) {
+            _mm256_storeu_ps(st + (long)(j0 + jj) * ldq, a[jj]);
+            bm = _mm256_max_ps(bm, a[jj]);
+        }
+    }
+    for (; j0 < nk; j0++) {
+        __m256 a0 = _mm256_setzero_ps();
+        const float *kr = k + (long)j0 * ldk;
+        for (int d = 0; d < D; d++) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d), _mm256_loadu_ps(qt + (long)d * ldq), a0);
+        _mm256_storeu_ps(st + (long)j0 * ldq, a0);
+        bm = _mm256_max_ps(bm, a0);
+    }
+    if (bmax) _mm256_storeu_ps(bmax, bm);
 }
 
 /* RB rows x NV vectors of values (8 each) from o / v's first: accumulators in registers. H:
@@ -562,9 +605,10 @@ static void attn_tile_pv_f16(float *o, int Dv, int R, const float *pt, int ldp, 
 }
 #endif
 
-static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, long ldk, int nk, int D, float *st,
-                             float *bmax) {
+static void attn_tile_scores(const float *qt, int ldq, int nv, int R, const float *k, long ldk, int nk, int D,
+                             float *st, float *bmax) {
 #if ATTN_AVX512
+    (void)R;
     /* passes of up to 4 lane vectors (K read again from L1 per pass): 4, 3 | 2, 3 | 3 */
     for (int v0 = 0; v0 < nv;) {
         const int left = nv - v0, w = left == 4 ? 4 : left >= 3 ? 3 : left;
@@ -580,22 +624,32 @@ static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, l
     }
 #else
 #if ATTN_AVX2
-    for (int v0 = 0; v0 < 2 * nv; v0 += 2)  /* 16 lanes a pass (K read again from L1) */
-        attn_tile_scores8(qt + 8 * v0, ldq, k, ldk, nk, D, st + 8 * v0, bmax ? bmax + 8 * v0 : NULL);
+    /* 16 lanes a pass (K read again from L1); rows past whole pairs that fit 8 lanes, 8
+     * (their other 8 lanes, padding, are neither computed nor read: a next turn's 13 tokens
+     * x 3 heads are 39 rows, 40 lanes, not 48) */
+    const int nh8 = (R + 7) / 8;
+    for (int v0 = 0; v0 < nh8; v0 += 2) {
+        if (v0 + 1 < nh8)
+            attn_tile_scores8(qt + 8 * v0, ldq, k, ldk, nk, D, st + 8 * v0, bmax ? bmax + 8 * v0 : NULL);
+        else
+            attn_tile_scores8_half(qt + 8 * v0, ldq, k, ldk, nk, D, st + 8 * v0, bmax ? bmax + 8 * v0 : NULL);
+    }
+    (void)nv;
     return;
 #endif
-    const int R = 16 * nv;
+    const int nl = 16 * nv;  /* every lane, padding too (R: the rows, unused here) */
+    (void)R;
     for (int j = 0; j < nk; j++) {
         float *s = st + (long)j * ldq;
-        for (int r = 0; r < R; r++) s[r] = 0.0f;
+        for (int r = 0; r < nl; r++) s[r] = 0.0f;
         for (int d = 0; d < D; d++) {
             const float kd = k[(long)j * ldk + d];
             const float *q = qt + (long)d * ldq;
-            for (int r = 0; r < R; r++) s[r] += kd * q[r];
+            for (int r = 0; r < nl; r++) s[r] += kd * q[r];
         }
     }
     if (bmax)
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < nl; r++) {
             float mx = -INFINITY;
             for (int j = 0; j < nk; j++) mx = st[(long)j * ldq + r] > mx ? st[(long)j * ldq + r] : mx;
             bmax[r] = mx;
@@ -607,9 +661,10 @@ static void attn_tile_scores(const float *qt, int ldq, int nv, const float *k, l
  * online-softmax update of m, l; alpha = exp(m_old - m_new) per lane. With need_mask, keys a
  * lane does not see (kpos > qpos, or outside the window) are dropped. bmax: the lanes' max
  * score over the block from attn_tile_scores (only without mask and softcap), or NULL. */
-static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask, const int32_t *qpos,
+static void attn_tile_softmax(float *st, int ldq, int nv, int R, int nk, int need_mask, const int32_t *qpos,
                               int kpos0, int window, float softcap, float *m, float *l, float *alpha,
                               const float *bmax) {
+    (void)R;  /* (AVX2: the 8-lane halves past the rows, not computed by the scores, skipped) */
 #if ATTN_AVX512
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int v = 0; v < nv; v++) {
@@ -659,7 +714,7 @@ static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask,
 #if ATTN_AVX2
     {
         const __m256 ninf = _mm256_set1_ps(-INFINITY);
-        for (int v = 0; v < 2 * nv; v++) {
+        for (int v = 0; v < (R + 7) / 8; v++) {
             const __m256i qp = _mm256_loadu_si256((const __m256i *)(qpos + 8 * v));
             __m256 bm = bmax ? _mm256_loadu_ps(bmax + 8 * v) : ninf;
             for (int j = 0; j < nk && !bmax; j++) {
@@ -704,8 +759,8 @@ static void attn_tile_softmax(float *st, int ldq, int nv, int nk, int need_mask,
         return;
     }
 #endif
-    const int R = 16 * nv;
-    for (int r = 0; r < R; r++) {
+    const int nl = 16 * nv;  /* every lane */
+    for (int r = 0; r < nl; r++) {
         float bm = bmax ? bmax[r] : -INFINITY;
         for (int j = 0; j < nk && !bmax; j++) {
             float *s = st + (long)j * ldq + r;
@@ -1428,14 +1483,14 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         }
         const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
         const int fold_max = !need_mask && cap <= 0.0f;
-        attn_tile_scores(qt, ldq, nv, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
+        attn_tile_scores(qt, ldq, nv, R, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
         attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
         if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, asked for along this one's P.V */
             pace.k.p = c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row;
             pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
             pace.rows = bs;
         }
-        attn_tile_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha,
+        attn_tile_softmax(st, ldq, nv, R, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha,
                           fold_max ? bmax : NULL);
 #if ATTN_AVX2
         if (c->kv_type == ATTN_KV_F16 && Dv % 8 == 0) {  /* V converted in the P.V loop */
