@@ -495,6 +495,22 @@ static inline __attribute__((always_inline)) void attn_tile_scores8(const float 
     }
 }
 
+/* NK keys (from k, rows ldk apart) against 8 lanes of qt: scores to st (rows ldq apart), their
+ * max into bm */
+static inline __attribute__((always_inline)) void attn_tile_scores8_keys(
+        const int NK, const float *qt, int ldq, const float *k, long ldk, int D, float *st, __m256 *bm) {
+    __m256 a[12];
+    for (int jj = 0; jj < NK; jj++) a[jj] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        const __m256 q0 = _mm256_loadu_ps(qt + (long)d * ldq);
+        for (int jj = 0; jj < NK; jj++) a[jj] = _mm256_fmadd_ps(_mm256_broadcast_ss(k + jj * ldk + d), q0, a[jj]);
+    }
+    for (int jj = 0; jj < NK; jj++) {
+        _mm256_storeu_ps(st + (long)jj * ldq, a[jj]);
+        *bm = _mm256_max_ps(*bm, a[jj]);
+    }
+}
+
 /* attn_tile_scores8 for 8 lanes (a tile's last rows past whole 16-lane pairs): 12 keys a pass
  * (one vector each: 12 fma chains), the same chain over d for every key and lane, so the
  * same bits as the 16-lane form gives those lanes */
@@ -502,39 +518,9 @@ static inline void attn_tile_scores8_half(const float *qt, int ldq, const float 
                                           float *bmax) {
     __m256 bm = _mm256_set1_ps(-INFINITY);
     int j0 = 0;
-    for (; j0 + 12 <= nk; j0 += 12) {
-        __m256 a[12];
-        for (int jj = 0; jj < 12; jj++) a[jj] = _mm256_setzero_ps();
-        const float *kr = k + (long)j0 * ldk;
-        for (int d = 0; d < D; d++) {
-            const __m256 q0 = _mm256_loadu_ps(qt + (long)d * ldq);
-            for (int jj = 0; jj < 12; jj++) a[jj] = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + jj * ldk + d), q0, a[jj]);
-        }
-        for (int jj = 0; jj < 12; jj++) {
-            _mm256_storeu_ps(st + (long)(j0 + jj) * ldq, a[jj]);
-            bm = _mm256_max_ps(bm, a[jj]);
-        }
-    }
-    for (; j0 + 4 <= nk; j0 += 4) {
-        __m256 a[4];
-        for (int jj = 0; jj < 4; jj++) a[jj] = _mm256_setzero_ps();
-        const float *kr = k + (long)j0 * ldk;
-        for (int d = 0; d < D; d++) {
-            const __m256 q0 = _mm256_loadu_ps(qt + (long)d * ldq);
-            for (int jj = 0; jj < 4; jj++) a[jj] = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + jj * ldk + d), q0, a[jj]);
-        }
-        for (int jj = 0; jj < 4; jj++) {
-            _mm256_storeu_ps(st + (long)(j0 + jj) * ldq, a[jj]);
-            bm = _mm256_max_ps(bm, a[jj]);
-        }
-    }
-    for (; j0 < nk; j0++) {
-        __m256 a0 = _mm256_setzero_ps();
-        const float *kr = k + (long)j0 * ldk;
-        for (int d = 0; d < D; d++) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kr + d), _mm256_loadu_ps(qt + (long)d * ldq), a0);
-        _mm256_storeu_ps(st + (long)j0 * ldq, a0);
-        bm = _mm256_max_ps(bm, a0);
-    }
+    for (; j0 + 12 <= nk; j0 += 12) attn_tile_scores8_keys(12, qt, ldq, k + (long)j0 * ldk, ldk, D, st + (long)j0 * ldq, &bm);
+    for (; j0 + 4 <= nk; j0 += 4) attn_tile_scores8_keys(4, qt, ldq, k + (long)j0 * ldk, ldk, D, st + (long)j0 * ldq, &bm);
+    for (; j0 < nk; j0++) attn_tile_scores8_keys(1, qt, ldq, k + (long)j0 * ldk, ldk, D, st + (long)j0 * ldq, &bm);
     if (bmax) _mm256_storeu_ps(bmax, bm);
 }
 
