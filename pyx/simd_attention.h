@@ -1904,8 +1904,6 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_all(
     }
 }
 
-/* fn(RB, T, ...) for RB = min(n, 4) rows and T f16 or f32 */
-
 /* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c], r < RB <= 3, for a
  * Q4_0 / Q8_0 V read in place (rows ldv bytes apart), one 32-value block b a pass. The
  * block's scale is folded into the probabilities, w_j = p_j d_j (w: RB x 8-key groups from
@@ -2052,6 +2050,8 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
 #endif
 }
 
+/* w: scratch of 3 x (j1 - j0 + 16) floats (AVX2, a Q4_0 / Q8_0 V read in place: the
+ * probabilities times the block's scales) */
 static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const void *v, int t, long ldv,
                          int j0, int j1, const float *alpha, const attn_pf *pf, float *w) {
 #if ATTN_AVX512
