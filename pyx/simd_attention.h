@@ -1924,9 +1924,12 @@ static inline __attribute__((always_inline)) void attn_rows_pv_q8_rb(
                 /* (masked after the product: the scores past a block's keys are not written) */
                 const __m256 wv = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(p + (long)r * ldS + jb), dv), live);
                 _mm256_storeu_ps(w + (long)r * nw + (jb - jlo), wv);
-                wsum[r] = _mm256_add_ps(wsum[r], wv);
+                if (T == ATTN_KV_Q4_0) wsum[r] = _mm256_add_ps(wsum[r], wv);
             }
         }
+        __m256 corr[3];  /* Q4_0: 8 sum_j w_j a row, in every lane (Q8_0: 0) */
+        for (int r = 0; r < RB; r++)
+            corr[r] = _mm256_set1_ps(T == ATTN_KV_Q4_0 ? 8.0f * simd_hsum_f32x8(wsum[r]) : 0.0f);
         const uint8_t *vb = v + (long)b * bb + 2;
         /* two passes of 16 values (Q4_0: bytes 0..7 hold values 0..7 and 16..23, bytes 8..15
          * values 8..15 and 24..31), even and odd keys in their own accumulators: 12 chains
@@ -1989,18 +1992,10 @@ static inline __attribute__((always_inline)) void attn_rows_pv_q8_rb(
             if (i < n) ATTN_PV_Q8_KEY(0);
 #undef ATTN_PV_Q8_KEY
             for (int r = 0; r < RB; r++) {
-                __m256 corr = _mm256_setzero_ps();
-                if (T == ATTN_KV_Q4_0) {  /* 8 sum_j w_j, the sum in every lane */
-                    __m256 t = wsum[r];
-                    t = _mm256_add_ps(t, _mm256_permute2f128_ps(t, t, 1));
-                    t = _mm256_add_ps(t, _mm256_shuffle_ps(t, t, 0x4e));
-                    t = _mm256_add_ps(t, _mm256_shuffle_ps(t, t, 0xb1));
-                    corr = _mm256_mul_ps(t, _mm256_set1_ps(8.0f));
-                }
                 _mm256_storeu_ps(o + (long)r * Dv + 32 * b + c0,
-                                 _mm256_sub_ps(_mm256_add_ps(acc[0][r][0], acc[1][r][0]), corr));
+                                 _mm256_sub_ps(_mm256_add_ps(acc[0][r][0], acc[1][r][0]), corr[r]));
                 _mm256_storeu_ps(o + (long)r * Dv + 32 * b + c1,
-                                 _mm256_sub_ps(_mm256_add_ps(acc[0][r][1], acc[1][r][1]), corr));
+                                 _mm256_sub_ps(_mm256_add_ps(acc[0][r][1], acc[1][r][1]), corr[r]));
             }
         }
     }
