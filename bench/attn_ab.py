@@ -39,6 +39,7 @@ def main(argv=None):
                     help="a speculative verify instead: K drafted tokens and the last one (K + 1 rows a "
                          "sequence, each with a one-token decode's bits) of one sequence at --ctx")
     ap.add_argument("--ctx", type=int, default=600, help="context of each sequence (keys)")
+    ap.add_argument("--bs", type=int, default=32, help="the K/V pools' block size (tokens)")
     a = ap.parse_args(argv)
     from _ab import load_build
     from attn_decode import build_layer
@@ -54,7 +55,7 @@ def main(argv=None):
     rows = 1  # query rows a sequence
     if a.verify is not None:
         seqs, rows = 1, a.verify + 1
-    layers = [build_layer(r, H, KVH, D, seqs, ctx, 32, a.kv) for _ in range(a.layers)]
+    layers = [build_layer(r, H, KVH, D, seqs, ctx, a.bs, a.kv) for _ in range(a.layers)]
     q = r.standard_normal((seqs * rows, H, D), dtype=np.float32)
     seg = np.arange(0, seqs * rows + 1, rows, dtype=np.int32)
     q_pos = np.tile(np.arange(ctx - rows, ctx, dtype=np.int32), seqs)

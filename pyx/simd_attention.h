@@ -1744,6 +1744,9 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
 #endif
 
 #if ATTN_AVX2
+/* many rows of an f32 (converted) K / V go in groups of 5 (15 rows, a verify of 4: groups
+ * of 4 and 6 were 1.12x and 1.03x the P.V's time with 5) */
+#define ATTN_ROWS_GROUP 5
 /* s[r*ldS + j] = q_r . k_j, r < RB, keys of [j0, j1) of an f32 / f16 K (8-key groups from
  * j0 & ~7; keys of a group outside the range get 0): one fma chain a score over d, reduced
  * by attn_hsum8x8, so a score depends on its row and key only. Two keys a pass: the chains
@@ -1765,7 +1768,8 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_rb_d(
                 for (int d = 0; d < D; d += 8) {
                     const __m256 ka = attn_kvec8(k, T, ja, ldk, d), kc = attn_kvec8(k, T, jc, ldk, d);
                     for (int r = 0; r < RB; r++) {
-                        const __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
+                        __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
+                        __asm__("" : "+x"(qv));  /* one load for both fmas (gcc folds it into each) */
                         a[r] = _mm256_fmadd_ps(qv, ka, a[r]);
                         c[r] = _mm256_fmadd_ps(qv, kc, c[r]);
                     }
@@ -1831,6 +1835,64 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_k4_d(
     }
 }
 
+/* attn_rows_scores8_rb_d's numbers for 4 <= RB <= 5 rows of an f32 K, 2 keys a pass with
+ * both in registers and each q vector loaded once for both (2 + RB loads a 2 RB fmas; 3 rows
+ * x 4 keys read 15 for 12); each pass's two keys go through the tree's first level at once
+ * (the same hadd of the same chains: the same bits) */
+static inline __attribute__((always_inline)) void attn_rows_scores8_k2_d(
+        const int RB, const float *q, const int D, const float *k, long ldk, int j0, int j1, float *s, int ldS,
+        const attn_pf *pf) {
+    for (int jb = j0 & ~7; jb < j1; jb += 8) {
+        __m256 t[5][4];
+        for (int u = 0; u < 8; u += 2) {
+            const int ja = jb + u, jc = ja + 1;
+            const int la = ja >= j0 && ja < j1, lc = jc >= j0 && jc < j1;
+            __m256 a[5], c[5];
+            for (int r = 0; r < RB; r++) a[r] = c[r] = _mm256_setzero_ps();
+            if (la && lc) {
+                attn_pf_row(pf, ja);
+                attn_pf_row(pf, jc);
+                const float *ka = k + (long)ja * ldk, *kc = k + (long)jc * ldk;
+#pragma GCC unroll 8
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 kva = _mm256_loadu_ps(ka + d), kvc = _mm256_loadu_ps(kc + d);
+                    for (int r = 0; r < RB; r++) {
+                        __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
+                        __asm__("" : "+x"(qv));  /* one load for both fmas (gcc folds it into each) */
+                        a[r] = _mm256_fmadd_ps(qv, kva, a[r]);
+                        c[r] = _mm256_fmadd_ps(qv, kvc, c[r]);
+                    }
+                }
+            } else if (la || lc) {
+                const int j = la ? ja : jc;
+                __m256 *x = la ? a : c;
+                attn_pf_row(pf, j);
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 kv = _mm256_loadu_ps(k + (long)j * ldk + d);
+                    for (int r = 0; r < RB; r++) x[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, x[r]);
+                }
+            }
+            for (int r = 0; r < RB; r++) t[r][u / 2] = _mm256_hadd_ps(a[r], c[r]);
+        }
+        for (int r = 0; r < RB; r++) {
+            const __m256 u0 = _mm256_hadd_ps(t[r][0], t[r][1]), u1 = _mm256_hadd_ps(t[r][2], t[r][3]);
+            _mm256_storeu_ps(s + (long)r * ldS + jb,
+                             _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void attn_rows_scores8_k2(
+        const int RB, const float *q, int D, const float *k, long ldk, int j0, int j1, float *s, int ldS,
+        const attn_pf *pf) {
+    switch (D) {
+        case 64: attn_rows_scores8_k2_d(RB, q, 64, k, ldk, j0, j1, s, ldS, pf); break;
+        case 128: attn_rows_scores8_k2_d(RB, q, 128, k, ldk, j0, j1, s, ldS, pf); break;
+        case 256: attn_rows_scores8_k2_d(RB, q, 256, k, ldk, j0, j1, s, ldS, pf); break;
+        default: attn_rows_scores8_k2_d(RB, q, D, k, ldk, j0, j1, s, ldS, pf); break;
+    }
+}
+
 static inline __attribute__((always_inline)) void attn_rows_scores8_k4(
         const int RB, const float *q, int D, const float *k, long ldk, int j0, int j1, float *s, int ldS,
         const attn_pf *pf) {
@@ -1859,14 +1921,14 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_rb(
 static inline __attribute__((always_inline)) void attn_rows_pv8_rb(
         const int RB, const int T, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int c0, int j0, int j1, const float *alpha, const attn_pf *pf) {
-    __m256 acc[4][4];
+    __m256 acc[5][4];
     for (int r = 0; r < RB; r++) {
         const __m256 a = _mm256_set1_ps(alpha[r]);
         for (int i = 0; i < NV; i++) acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o + (long)r * Dv + c0 + 8 * i), a);
     }
     for (int j = j0; j < j1; j++) {
         attn_pf_row(pf, j);
-        if (T == ATTN_KV_F32 && RB * NV > 8) {  /* values read by each fma from L1: 12 accumulators fit */
+        if (T == ATTN_KV_F32 && RB * NV > 8 && NV == 4) {  /* values read by each fma from L1: 12 accumulators fit */
             const float *vj = (const float *)v + (long)j * ldv + c0;
             for (int r = 0; r < RB; r++) {
                 const __m256 pb = _mm256_broadcast_ss(p + (long)r * ldS + j);
@@ -2013,13 +2075,15 @@ static void attn_rows_scores(const float *q, int R, int D, const void *k, int t,
                        r == 0 ? pf : NULL);
 #else
 #if ATTN_AVX2
-    if (D % 8 == 0 && t == ATTN_KV_F32 && R > 4) {  /* many rows of an f32 K: 3 a group, 4 keys a pass */
-        for (int r = 0; r < R; r += 3) {
-            const int n = R - r < 3 ? R - r : 3;
+    if (D % 8 == 0 && t == ATTN_KV_F32 && R > 4) {  /* many rows of an f32 K: 5 a group, 2 keys a pass */
+        for (int r = 0; r < R; r += ATTN_ROWS_GROUP) {
+            const int n = R - r < ATTN_ROWS_GROUP ? R - r : ATTN_ROWS_GROUP;
             const float *qr = q + (long)r * D, *kf = (const float *)k;
             float *sr = s + (long)r * ldS;
             const attn_pf *pfr = r == 0 ? pf : NULL;
-            if (n == 3) attn_rows_scores8_k4(3, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
+            if (n == 5) attn_rows_scores8_k2(5, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
+            else if (n == 4) attn_rows_scores8_k2(4, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
+            else if (n == 3) attn_rows_scores8_k4(3, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
             else if (n == 2) attn_rows_scores8_k4(2, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
             else attn_rows_scores8_k4(1, qr, D, kf, ldk, j0, j1, sr, ldS, pfr);
         }
@@ -2056,15 +2120,25 @@ static void attn_rows_pv(float *o, int Dv, int R, const float *p, int ldS, const
 #else
 #if ATTN_AVX2
     if (Dv % 8 == 0 && t == ATTN_KV_F32 && R > 4) {
-        /* many rows of an f32 V (a converted block): 3 rows a group, 32 values a pass with
-         * the values read by each fma from L1 (12 accumulators; a row's sums are the same
-         * whatever its group) */
-        for (int r = 0; r < R; r += 3) {
-            const int n = R - r < 3 ? R - r : 3;
+        /* many rows of an f32 V (a converted block): 5 rows a group, 16 values a pass with the
+         * values in registers (2 + 5 loads a 10 fmas; 3 rows x 32 values read by each fma
+         * loaded 15 for 12: 0.94 of the verify's attention); a row's sums are the same
+         * whatever its group */
+        for (int r = 0; r < R; r += ATTN_ROWS_GROUP) {
+            const int n = R - r < ATTN_ROWS_GROUP ? R - r : ATTN_ROWS_GROUP;
             float *or_ = o + (long)r * Dv;
             const float *pr = p + (long)r * ldS;
             const attn_pf *pfr = r == 0 ? pf : NULL;
-            if (n == 3) attn_rows_pv8_all(3, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
+            if (n >= 4) {
+                for (int c0 = 0; c0 < Dv; c0 += 16) {
+                    const attn_pf *pfc = c0 == 0 ? pfr : NULL;
+                    const int nv = Dv - c0 >= 16 ? 2 : 1;
+                    if (n == 5 && nv == 2) attn_rows_pv8_rb(5, ATTN_KV_F32, 2, or_, Dv, pr, ldS, v, ldv, c0, j0, j1, alpha + r, pfc);
+                    else if (n == 5) attn_rows_pv8_rb(5, ATTN_KV_F32, 1, or_, Dv, pr, ldS, v, ldv, c0, j0, j1, alpha + r, pfc);
+                    else if (nv == 2) attn_rows_pv8_rb(4, ATTN_KV_F32, 2, or_, Dv, pr, ldS, v, ldv, c0, j0, j1, alpha + r, pfc);
+                    else attn_rows_pv8_rb(4, ATTN_KV_F32, 1, or_, Dv, pr, ldS, v, ldv, c0, j0, j1, alpha + r, pfc);
+                }
+            } else if (n == 3) attn_rows_pv8_all(3, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
             else if (n == 2) attn_rows_pv8_all(2, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
             else attn_rows_pv8_all(1, ATTN_KV_F32, or_, Dv, pr, ldS, v, ldv, j0, j1, alpha + r, pfr);
         }
