@@ -1838,7 +1838,8 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_k4_d(
 /* attn_rows_scores8_rb_d's numbers for 4 <= RB <= 5 rows of an f32 K, 2 keys a pass with
  * both in registers and each q vector loaded once for both (2 + RB loads a 2 RB fmas; 3 rows
  * x 4 keys read 15 for 12); each pass's two keys go through the tree's first level at once
- * (the same hadd of the same chains: the same bits) */
+ * (the same hadd of the same chains: the same bits). attn_rows_scores8_rb_d taking 5 rows
+ * instead (8 keys' chains kept for one attn_hsum8x8) cost a verify 1.06-1.09x the time. */
 static inline __attribute__((always_inline)) void attn_rows_scores8_k2_d(
         const int RB, const float *q, const int D, const float *k, long ldk, int j0, int j1, float *s, int ldS,
         const attn_pf *pf) {
