@@ -10,8 +10,9 @@ Two workloads, greedy:
 - free text: a question whose answer repeats nothing of the prompt (drafting must not slow
   it down: the drafter backs off when its drafts are rejected).
 Each rep runs plain then speculative decoding (alternating which goes first) on the same
-prompt; reports generation tokens/s (medians), the ratio, and how many drafted tokens were
-kept. Outputs must be identical (greedy): the script says so.
+prompt; reports generation tokens/s (medians), the ratio (of the medians, and the median of
+each rep's own ratio), and how many drafted tokens were kept. Outputs must be identical
+(greedy): the script says so.
 """
 from __future__ import annotations
 
@@ -108,8 +109,12 @@ def main() -> int:
                 kept.append(got[True][3])
                 same &= got[True][1] == got[False][1]
             med = statistics.median
+            # each rep's two runs are adjacent in time: their ratio is steadier on a shared host
+            # than the ratio of the medians when the load drifts between reps
+            per_rep = [f / p for f, p in zip(fast, plain)]
             print(f"{name:10} prompt {len(prompt):5d} tok  plain {med(plain):6.1f} t/s  speculative "
-                  f"{med(fast):6.1f} t/s  ratio {med(fast) / med(plain):.2f}x  drafted {med(drafted):.0f} "
+                  f"{med(fast):6.1f} t/s  ratio {med(fast) / med(plain):.2f}x (per rep {med(per_rep):.2f}x, "
+                  f"{min(per_rep):.2f}-{max(per_rep):.2f})  drafted {med(drafted):.0f} "
                   f"kept {med(kept):.0f}  output {'identical' if same else 'DIFFERENT'}", flush=True)
     finally:
         eng.stop()
