@@ -275,11 +275,15 @@ static inline __m256 attn_softcap8(__m256 x, float softcap) {
 }
 
 /* lane u = the sum of v[u]'s 8 lanes (a fixed tree: pairs, quads, halves) */
-static inline __m256 attn_hsum8x8(const __m256 *v) {
-    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+/* the tree past its first level: t_i = hadd(v[2i], v[2i + 1]) */
+static inline __m256 attn_hsum8x8_pairs(__m256 t0, __m256 t1, __m256 t2, __m256 t3) {
     const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline __m256 attn_hsum8x8(const __m256 *v) {
+    return attn_hsum8x8_pairs(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]), _mm256_hadd_ps(v[4], v[5]),
+                              _mm256_hadd_ps(v[6], v[7]));
 }
 
 /* r[i] (row i of an 8 x 8 block) -> r[j] (its column j) */
@@ -1747,6 +1751,15 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
 /* many rows of an f32 (converted) K / V go in groups of 5 (15 rows, a verify of 4: groups
  * of 4 and 6 were 1.12x and 1.03x the P.V's time with 5) */
 #define ATTN_ROWS_GROUP 5
+/* x[r] += the 8 lanes of the fma chain of q_r . k_j, r < RB (one key: a pass's or a group's edge) */
+static inline __attribute__((always_inline)) void attn_rows_chain1(
+        const int RB, const int T, const float *q, const int D, const void *k, long j, long ldk, __m256 *x) {
+    for (int d = 0; d < D; d += 8) {
+        const __m256 kv = attn_kvec8(k, T, j, ldk, d);
+        for (int r = 0; r < RB; r++) x[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, x[r]);
+    }
+}
+
 /* s[r*ldS + j] = q_r . k_j, r < RB, keys of [j0, j1) of an f32 / f16 K (8-key groups from
  * j0 & ~7; keys of a group outside the range get 0): one fma chain a score over d, reduced
  * by attn_hsum8x8, so a score depends on its row and key only. Two keys a pass: the chains
@@ -1775,12 +1788,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_rb_d(
                     }
                 }
             } else if (la || lc) {
-                const int j = la ? ja : jc;
-                __m256 *x = la ? a : c;
-                for (int d = 0; d < D; d += 8) {
-                    const __m256 kv = attn_kvec8(k, T, j, ldk, d);
-                    for (int r = 0; r < RB; r++) x[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, x[r]);
-                }
+                attn_rows_chain1(RB, T, q, D, k, la ? ja : jc, ldk, la ? a : c);
             }
             for (int r = 0; r < RB; r++) {
                 tmp[r][u] = a[r];
@@ -1822,11 +1830,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_k4_d(
                 for (int r = 0; r < RB; r++) a[r] = _mm256_setzero_ps();
                 if (j + e >= j0 && j + e < j1) {
                     attn_pf_row(pf, j + e);
-                    const float *kj = k + (long)(j + e) * ldk;
-                    for (int d = 0; d < D; d += 8) {
-                        const __m256 kv = _mm256_loadu_ps(kj + d);
-                        for (int r = 0; r < RB; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, a[r]);
-                    }
+                    attn_rows_chain1(RB, ATTN_KV_F32, q, D, k, j + e, ldk, a);
                 }
                 for (int r = 0; r < RB; r++) tmp[r][u + e] = a[r];
             }
@@ -1865,21 +1869,13 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_k2_d(
                     }
                 }
             } else if (la || lc) {
-                const int j = la ? ja : jc;
-                __m256 *x = la ? a : c;
-                attn_pf_row(pf, j);
-                for (int d = 0; d < D; d += 8) {
-                    const __m256 kv = _mm256_loadu_ps(k + (long)j * ldk + d);
-                    for (int r = 0; r < RB; r++) x[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (long)r * D + d), kv, x[r]);
-                }
+                attn_pf_row(pf, la ? ja : jc);
+                attn_rows_chain1(RB, ATTN_KV_F32, q, D, k, la ? ja : jc, ldk, la ? a : c);
             }
             for (int r = 0; r < RB; r++) t[r][u / 2] = _mm256_hadd_ps(a[r], c[r]);
         }
-        for (int r = 0; r < RB; r++) {
-            const __m256 u0 = _mm256_hadd_ps(t[r][0], t[r][1]), u1 = _mm256_hadd_ps(t[r][2], t[r][3]);
-            _mm256_storeu_ps(s + (long)r * ldS + jb,
-                             _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
-        }
+        for (int r = 0; r < RB; r++)
+            _mm256_storeu_ps(s + (long)r * ldS + jb, attn_hsum8x8_pairs(t[r][0], t[r][1], t[r][2], t[r][3]));
     }
 }
 
