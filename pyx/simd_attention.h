@@ -2292,8 +2292,10 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #endif
 /* rows of one kv head that the rows kernel reads from f16 K/V in place (more are converted to
  * f32 once per block: with AVX-512 the conversion cost more than the rows' second pass over
- * the block from cache; a verify of 2 tokens' attention 3.1 -> 2.0 ms a step) */
-#if ATTN_AVX512
+ * the block from cache; a verify of 2 tokens' attention 3.1 -> 2.0 ms a step. AVX2, Zen 3,
+ * against converting from 5 rows: verifies of 1-4 drafts (6-15 rows) 0.87 / 0.89 / 0.935 /
+ * 0.97 of the time, 5-8 (18-27 rows) 0.98-1.01, 11 and 16 1.06-1.08) */
+#if ATTN_AVX512 || ATTN_AVX2
 #define ATTN_ROWS_IN_PLACE 16
 #else
 #define ATTN_ROWS_IN_PLACE 4
