@@ -40,6 +40,8 @@ def main(argv=None):
                          "sequence, each with a one-token decode's bits) of one sequence at --ctx")
     ap.add_argument("--ctx", type=int, default=600, help="context of each sequence (keys)")
     ap.add_argument("--bs", type=int, default=32, help="the K/V pools' block size (tokens)")
+    ap.add_argument("--heads", type=int, nargs=3, default=(9, 3, 64), metavar=("H", "KVH", "D"),
+                    help="query heads, kv heads, head size (SmolLM2's; gemma-3-270m: 4 1 256)")
     a = ap.parse_args(argv)
     from _ab import load_build
     from attn_decode import build_layer
@@ -51,7 +53,7 @@ def main(argv=None):
     if a.prefill:
         return prefill_ab(a, mods)
     r = np.random.default_rng(0)
-    H, KVH, D, seqs, ctx = 9, 3, 64, 8, a.ctx
+    (H, KVH, D), seqs, ctx = a.heads, 8, a.ctx
     rows = 1  # query rows a sequence
     if a.verify is not None:
         seqs, rows = 1, a.verify + 1
@@ -65,7 +67,7 @@ def main(argv=None):
         nn._attention = mod
         out = np.empty((seqs * rows, H, D), np.float32)
         kp, vp, ids = layers[0]
-        nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
+        nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, D ** -0.5, out=out, decode_seqs=decode)
         outs[name] = out
     same = np.array_equal(outs["A"], outs["B"])
     print(f"outputs identical: {same} (max abs difference {np.abs(outs['A'] - outs['B']).max():.3g})")
@@ -77,7 +79,7 @@ def main(argv=None):
             t0 = time.thread_time()
             for _ in range(passes):
                 for kp, vp, ids in layers:
-                    nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, 1 / 8, out=out, decode_seqs=decode)
+                    nn.attention(q, kp, vp, a.kv, ids, seg, q_pos, D ** -0.5, out=out, decode_seqs=decode)
             res[name].append((time.thread_time() - t0) / (passes * len(layers)))
     for name, ts in res.items():
         ts.sort()
