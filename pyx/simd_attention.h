@@ -1945,12 +1945,14 @@ static inline __attribute__((always_inline)) void attn_rows_pv8_rb(
 }
 
 /* RB rows, every value: 32 a pass for one or two rows (three from f32 values), 24 for three
- * rows of f16 values (9 fma chains: 6 left each key waiting on an fma's latency), 16 for four
- * (registers) */
+ * rows of f16 values (9 fma chains: 6 left each key waiting on an fma's latency) and for four
+ * (12 chains and 3 value vectors fill the 16 registers; 16 a pass took a fourth pass over
+ * the keys for a 64-value head, each with its rows' broadcasts: verify rows in place
+ * 0.91-0.96 of the time with 24), 16 for four of f32 values */
 static inline __attribute__((always_inline)) void attn_rows_pv8_all(
         const int RB, const int T, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int j0, int j1, const float *alpha, const attn_pf *pf) {
-    const int NVMAX = RB <= 2 || (RB == 3 && T == ATTN_KV_F32) ? 4 : RB == 3 ? 3 : 2;
+    const int NVMAX = RB <= 2 || (RB == 3 && T == ATTN_KV_F32) ? 4 : RB == 3 || (RB == 4 && T == ATTN_KV_F16) ? 3 : 2;
     for (int c0 = 0; c0 < Dv; c0 += 8 * NVMAX) {
         const int nv = (Dv - c0) / 8 < NVMAX ? (Dv - c0) / 8 : NVMAX;
         const attn_pf *pfc = c0 == 0 ? pf : NULL;
