@@ -2296,9 +2296,12 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
  * f32 once per block: with AVX-512 the conversion cost more than the rows' second pass over
  * the block from cache; a verify of 2 tokens' attention 3.1 -> 2.0 ms a step. AVX2, Zen 3,
  * against converting from 5 rows: verifies of 1-4 drafts (6-15 rows) 0.87 / 0.89 / 0.935 /
- * 0.97 of the time, 5-8 (18-27 rows) 0.98-1.01, 11 and 16 1.06-1.08) */
-#if ATTN_AVX512 || ATTN_AVX2
+ * 0.97 of the time; with 4 rows' P.V 24 values a pass, 5-8 drafts (18-27 rows) 0.91-0.96
+ * against converting from 17, 9-16 drafts (30-51 rows) 0.97-1.00) */
+#if ATTN_AVX512
 #define ATTN_ROWS_IN_PLACE 16
+#elif ATTN_AVX2
+#define ATTN_ROWS_IN_PLACE 32
 #else
 #define ATTN_ROWS_IN_PLACE 4
 #endif

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS
 # f16 weights, sliding windows (gemma3-swa: 32, gpt-oss: 8 with sinks and MoE), MoE
 CASES = [("llama-f32", 40), ("qwen3-q8_0", 75), ("llama-f16", 130), ("gemma3-swa", 90), ("gpt-oss", 50),
          ("qwen3moe-q8_0", 60)]
-SEGMENTS = [2, 3, 6, 9, 17]  # 17 = 16 drafts + the last sampled token; 3 and 6 (6 and 12 rows a kv
-# head with 2 query heads) read an f16 K/V in place, 9 and 17 convert it
+SEGMENTS = [2, 3, 6, 9, 17]  # 17 = 16 drafts + the last sampled token; with 2 query heads a kv
+# head these are 4-34 rows: an f16 K/V read in place up to the kernels' threshold (16 rows with
+# AVX-512, 32 with AVX2), converted to f32 above it
 
 
 def _model(name, tiny_models, built_model):
