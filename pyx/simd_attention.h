@@ -1751,6 +1751,24 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
 /* many rows of an f32 (converted) K / V go in groups of 5 (15 rows, a verify of 4: groups
  * of 4 and 6 were 1.12x and 1.03x the P.V's time with 5) */
 #define ATTN_ROWS_GROUP 5
+/* a[r], c[r] += the fma chains of q_r . k_ja and q_r . k_jc, r < RB: two keys a pass, each q
+ * vector loaded once for both (gcc folds a vector loaded once into each fma that uses it
+ * unless an empty asm pins it in a register) */
+static inline __attribute__((always_inline)) void attn_rows_pass2(
+        const int RB, const int T, const float *q, const int D, const void *k, long ja, long jc, long ldk,
+        __m256 *a, __m256 *c) {
+#pragma GCC unroll 8
+    for (int d = 0; d < D; d += 8) {
+        const __m256 ka = attn_kvec8(k, T, ja, ldk, d), kc = attn_kvec8(k, T, jc, ldk, d);
+        for (int r = 0; r < RB; r++) {
+            __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
+            __asm__("" : "+x"(qv));
+            a[r] = _mm256_fmadd_ps(qv, ka, a[r]);
+            c[r] = _mm256_fmadd_ps(qv, kc, c[r]);
+        }
+    }
+}
+
 /* x[r] += the 8 lanes of the fma chain of q_r . k_j, r < RB (one key: a pass's or a group's edge) */
 static inline __attribute__((always_inline)) void attn_rows_chain1(
         const int RB, const int T, const float *q, const int D, const void *k, long j, long ldk, __m256 *x) {
@@ -1778,15 +1796,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_rb_d(
             if (la) attn_pf_row(pf, ja);
             if (lc) attn_pf_row(pf, jc);
             if (la && lc) {
-                for (int d = 0; d < D; d += 8) {
-                    const __m256 ka = attn_kvec8(k, T, ja, ldk, d), kc = attn_kvec8(k, T, jc, ldk, d);
-                    for (int r = 0; r < RB; r++) {
-                        __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
-                        __asm__("" : "+x"(qv));  /* one load for both fmas (gcc folds it into each) */
-                        a[r] = _mm256_fmadd_ps(qv, ka, a[r]);
-                        c[r] = _mm256_fmadd_ps(qv, kc, c[r]);
-                    }
-                }
+                attn_rows_pass2(RB, T, q, D, k, ja, jc, ldk, a, c);
             } else if (la || lc) {
                 attn_rows_chain1(RB, T, q, D, k, la ? ja : jc, ldk, la ? a : c);
             }
@@ -1857,17 +1867,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores8_k2_d(
             if (la && lc) {
                 attn_pf_row(pf, ja);
                 attn_pf_row(pf, jc);
-                const float *ka = k + (long)ja * ldk, *kc = k + (long)jc * ldk;
-#pragma GCC unroll 8
-                for (int d = 0; d < D; d += 8) {
-                    const __m256 kva = _mm256_loadu_ps(ka + d), kvc = _mm256_loadu_ps(kc + d);
-                    for (int r = 0; r < RB; r++) {
-                        __m256 qv = _mm256_loadu_ps(q + (long)r * D + d);
-                        __asm__("" : "+x"(qv));  /* one load for both fmas (gcc folds it into each) */
-                        a[r] = _mm256_fmadd_ps(qv, kva, a[r]);
-                        c[r] = _mm256_fmadd_ps(qv, kvc, c[r]);
-                    }
-                }
+                attn_rows_pass2(RB, ATTN_KV_F32, q, D, k, ja, jc, ldk, a, c);
             } else if (la || lc) {
                 attn_pf_row(pf, la ? ja : jc);
                 attn_rows_chain1(RB, ATTN_KV_F32, q, D, k, la ? ja : jc, ldk, la ? a : c);
