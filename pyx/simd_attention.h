@@ -106,26 +106,35 @@ typedef struct {
  * each prefetch instruction costs ~3 cycles even when the line is in L1; the general path
  * cost a 64-value f16 row 2-3 of them more: decode attention 0.93 of the time in cache, 0.95
  * from memory). The 128-byte row (64 values) is the common one: no loop. */
+#ifndef ATTN_PF_LOCALITY
+/* the K/V prefetches' hint: 2 (prefetcht1, into L2), not 3 (prefetcht0, into L1): on Zen 4
+ * the L1-bound requests waited on its few miss buffers and a decode step's K/V came from
+ * memory at ~7 GB/s a thread; into L2 the same requests halved decode attention at a 16k
+ * depth (attn_ab.py --verify 0 --ctx 16000 --kv f16: 0.50-0.54 of the time) and left it in
+ * cache unchanged (Zen 3: T1 measured even, session 19) */
+#define ATTN_PF_LOCALITY 2
+#endif
+
 static inline __attribute__((always_inline)) void attn_pf_span(const uint8_t *p, int n) {
     if (n == 128 && ((uintptr_t)p & 63) == 0) {
-        __builtin_prefetch(p, 0, 3);
-        __builtin_prefetch(p + 64, 0, 3);
+        __builtin_prefetch(p, 0, ATTN_PF_LOCALITY);
+        __builtin_prefetch(p + 64, 0, ATTN_PF_LOCALITY);
         return;
     }
     if (((n | (int)((uintptr_t)p & 63)) & 63) == 0) {
-        for (int c = 0; c < n; c += 64) __builtin_prefetch(p + c, 0, 3);
+        for (int c = 0; c < n; c += 64) __builtin_prefetch(p + c, 0, ATTN_PF_LOCALITY);
         return;
     }
     if (n <= 0) return;
     if (n <= 64) {  /* a row of at most a line touches two lines at most: no loop, no test */
-        __builtin_prefetch(p, 0, 3);
-        __builtin_prefetch(p + n - 1, 0, 3);
+        __builtin_prefetch(p, 0, ATTN_PF_LOCALITY);
+        __builtin_prefetch(p + n - 1, 0, ATTN_PF_LOCALITY);
         return;
     }
     int c = 0;
-    for (; c < n; c += 64) __builtin_prefetch(p + c, 0, 3);
+    for (; c < n; c += 64) __builtin_prefetch(p + c, 0, ATTN_PF_LOCALITY);
     if ((((uintptr_t)p + (uintptr_t)(c - 64)) >> 6) != (((uintptr_t)p + (uintptr_t)(n - 1)) >> 6))
-        __builtin_prefetch(p + n - 1, 0, 3);
+        __builtin_prefetch(p + n - 1, 0, ATTN_PF_LOCALITY);
 }
 
 static inline __attribute__((always_inline)) void attn_pf_row(const attn_pf *pf, int j) {
