@@ -122,29 +122,27 @@ static inline void simd_f16_round_row(const float *x, float *y, int n) {
  * half the read bandwidth the memory gives it. simd_pf_dist is a variable so benchmarks
  * can tune it (simd_set_pf_dist); 0 turns prefetching off. */
 static int simd_pf_dist = 2048;
-static inline void simd_prefetch_range(const void *p, int nbytes) {
+/* l2: prefetcht1 (into L2) instead of prefetcht0 (a constant at every call) */
+static inline __attribute__((always_inline)) void simd_prefetch_span(const void *p, int nbytes, const int l2) {
 #if defined(__GNUC__)
     if (simd_pf_dist <= 0) return;
     const char *c = (const char *)p + simd_pf_dist;
-    for (int o = 0; o < nbytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+    for (int o = 0; o < nbytes; o += 64) {
+        if (l2) __builtin_prefetch(c + o, 0, 2);
+        else __builtin_prefetch(c + o, 0, 3);
+    }
 #else
-    (void)p; (void)nbytes;
+    (void)p; (void)nbytes; (void)l2;
 #endif
 }
 
-/* the same requests into L2 (prefetcht1): for the one-token kernels, whose weights stream
- * from memory with little arithmetic to wait behind (on Zen 4 the L1-bound requests waited
- * on its few miss buffers: a decode step's Q4_1 / Q8_0 matmuls 0.87-0.90 of the time into
- * L2 at one token; from 4 tokens, and the tile kernels, 7-20% slower with it) */
-static inline void simd_prefetch_range_l2(const void *p, int nbytes) {
-#if defined(__GNUC__)
-    if (simd_pf_dist <= 0) return;
-    const char *c = (const char *)p + simd_pf_dist;
-    for (int o = 0; o < nbytes; o += 64) __builtin_prefetch(c + o, 0, 2);
-#else
-    (void)p; (void)nbytes;
-#endif
-}
+static inline void simd_prefetch_range(const void *p, int nbytes) { simd_prefetch_span(p, nbytes, 0); }
+
+/* the same requests into L2: for the one-token kernels, whose weights stream from memory
+ * with little arithmetic to wait behind (on Zen 4 the L1-bound requests waited on its few
+ * miss buffers: a decode step's Q4_1 / Q8_0 matmuls 0.77-0.91 of the time into L2; from 4
+ * tokens, and in the tile kernels, 7-20% slower with it) */
+static inline void simd_prefetch_range_l2(const void *p, int nbytes) { simd_prefetch_span(p, nbytes, 1); }
 
 /* ---- AVX-512 tail masks ------------------------------------------------------------------ */
 
