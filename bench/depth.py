@@ -46,11 +46,12 @@ class LLMCoreDepth:
 
         threads.set_num_threads(n_threads)
         self.n_threads = n_threads
-        # the K/V pools sized for the run up front, as the server sizes them for its context
-        # and llama.cpp for n_ctx: an unlimited pool doubles by copying when it fills (at a
-        # 16384-token prompt, on the first generated token: ~0.3 s inside tg32)
-        blocks = -(-(depth + tg + 8) // 32) + 1
-        self.model = load_model(path, kv_type=kv_type, max_kv_blocks=blocks)
+        self.model = load_model(path, kv_type=kv_type)
+        # the K/V pools sized for the run up front, as the server's memory plan sizes them for
+        # its context and llama.cpp for n_ctx: an unlimited pool doubles by copying when it
+        # fills (at a 16384-token prompt, on the first generated token: ~0.3 s inside tg32)
+        for pool in self.model.pools.values():
+            pool.max_blocks = pool.blocks_for(depth + tg) + 2
         self.ub = ub
 
     def run(self, toks: list[int], n_gen: int) -> dict:

@@ -100,12 +100,6 @@ typedef struct {
     int bytes;
 } attn_pf;
 
-/* prefetch n bytes from p: a line every 64 bytes from p, and the last byte's line when that
- * stride stops short of it; whole lines on a line boundary (f16 rows of a multiple of 32
- * values in the line-aligned pool) just those lines, with no test of the last one (on Zen 3
- * each prefetch instruction costs ~3 cycles even when the line is in L1; the general path
- * cost a 64-value f16 row 2-3 of them more: decode attention 0.93 of the time in cache, 0.95
- * from memory). The 128-byte row (64 values) is the common one: no loop. */
 #ifndef ATTN_PF_LOCALITY
 /* the K/V prefetches' hint: 2 (prefetcht1, into L2), not 3 (prefetcht0, into L1): on Zen 4
  * the L1-bound requests waited on its few miss buffers and a decode step's K/V came from
@@ -115,6 +109,12 @@ typedef struct {
 #define ATTN_PF_LOCALITY 2
 #endif
 
+/* prefetch n bytes from p: a line every 64 bytes from p, and the last byte's line when that
+ * stride stops short of it; whole lines on a line boundary (f16 rows of a multiple of 32
+ * values in the line-aligned pool) just those lines, with no test of the last one (on Zen 3
+ * each prefetch instruction costs ~3 cycles even when the line is in L1; the general path
+ * cost a 64-value f16 row 2-3 of them more: decode attention 0.93 of the time in cache, 0.95
+ * from memory). The 128-byte row (64 values) is the common one: no loop. */
 static inline __attribute__((always_inline)) void attn_pf_span(const uint8_t *p, int n) {
     if (n == 128 && ((uintptr_t)p & 63) == 0) {
         __builtin_prefetch(p, 0, ATTN_PF_LOCALITY);

@@ -374,7 +374,7 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
     for (int t = 0; t < T; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb) {
-        /* one or two tokens: into L2 (memory-bound; 0.77-0.82 of the time on Zen 4); from 4
+        /* one or two tokens: into L2 (memory-bound; 0.77-0.91 of the time on Zen 4); from 4
          * tokens the arithmetic covers the wait and L1 is better (L2 was 1.12-1.20x) */
         if (T <= 2) simd_prefetch_range_l2(blk, (int)bb);
         else simd_prefetch_range(blk, (int)bb);
