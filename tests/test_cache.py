@@ -178,6 +178,50 @@ def test_limited_pool_grows_in_place():
     assert np.all(p.k[1][a[2]] == 5.0) and p.k[0].shape[0] == p.capacity >= 5199
 
 
+def _resident_pages(arr) -> np.ndarray:
+    """mincore(2): which 4 KiB pages of arr's memory are resident (Linux)."""
+    import ctypes
+    import ctypes.util
+    import mmap
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    page = mmap.PAGESIZE
+    lo = arr.ctypes.data // page * page
+    hi = -(-(arr.ctypes.data + arr.nbytes) // page) * page
+    vec = (ctypes.c_ubyte * ((hi - lo) // page))()
+    assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) == 0, ctypes.get_errno()
+    return np.frombuffer(vec, dtype=np.uint8) & 1
+
+
+@pytest.mark.skipif(not __import__("llmcore.hugepages", fromlist=["x"]).prefaulter.enabled,
+                    reason="no MADV_POPULATE_WRITE here (Linux 5.14+), or LLMCORE_PREFAULT=0")
+def test_pool_takes_page_faults_ahead_of_use():
+    """The pages of the blocks after the highest one handed out are populated in the
+    background (no step takes a fault in every layer at once), a bounded way ahead, and
+    populating them never changes a byte already written."""
+    from llmcore.hugepages import HUGE_PAGE, prefaulter
+
+    p = BlockPool(2, 4, 128, block_size=32, grow_blocks=8, max_blocks=4096)  # 32 KiB a block and array
+    per_page = HUGE_PAGE // (32 * 4 * 128 * 2)
+    assert p._fault_ahead == per_page
+    a = p.alloc(3)
+    rng = np.random.default_rng(0)
+    want = rng.standard_normal(p.k[1][a].shape).astype(np.float16)
+    p.k[1][a] = want
+    b = p.alloc(per_page)  # up to block per_page + 2: the next page of every array is asked for
+    p.v[0][b[-1]] = 7.0
+    assert prefaulter.wait(30)
+    top = int(b.max()) + 1
+    assert p._faulted == top + per_page > p.capacity  # past the view, inside the reservation
+    for rs in p._reserved:
+        for arr in rs:
+            res = _resident_pages(arr[:p._faulted])
+            assert res.all(), f"{(res == 0).sum()} of {res.size} pages not resident"
+            assert not _resident_pages(arr[p._faulted + per_page:]).any()  # no further
+    np.testing.assert_array_equal(p.k[1][a], want)
+    assert np.all(p.v[0][b[-1]] == 7.0) and not p.k[0][b].any()
+
+
 def test_pool_grows_by_copies_when_address_space_cannot_be_reserved(monkeypatch):
     """Strict overcommit or a ulimit refuses the reservation: the pool grows as before."""
     import llmcore.cache.pool as pool_mod

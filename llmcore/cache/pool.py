@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from .. import nn
-from ..hugepages import huge_page_mapping
+from ..hugepages import HUGE_PAGE, huge_page_mapping, prefaulter
 from ..errors import ContextFullError
 from .protocol import LazyArray, SnapshotRecord
 
@@ -110,6 +110,12 @@ class BlockPool:
         self._may_reserve = True
         self._free: list[int] = []  # stack of free ids (low ids popped first)
         self.n_grows = 0
+        # blocks [0, _faulted) of the arrays have their pages (or were handed to the
+        # prefaulter); it keeps about one huge page of every array ahead of the highest
+        # block handed out, so no step takes a page fault in every layer at once
+        self._faulted = 0
+        row_bytes = block_size * n_kv_heads * min(rk * dk.itemsize, rv * dv.itemsize)
+        self._fault_ahead = max(self.grow_blocks, -(-HUGE_PAGE // max(1, row_bytes)))
 
     # ---- accounting ---------------------------------------------------------------------
     @property
@@ -175,6 +181,7 @@ class BlockPool:
                     for a, r in zip(arrs, rs):
                         r[:old] = a
                 self._reserved = res
+                self._faulted = old  # the copy took them
         if self._reserved is not None:
             for arrs, rs in zip((self.k, self.v), self._reserved):
                 for i, r in enumerate(rs):
@@ -186,6 +193,7 @@ class BlockPool:
                     if old:
                         b[:old] = a
                     arrs[i] = b
+            self._faulted = old  # new arrays: the copy took the old blocks' pages, no more
         rc = np.zeros(new_cap, dtype=np.int32)
         rc[:old] = self.refcount
         self.refcount = rc
@@ -202,7 +210,29 @@ class BlockPool:
         self._grow(n)
         ids = np.array([self._free.pop() for _ in range(n)], dtype=np.int32)
         self.refcount[ids] = 1
+        top = int(ids.max()) + 1
+        if top + self._fault_ahead // 2 > self._faulted:
+            self._fault_ahead_of(top)
         return ids
+
+    def _fault_ahead_of(self, top: int) -> None:
+        """Hand the pages of blocks up to ``top + _fault_ahead`` (within the reservation, or
+        the capacity of arrays that grow by copies) to the background prefaulter, every
+        array's next pages before any array's later ones."""
+        if self._reserved is not None:
+            limit = self._reserved[0][0].shape[0]
+            arrays = [r for rs in self._reserved for r in rs]
+        else:  # own mappings only (small pools live on the heap, where the faults are few)
+            limit = self.capacity
+            arrays = [a for a in (*self.k, *self.v) if a.nbytes >= OWN_MAPPING_BYTES]
+        end = min(limit, top + self._fault_ahead)
+        if end <= self._faulted or not prefaulter.enabled:
+            return
+        step = self._fault_ahead
+        spans = [(a, b0 * a.strides[0], min(end, b0 + step) * a.strides[0])
+                 for b0 in range(self._faulted, end, step) for a in arrays]
+        self._faulted = end
+        prefaulter.submit(spans)
 
     def incref(self, ids) -> None:
         ids = np.asarray(ids, dtype=np.int32)
