@@ -127,4 +127,14 @@ class _Prefaulter:
             del arr
 
 
+    def _after_fork_in_child(self) -> None:
+        # the thread does not survive a fork: start afresh (another one when asked)
+        self._spans = collections.deque()
+        self._cond = threading.Condition()
+        self._thread = None
+        self._busy = False
+
+
 prefaulter = _Prefaulter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=prefaulter._after_fork_in_child)

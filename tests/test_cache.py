@@ -242,3 +242,27 @@ def test_pool_grows_by_copies_when_address_space_cannot_be_reserved(monkeypatch)
     assert np.all(p.k[1][a[7]] == 4.0)
     with pytest.raises(KVCacheFullError):
         p.alloc(4096)
+
+
+@pytest.mark.skipif(not __import__("llmcore.hugepages", fromlist=["x"]).prefaulter.enabled or not hasattr(__import__("os"), "fork"),
+                    reason="no MADV_POPULATE_WRITE here, or no fork")
+def test_prefaulter_works_in_a_forked_child():
+    """The prefault thread does not survive a fork: the child starts its own (a worker
+    forked after the parent used a pool would otherwise queue spans forever)."""
+    import os
+
+    from llmcore.hugepages import prefaulter
+
+    BlockPool(2, 4, 128, block_size=32, max_blocks=4096).alloc(70)
+    assert prefaulter.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its pool's pages were populated
+        ok = False
+        try:
+            p = BlockPool(2, 4, 128, block_size=32, max_blocks=4096)
+            p.alloc(70)
+            ok = prefaulter.wait(30) and bool(_resident_pages(p._reserved[0][0][:p._faulted]).all())
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
