@@ -202,14 +202,25 @@ static inline float simd_hmax_f32x8(__m256 v) {
  * _mm512_reduce_add_ps (lanes i+8, then i+4, i+2, i+1), so a sum equals a reduce_add of the
  * same vector bit for bit. v is in transposed order: element 4k+e of the result is the sum
  * of v[4e+k]. */
-static inline __m512 simd_hsum16x16(const __m512 *v) {
-    __m512 a[8], b[4], e[2];
-    for (int i = 0; i < 8; i++)   /* i, i+8: 256-bit halves; a[i] = [v2i | v2i+1] */
-        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)   /* i, i+4: 128-bit lanes; lane k of b[i] = v[4i+k] */
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+/* simd_hsum16x16's first two levels for one group of its four inputs v[4i..4i+3]: lane k of
+ * the result holds the partial sums of v[4i+k] (its 128-bit lanes' sums of lanes i, i+8 then
+ * i+4 of each input); a caller that has a group's four vectors reduces them at once instead
+ * of keeping all sixteen */
+static inline __m512 simd_hsum16x16_pair(__m512 v0, __m512 v1) {
+    /* i, i+8: 256-bit halves; [v0 | v1] */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));
+}
+static inline __m512 simd_hsum16x16_pairs(__m512 x, __m512 y) {
+    /* i, i+4: 128-bit lanes; lane k = v[k] */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+}
+static inline __m512 simd_hsum16x16_group(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+    return simd_hsum16x16_pairs(simd_hsum16x16_pair(v0, v1), simd_hsum16x16_pair(v2, v3));
+}
+
+/* simd_hsum16x16's last two levels, over its four groups (simd_hsum16x16_group of each) */
+static inline __m512 simd_hsum16x16_tail(const __m512 *b) {
+    __m512 e[2];
     for (int i = 0; i < 2; i++) { /* i, i+2 within a lane */
         __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
         e[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
@@ -217,6 +228,12 @@ static inline __m512 simd_hsum16x16(const __m512 *v) {
     /* i, i+1 */
     return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static inline __m512 simd_hsum16x16(const __m512 *v) {
+    __m512 b[4];
+    for (int i = 0; i < 4; i++) b[i] = simd_hsum16x16_group(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    return simd_hsum16x16_tail(b);
 }
 #endif
 
