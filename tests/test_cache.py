@@ -196,28 +196,28 @@ def _resident_pages(arr) -> np.ndarray:
 @pytest.mark.skipif(not __import__("llmcore.hugepages", fromlist=["x"]).prefaulter.enabled,
                     reason="no MADV_POPULATE_WRITE here (Linux 5.14+), or LLMCORE_PREFAULT=0")
 def test_pool_takes_page_faults_ahead_of_use():
-    """The pages of the blocks after the highest one handed out are populated in the
-    background (no step takes a fault in every layer at once), a bounded way ahead, and
-    populating them never changes a byte already written."""
-    from llmcore.hugepages import HUGE_PAGE, prefaulter
+    """Once the highest block handed out is half way through a huge page, the next page of
+    every K/V array is populated in the background (no step takes a fault in every layer at
+    once), never more than that, and populating never changes a byte already written."""
+    from llmcore.hugepages import prefaulter
 
     p = BlockPool(2, 4, 128, block_size=32, grow_blocks=8, max_blocks=4096)  # 32 KiB a block and array
-    per_page = HUGE_PAGE // (32 * 4 * 128 * 2)
-    assert p._fault_ahead == per_page
+    per_page = (2 << 20) // (32 * 4 * 128 * 2)
     a = p.alloc(3)
+    assert prefaulter.wait(30)
+    assert p._faulted == per_page  # the first page only, which the first writes take anyway
     rng = np.random.default_rng(0)
     want = rng.standard_normal(p.k[1][a].shape).astype(np.float16)
     p.k[1][a] = want
-    b = p.alloc(per_page)  # up to block per_page + 2: the next page of every array is asked for
+    b = p.alloc(per_page // 2)  # top past half the first page: the second is asked for
     p.v[0][b[-1]] = 7.0
     assert prefaulter.wait(30)
-    top = int(b.max()) + 1
-    assert p._faulted == top + per_page > p.capacity  # past the view, inside the reservation
+    assert p._faulted == 2 * per_page > p.capacity  # past the view, inside the reservation
     for rs in p._reserved:
         for arr in rs:
             res = _resident_pages(arr[:p._faulted])
             assert res.all(), f"{(res == 0).sum()} of {res.size} pages not resident"
-            assert not _resident_pages(arr[p._faulted + per_page:]).any()  # no further
+            assert not _resident_pages(arr[p._faulted:]).any()  # no further
     np.testing.assert_array_equal(p.k[1][a], want)
     assert np.all(p.v[0][b[-1]] == 7.0) and not p.k[0][b].any()
 

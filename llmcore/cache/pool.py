@@ -111,11 +111,11 @@ class BlockPool:
         self._free: list[int] = []  # stack of free ids (low ids popped first)
         self.n_grows = 0
         # blocks [0, _faulted) of the arrays have their pages (or were handed to the
-        # prefaulter); it keeps about one huge page of every array ahead of the highest
-        # block handed out, so no step takes a page fault in every layer at once
+        # prefaulter); once the highest block handed out is half way through a huge page,
+        # the next page of every array is asked for, so no step takes a page fault in every
+        # layer at once, and no more than one page an array is taken before it is needed
         self._faulted = 0
-        row_bytes = block_size * n_kv_heads * min(rk * dk.itemsize, rv * dv.itemsize)
-        self._fault_ahead = max(self.grow_blocks, -(-HUGE_PAGE // max(1, row_bytes)))
+        self._block_bytes = max(1, block_size * n_kv_heads * min(rk * dk.itemsize, rv * dv.itemsize))
 
     # ---- accounting ---------------------------------------------------------------------
     @property
@@ -211,24 +211,26 @@ class BlockPool:
         ids = np.array([self._free.pop() for _ in range(n)], dtype=np.int32)
         self.refcount[ids] = 1
         top = int(ids.max()) + 1
-        if top + self._fault_ahead // 2 > self._faulted:
+        if top * self._block_bytes + HUGE_PAGE // 2 > self._faulted * self._block_bytes:
             self._fault_ahead_of(top)
         return ids
 
     def _fault_ahead_of(self, top: int) -> None:
-        """Hand the pages of blocks up to ``top + _fault_ahead`` (within the reservation, or
-        the capacity of arrays that grow by copies) to the background prefaulter, every
-        array's next pages before any array's later ones."""
+        """Hand the pages of the blocks up to the end of the huge page that holds block
+        ``top`` + half a page (within the reservation, or the capacity of arrays that grow
+        by copies) to the background prefaulter, every array's next page before any
+        array's later ones."""
         if self._reserved is not None:
             limit = self._reserved[0][0].shape[0]
             arrays = [r for rs in self._reserved for r in rs]
         else:  # own mappings only (small pools live on the heap, where the faults are few)
             limit = self.capacity
             arrays = [a for a in (*self.k, *self.v) if a.nbytes >= OWN_MAPPING_BYTES]
-        end = min(limit, top + self._fault_ahead)
+        bb = self._block_bytes  # (the arrays start on a huge page boundary)
+        end = min(limit, ((top * bb + HUGE_PAGE // 2) // HUGE_PAGE + 1) * HUGE_PAGE // bb)
         if end <= self._faulted or not prefaulter.enabled:
             return
-        step = self._fault_ahead
+        step = max(1, HUGE_PAGE // bb)
         spans = [(a, b0 * a.strides[0], min(end, b0 + step) * a.strides[0])
                  for b0 in range(self._faulted, end, step) for a in arrays]
         self._faulted = end
