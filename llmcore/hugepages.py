@@ -124,8 +124,7 @@ class _Prefaulter:
                 with self._cond:
                     self.enabled = False
                     self._spans.clear()
-            del arr
-
+            del arr  # (its mapping may go now)
 
     def _after_fork_in_child(self) -> None:
         # the thread does not survive a fork: start afresh (another one when asked)

@@ -203,19 +203,14 @@ static inline float simd_hmax_f32x8(__m256 v) {
  * same vector bit for bit. v is in transposed order: element 4k+e of the result is the sum
  * of v[4e+k]. */
 /* simd_hsum16x16's first two levels for one group of its four inputs v[4i..4i+3]: lane k of
- * the result holds the partial sums of v[4i+k] (its 128-bit lanes' sums of lanes i, i+8 then
- * i+4 of each input); a caller that has a group's four vectors reduces them at once instead
- * of keeping all sixteen */
-static inline __m512 simd_hsum16x16_pair(__m512 v0, __m512 v1) {
-    /* i, i+8: 256-bit halves; [v0 | v1] */
-    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));
-}
-static inline __m512 simd_hsum16x16_pairs(__m512 x, __m512 y) {
+ * the result holds the partial sums of v[4i+k]; a caller that has a group's four vectors
+ * reduces them at once instead of keeping all sixteen */
+static inline __m512 simd_hsum16x16_group(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+    /* i, i+8: 256-bit halves; x = [v0 | v1], y = [v2 | v3] */
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));
+    const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, 0x44), _mm512_shuffle_f32x4(v2, v3, 0xEE));
     /* i, i+4: 128-bit lanes; lane k = v[k] */
     return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
-}
-static inline __m512 simd_hsum16x16_group(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
-    return simd_hsum16x16_pairs(simd_hsum16x16_pair(v0, v1), simd_hsum16x16_pair(v2, v3));
 }
 
 /* simd_hsum16x16's last two levels, over its four groups (simd_hsum16x16_group of each) */

@@ -5,6 +5,10 @@ import pytest
 from llmcore import nn
 from llmcore.cache import BlockPool, KVCacheFullError, KVCacheState, SeqState
 from llmcore.errors import ContextFullError
+from llmcore.hugepages import prefaulter
+
+needs_prefault = pytest.mark.skipif(not prefaulter.enabled,
+                                    reason="no MADV_POPULATE_WRITE here (Linux 5.14+), or LLMCORE_PREFAULT=0")
 
 
 def make_pool(**kw):
@@ -193,13 +197,11 @@ def _resident_pages(arr) -> np.ndarray:
     return np.frombuffer(vec, dtype=np.uint8) & 1
 
 
-@pytest.mark.skipif(not __import__("llmcore.hugepages", fromlist=["x"]).prefaulter.enabled,
-                    reason="no MADV_POPULATE_WRITE here (Linux 5.14+), or LLMCORE_PREFAULT=0")
+@needs_prefault
 def test_pool_takes_page_faults_ahead_of_use():
     """Once the highest block handed out is half way through a huge page, the next page of
     every K/V array is populated in the background (no step takes a fault in every layer at
     once), never more than that, and populating never changes a byte already written."""
-    from llmcore.hugepages import prefaulter
 
     p = BlockPool(2, 4, 128, block_size=32, grow_blocks=8, max_blocks=4096)  # 32 KiB a block and array
     per_page = (2 << 20) // (32 * 4 * 128 * 2)
@@ -244,14 +246,12 @@ def test_pool_grows_by_copies_when_address_space_cannot_be_reserved(monkeypatch)
         p.alloc(4096)
 
 
-@pytest.mark.skipif(not __import__("llmcore.hugepages", fromlist=["x"]).prefaulter.enabled or not hasattr(__import__("os"), "fork"),
-                    reason="no MADV_POPULATE_WRITE here, or no fork")
+@needs_prefault
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork")
 def test_prefaulter_works_in_a_forked_child():
     """The prefault thread does not survive a fork: the child starts its own (a worker
     forked after the parent used a pool would otherwise queue spans forever)."""
     import os
-
-    from llmcore.hugepages import prefaulter
 
     BlockPool(2, 4, 128, block_size=32, max_blocks=4096).alloc(70)
     assert prefaulter.wait(30)

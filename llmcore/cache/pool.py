@@ -210,9 +210,7 @@ class BlockPool:
         self._grow(n)
         ids = np.array([self._free.pop() for _ in range(n)], dtype=np.int32)
         self.refcount[ids] = 1
-        top = int(ids.max()) + 1
-        if top * self._block_bytes + HUGE_PAGE // 2 > self._faulted * self._block_bytes:
-            self._fault_ahead_of(top)
+        self._fault_ahead_of(int(ids.max()) + 1)
         return ids
 
     def _fault_ahead_of(self, top: int) -> None:
@@ -220,16 +218,15 @@ class BlockPool:
         ``top`` + half a page (within the reservation, or the capacity of arrays that grow
         by copies) to the background prefaulter, every array's next page before any
         array's later ones."""
-        if self._reserved is not None:
-            limit = self._reserved[0][0].shape[0]
-            arrays = [r for rs in self._reserved for r in rs]
-        else:  # own mappings only (small pools live on the heap, where the faults are few)
-            limit = self.capacity
-            arrays = [a for a in (*self.k, *self.v) if a.nbytes >= OWN_MAPPING_BYTES]
         bb = self._block_bytes  # (the arrays start on a huge page boundary)
+        limit = self._reserved[0][0].shape[0] if self._reserved is not None else self.capacity
         end = min(limit, ((top * bb + HUGE_PAGE // 2) // HUGE_PAGE + 1) * HUGE_PAGE // bb)
         if end <= self._faulted or not prefaulter.enabled:
             return
+        if self._reserved is not None:
+            arrays = [r for rs in self._reserved for r in rs]
+        else:  # own mappings only (small pools live on the heap, where the faults are few)
+            arrays = [a for a in (*self.k, *self.v) if a.nbytes >= OWN_MAPPING_BYTES]
         step = max(1, HUGE_PAGE // bb)
         spans = [(a, b0 * a.strides[0], min(end, b0 + step) * a.strides[0])
                  for b0 in range(self._faulted, end, step) for a in arrays]
