@@ -58,6 +58,13 @@ cdef enum:
     # tile items are split along the keys when a call has fewer items than this
     SPLIT_MIN_ITEMS = 32
     SPLIT_MIN_BLOCKS = 8
+    # a chunk with at least this many groups of decode rows gives each group one rows item
+    # over all its kv heads (enough items to share out without splitting a sequence by kv
+    # head): a token's K/V rows of all kv heads are adjacent, and a Q4_0 row of 36 bytes
+    # straddles lines, so per-kv-head items each fetched most of a block's lines
+    # (bench/attn_decode.py -t 1 --kv q4_0, SmolLM2's shape: 32 sequences 16.7-17.0 ->
+    # 14.7-15.5 ms, 8 sequences 3.81-3.94 -> 3.51-3.67 ms; f16 even)
+    ROWS_WHOLE_MIN_GROUPS = 8
 
 
 cdef struct attn_plan:
@@ -209,7 +216,7 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
     cdef int32_t *nparts = tinfo + 2 * N
     cdef long n_items = 0, n_toks = 0, n_slots = 0, tk0, tk, i, kv_bytes = 0
     cdef int n_grp, gi, m, found, T
-    cdef bint tile
+    cdef bint tile, whole
     cdef uint64_t hsh
     cdef attn_item *it
     for t in range(N):
@@ -319,7 +326,18 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
             tile = (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]
             T = T_tile if tile else T_rows
             tk = tk0
+            # many groups: one item for all of a group's kv heads (ROWS_WHOLE_MIN_GROUPS)
+            whole = (not tile and n_grp >= ROWS_WHOLE_MIN_GROUPS and 1 < KVH
+                     and (n_toks - tk0) * H <= ATTN_MAX_ROWS)
+            if whole:
+                T = n_toks - tk0
             while tk < n_toks:
+                if whole:
+                    _rows_item(&items[n_items], grp_rep[gi], 0, H, tk,
+                               tk + T if tk + T < n_toks else n_toks, grp_b0[gi], grp_b1[gi], ch)
+                    n_items += 1
+                    tk += T
+                    continue
                 for kvh in range(KVH):
                     for gc in range(n_gc):
                         _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,
