@@ -216,7 +216,7 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
     cdef int32_t *nparts = tinfo + 2 * N
     cdef long n_items = 0, n_toks = 0, n_slots = 0, tk0, tk, i, kv_bytes = 0
     cdef int n_grp, gi, m, found, T
-    cdef bint tile, whole
+    cdef bint tile
     cdef uint64_t hsh
     cdef attn_item *it
     for t in range(N):
@@ -326,18 +326,13 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
             tile = (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]
             T = T_tile if tile else T_rows
             tk = tk0
-            # many groups: one item for all of a group's kv heads (ROWS_WHOLE_MIN_GROUPS)
-            whole = (not tile and n_grp >= ROWS_WHOLE_MIN_GROUPS and 1 < KVH
-                     and (n_toks - tk0) * H <= ATTN_MAX_ROWS)
-            if whole:
-                T = n_toks - tk0
+            # many groups: one item for all of a group's rows and kv heads (ROWS_WHOLE_MIN_GROUPS)
+            if (not tile and n_grp >= ROWS_WHOLE_MIN_GROUPS and 1 < KVH
+                    and (n_toks - tk0) * H <= ATTN_MAX_ROWS):
+                _rows_item(&items[n_items], grp_rep[gi], 0, H, tk0, n_toks, grp_b0[gi], grp_b1[gi], ch)
+                n_items += 1
+                tk = n_toks
             while tk < n_toks:
-                if whole:
-                    _rows_item(&items[n_items], grp_rep[gi], 0, H, tk,
-                               tk + T if tk + T < n_toks else n_toks, grp_b0[gi], grp_b1[gi], ch)
-                    n_items += 1
-                    tk += T
-                    continue
                 for kvh in range(KVH):
                     for gc in range(n_gc):
                         _rows_item(&items[n_items], grp_rep[gi], kvh * G + gc * Gi,

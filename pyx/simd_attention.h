@@ -2508,6 +2508,9 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
     /* the item's kv heads are adjacent rows of each (token) slot: prefetch that span */
     const int pf_k = (kv1 - kv0 + 1) * c->k_row, pf_v = (kv1 - kv0 + 1) * c->v_row;
+    /* rows that straddle lines (quantized): the next block's rows of all the item's kv heads
+     * asked for once, by the first kv head's pass (below) */
+    const int k_once = (c->k_row & 63) != 0, v_once = (c->v_row & 63) != 0;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
     for (int b = it->b0; b < it->b1 && b < it->b0 + ATTN_PF_AHEAD; b++)
@@ -2536,22 +2539,15 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             const void *kp, *vp;
             int kt = ATTN_KV_F32;  /* how kp / vp are stored */
             long ldk, ldv;
-            /* the next block's rows: rows that straddle lines (quantized) of every kv head of
-             * the item asked for by the first kv head's pass (they are adjacent: a line
-             * shared by two heads' rows asked for once; attn_ab.py 8 sequences in cache: q4_0
-             * 0.98, q8_0 0.94 of the time); whole-line rows (f16) by each head's pass (all of
-             * a block's lines asked for in a third of it: 1.5x the time from memory) */
-            attn_pf pfk = {NULL, ks, c->k_row}, pfv = {NULL, vs, c->v_row};
+            /* the next block's rows: rows that straddle lines of every kv head of the item
+             * asked for by the first kv head's pass (they are adjacent: a line shared by two
+             * heads' rows asked for once; attn_ab.py 8 sequences in cache: q4_0 0.98, q8_0
+             * 0.94 of the time); whole-line rows (f16) by each head's pass (all of a block's
+             * lines asked for in a third of it: 1.5x the time from memory) */
+            attn_pf pfk = {NULL, ks, k_once ? pf_k : c->k_row}, pfv = {NULL, vs, v_once ? pf_v : c->v_row};
             if (blk_n >= 0) {
-                const int wk = c->k_row & 63, wv = c->v_row & 63;  /* != 0: rows straddle lines */
-                if (!wk || kvh == kv0) {
-                    pfk.p = c->k + blk_n * c->k_bstride + (long)(wk ? kv0 : kvh) * c->k_row;
-                    pfk.bytes = wk ? pf_k : c->k_row;
-                }
-                if (!wv || kvh == kv0) {
-                    pfv.p = c->v + blk_n * c->v_bstride + (long)(wv ? kv0 : kvh) * c->v_row;
-                    pfv.bytes = wv ? pf_v : c->v_row;
-                }
+                if (!k_once || kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
+                if (!v_once || kvh == kv0) pfv.p = c->v + blk_n * c->v_bstride + (long)kvh * c->v_row;
             }
 #if ATTN_AVX512
             if (lanes) {

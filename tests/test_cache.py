@@ -5,7 +5,7 @@ import pytest
 from llmcore import nn
 from llmcore.cache import BlockPool, KVCacheFullError, KVCacheState, SeqState
 from llmcore.errors import ContextFullError
-from llmcore.hugepages import prefaulter
+from llmcore.hugepages import HUGE_PAGE, prefaulter
 
 needs_prefault = pytest.mark.skipif(not prefaulter.enabled,
                                     reason="no MADV_POPULATE_WRITE here (Linux 5.14+), or LLMCORE_PREFAULT=0")
@@ -204,7 +204,7 @@ def test_pool_takes_page_faults_ahead_of_use():
     once), never more than that, and populating never changes a byte already written."""
 
     p = BlockPool(2, 4, 128, block_size=32, grow_blocks=8, max_blocks=4096)  # 32 KiB a block and array
-    per_page = (2 << 20) // (32 * 4 * 128 * 2)
+    per_page = HUGE_PAGE // (32 * 4 * 128 * 2)
     a = p.alloc(3)
     assert prefaulter.wait(30)
     assert p._faulted == per_page  # the first page only, which the first writes take anyway
