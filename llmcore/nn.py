@@ -18,8 +18,11 @@ CONTRACT (other modules rely on exactly this API; implementations may change):
   (float32 for "f32", or uint8 quantized rows for q8_0/q4_0: (n_blocks, block_size,
   n_kv_heads, row_bytes) holding ggml Q8_0/Q4_0 blocks of 32, byte-identical to ggml).
   ``kv_row_bytes(kv_type, head_dim)``: bytes of one (token, kv head) row.
-  ``make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim)``: a zeroed pool
-  (the older order ``(n_blocks, block_size, n_kv_heads, head_dim, kv_type)`` is accepted).
+  ``make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim, k_tiles=False)``: a
+  zeroed pool (the older order ``(n_blocks, block_size, n_kv_heads, head_dim, kv_type)`` is
+  accepted); ``k_tiles``: a q4_0 K pool of 16-key tiles, (n_blocks, block_size // 16,
+  n_kv_heads, 16, row_bytes), the rows' bytes in the decode scores kernel's layout
+  (pyx/simd_kv_rows.h). Every function below takes either layout (``pool_tiled(pool)``).
   ``kv_load(pool, kv_type, block_table, n) -> (n, n_kv_heads, head_dim) float32``: the first
   n tokens of a sequence, dequantized (blocks with id -1 read as zeros).
 - ``kv_store(pool, kv_type, block_table int32 (n_blocks_seq,), positions int32 (n,), values float32 (n, n_kv_heads, head_dim))``
@@ -84,13 +87,25 @@ def kv_row_bytes(kv_type: str, head_dim: int) -> int:
     raise ValueError(f"unknown kv type {kv_type!r} (expected one of {', '.join(KV_TYPES)})")
 
 
-def make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim) -> np.ndarray:
+def k_tiles_ok(kv_type: str, block_size: int, head_dim: int) -> bool:
+    """Whether a K pool of this format is stored in 16-key tiles when asked (make_kv_pool)."""
+    return kv_type == KV_Q4_0 and block_size % 16 == 0 and head_dim % 32 == 0 and head_dim <= 1024
+
+
+def make_kv_pool(kv_type, n_blocks, block_size, n_kv_heads, head_dim, *, k_tiles: bool = False) -> np.ndarray:
     """A zeroed pool: (n_blocks, block_size, n_kv_heads, head_dim) float16/float32 for f16/f32,
     or (n_blocks, block_size, n_kv_heads, row_bytes) uint8 for q8_0/q4_0. The older order
-    (n_blocks, block_size, n_kv_heads, head_dim, kv_type) is accepted too."""
+    (n_blocks, block_size, n_kv_heads, head_dim, kv_type) is accepted too.
+
+    k_tiles: a K pool in the scores kernel's layout where the format allows it (k_tiles_ok:
+    Q4_0, block_size % 16 == 0): (n_blocks, block_size // 16, n_kv_heads, 16, row_bytes), each
+    (16 slots, kv head) a tile of the rows' bytes rearranged (pyx/simd_kv_rows.h). Every
+    function here takes either layout and knows it from the array's 5 axes."""
     if not isinstance(kv_type, str) and isinstance(head_dim, str):
         kv_type, n_blocks, block_size, n_kv_heads, head_dim = head_dim, kv_type, n_blocks, block_size, n_kv_heads
     row = kv_row_bytes(kv_type, head_dim)
+    if k_tiles and k_tiles_ok(kv_type, block_size, head_dim):
+        return np.zeros((n_blocks, block_size // 16, n_kv_heads, 16, row), dtype=np.uint8)
     if kv_type == KV_F16:
         return np.zeros((n_blocks, block_size, n_kv_heads, head_dim), dtype=np.float16)
     if kv_type == KV_F32:
@@ -104,11 +119,26 @@ def _pool_head_dim(pool: np.ndarray, kv_type: str) -> int:
     return pool.shape[-1]
 
 
+def pool_tiled(pool: np.ndarray) -> bool:
+    """A K pool of 16-key tiles (make_kv_pool(k_tiles=True))."""
+    return pool.ndim == 5
+
+
+def pool_block_size(pool: np.ndarray) -> int:
+    return pool.shape[1] * 16 if pool.ndim == 5 else pool.shape[1]
+
+
 def _check_pool(pool: np.ndarray, kv_type: str) -> None:
     want = {KV_F16: np.float16, KV_F32: np.float32}.get(kv_type, np.uint8)
     if kv_type not in KV_TYPES:
         raise ValueError(f"unknown kv type {kv_type!r}")
-    if pool.dtype != want or pool.ndim != 4:
+    if pool.ndim == 5 and (kv_type != KV_Q4_0 or pool.shape[3] != 16 or pool.dtype != want
+                           or not k_tiles_ok(kv_type, 16 * pool.shape[1], _pool_head_dim(pool, kv_type))):
+        raise ValueError(f"a tiled K pool is q4_0 (n_blocks, block_size // 16, n_kv_heads, 16, row), "
+                         f"got {kv_type} {pool.dtype} {pool.shape}")
+    if pool.ndim == 5:
+        pass
+    elif pool.dtype != want or pool.ndim != 4:
         raise ValueError(f"{kv_type} pool must be a 4-d {np.dtype(want).name} array, got {pool.dtype} {pool.shape}")
     if not pool.flags.c_contiguous:
         raise ValueError("KV pool must be C-contiguous")
@@ -116,7 +146,7 @@ def _check_pool(pool: np.ndarray, kv_type: str) -> None:
 
 def _pool_bytes(pool: np.ndarray) -> np.ndarray:
     """(n_blocks, bytes per block) uint8 view, no copy."""
-    per_block = pool.shape[1] * pool.shape[2] * pool.shape[3] * pool.itemsize
+    per_block = int(np.prod(pool.shape[1:], dtype=np.int64)) * pool.itemsize
     return pool.reshape(-1).view(np.uint8).reshape(pool.shape[0], per_block)
 
 
@@ -247,7 +277,8 @@ def kv_store(pool, kv_type, block_table, positions, values, seg_start=None):
             r0, r1 = seg[s], seg[s + 1]
             _ref_kv_store(pool, kv_type, tables[s], np.asarray(positions)[r0:r1], values[r0:r1])
         return
-    bad = _kv_rows.kv_store(_pool_bytes(pool), _KV_CODE[kv_type], pool.shape[1], pool.shape[2],
+    code = _kv_rows.Q4_0_TILES if pool_tiled(pool) else _KV_CODE[kv_type]
+    bad = _kv_rows.kv_store(_pool_bytes(pool), code, pool_block_size(pool), pool.shape[2],
                       kv_row_bytes(kv_type, values.shape[2]), tables, seg, _i32(positions),
                       values, get_num_threads())
     if bad:
@@ -257,7 +288,7 @@ def kv_store(pool, kv_type, block_table, positions, values, seg_start=None):
 def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
     _check_pool(pool, kv_type)
     table = _i32(block_table)
-    bs = pool.shape[1]
+    bs = pool_block_size(pool)
     if n > len(table) * bs:
         raise ValueError(f"kv_load: {n} tokens but the table covers {len(table) * bs}")
     if not _kernels.ENABLED:
@@ -266,7 +297,8 @@ def kv_load(pool, kv_type, block_table, n) -> np.ndarray:
     out = np.empty((n, pool.shape[2], hd), dtype=np.float32)
     if (table[: (n + bs - 1) // bs] >= pool.shape[0]).any():
         raise ValueError("kv_load: block id out of range")
-    _kv_rows.kv_load(_pool_bytes(pool), _KV_CODE[kv_type], bs, pool.shape[2], kv_row_bytes(kv_type, hd), table, out)
+    code = _kv_rows.Q4_0_TILES if pool_tiled(pool) else _KV_CODE[kv_type]
+    _kv_rows.kv_load(_pool_bytes(pool), code, bs, pool.shape[2], kv_row_bytes(kv_type, hd), table, out)
     return out
 
 
@@ -279,8 +311,8 @@ def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
     _check_pool(v_pool, kv_type)
     q = _f32(q)
     N, H, D = q.shape
-    bs, kvh = k_pool.shape[1], k_pool.shape[2]
-    if v_pool.shape[1:3] != (bs, kvh) or v_pool.shape[0] != k_pool.shape[0]:
+    bs, kvh = pool_block_size(k_pool), k_pool.shape[2]
+    if (pool_block_size(v_pool), v_pool.shape[2]) != (bs, kvh) or v_pool.shape[0] != k_pool.shape[0]:
         raise ValueError(f"k_pool {k_pool.shape} and v_pool {v_pool.shape} disagree")
     if H % kvh:
         raise ValueError(f"n_heads {H} is not a multiple of n_kv_heads {kvh}")
@@ -302,7 +334,8 @@ def attention(q, k_pool, v_pool, kv_type, block_tables, seg_start, q_pos, scale,
     _attention.attention(q, _pool_bytes(k_pool), _pool_bytes(v_pool), _KV_CODE[kv_type], bs, kvh,
                  kv_row_bytes(kv_type, D), kv_row_bytes(kv_type, Dv), Dv, tables, seg, pos,
                  float(scale), int(window or 0), float(softcap or 0.0), sk, o, get_num_threads(),
-                 None if decode_seqs is None else np.ascontiguousarray(decode_seqs, dtype=np.uint8))
+                 None if decode_seqs is None else np.ascontiguousarray(decode_seqs, dtype=np.uint8),
+                 pool_tiled(k_pool))
     return o
 
 
@@ -381,7 +414,40 @@ def _ref_dequantize_rows(rows: np.ndarray, kv_type: str) -> np.ndarray:
     return quants.dequantize(rows, qt).astype(np.float32)
 
 
+def _ref_tile_perm(row: int) -> np.ndarray:
+    """Byte i of a Q4_0 K tile (16 slots of `row` bytes) is byte perm[i] of the 16 rows
+    (slot u's byte c at u * row + c): pyx/simd_kv_rows.h's layout."""
+    nb = row // 18
+    perm = []
+    for b in range(nb):
+        perm += [u * row + 18 * b + e for u in range(16) for e in range(2)]
+    for p in range((nb + 1) // 2):
+        nd = 8 if 2 * p + 1 < nb else 4
+        perm += [u * row + 18 * (2 * p + d // 4) + 2 + 4 * (d % 4) + e
+                 for d in range(nd) for u in range(16) for e in range(4)]
+    return np.asarray(perm, dtype=np.int64)
+
+
+def _ref_rows_from_tiles(tiles: np.ndarray) -> np.ndarray:
+    """(N, G, KVH, 16, row) tiles -> (N, 16 G, KVH, row) rows."""
+    N, G, KVH, _, row = tiles.shape
+    flat = np.empty((N, G, KVH, 16 * row), np.uint8)
+    flat[..., _ref_tile_perm(row)] = tiles.reshape(N, G, KVH, 16 * row)
+    return flat.reshape(N, G, KVH, 16, row).transpose(0, 1, 3, 2, 4).reshape(N, 16 * G, KVH, row)
+
+
+def _ref_tiles_from_rows(rows: np.ndarray) -> np.ndarray:
+    N, bs, KVH, row = rows.shape
+    t = rows.reshape(N, bs // 16, 16, KVH, row).transpose(0, 1, 3, 2, 4).reshape(N, bs // 16, KVH, 16 * row)
+    return t[..., _ref_tile_perm(row)].reshape(N, bs // 16, KVH, 16, row)
+
+
 def _ref_kv_store(pool, kv_type, block_table, positions, values):
+    if pool_tiled(pool):
+        rows = _ref_rows_from_tiles(pool)
+        _ref_kv_store(rows, kv_type, block_table, positions, values)
+        pool[...] = _ref_tiles_from_rows(rows)
+        return
     bs = pool.shape[1]
     rows = _ref_quantize_rows(np.asarray(values, dtype=np.float32), kv_type)
     for i, p in enumerate(np.asarray(positions)):
@@ -389,10 +455,11 @@ def _ref_kv_store(pool, kv_type, block_table, positions, values):
 
 
 def _ref_kv_load(pool, kv_type, table, n):
-    bs = pool.shape[1]
+    bs = pool_block_size(pool)
     nb = (n + bs - 1) // bs
     t = np.asarray(table[:nb])
-    blocks = _ref_dequantize_rows(pool[np.maximum(t, 0)], kv_type)
+    sel = pool[np.maximum(t, 0)]
+    blocks = _ref_dequantize_rows(_ref_rows_from_tiles(sel) if pool_tiled(pool) else sel, kv_type)
     blocks[t < 0] = 0.0
     return blocks.reshape(nb * bs, *blocks.shape[2:])[:n]
 

@@ -19,7 +19,7 @@ from libc.string cimport memcmp, memcpy
 
 import numpy as np
 
-from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q8_0, store_row
+from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q8_0, kv_tile_store_q4_0, store_row
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
 from simd cimport simd_alloc
@@ -41,7 +41,7 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
              const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] positions,
              int n_rot, float base, bint neox, float freq_scale,
              const float[::1] q_norm, const float[::1] k_norm, float eps, int n_threads=1,
-             const float[:, ::1] cs_table=None):
+             const float[:, ::1] cs_table=None, bint k_tiled=False):
     """After the fused q/k/v projection, in one pass per token: q (and k) per-head RMS norm,
     rope on q and k (one cos/sin table per position), q written contiguous to q_out, k and v
     stored (quantized) into their block slots. Same arithmetic as rms_norm + rope + kv_store.
@@ -58,6 +58,8 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
     cs_table : float32 (N, n_rot) or None: the tokens' cos/sin tables (rope.cos_sin_table with
         these positions and rope parameters: the same values), shared by a step's layers
     """
+    if k_tiled and (kv_type != T_Q4_0 or block_size % 16 or q_out.shape[2] % 32 or q_out.shape[2] > 1024):
+        raise ValueError("qkv_post: a tiled K pool is Q4_0 with block_size % 16 == 0")
     cdef Py_ssize_t N = q_out.shape[0], i
     cdef int H = <int>q_out.shape[1], D = <int>q_out.shape[2], KVH = n_kv_heads
     cdef int S = <int>seg_start.shape[0] - 1, nb_seq = <int>block_tables.shape[1], nb = <int>k_pool.shape[0]
@@ -127,7 +129,10 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
                     rms_row(tmp, NULL, kn, eps, tmp, D)
                 if n_rot > 0:
                     rope_apply(tmp, n_rot, neox, csp)
-                store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
+                if k_tiled:
+                    kv_tile_store_q4_0(tmp, kp + blk[i] * kbs, p % block_size, h, KVH, D // 32)
+                else:
+                    store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
                 store_row(src + H * D + KVH * D + h * Dv, kv_type,
                           vp + blk[i] * vbs + ((p % block_size) * KVH + h) * v_row, Dv)
         free(tmp)
@@ -148,7 +153,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
               int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,
               const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] q_pos,
               float scale, int window, float softcap, const float[::1] sinks, float[:, :, ::1] out,
-              int n_threads=1, const uint8_t[::1] decode_seqs=None):
+              int n_threads=1, const uint8_t[::1] decode_seqs=None, bint k_tiled=False):
     """out = softmax(q k^T * scale, masked) v for each query row, over its sequence's blocks.
 
     q : float32 (N, H, D); rows seg_start[s]:seg_start[s+1] belong to sequence s
@@ -164,6 +169,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     decode_seqs : uint8 (S,) or None: sequences marked take the rows (decode) kernel whatever
         their row count, so each of their tokens gets the bits it gets decoded alone after the
         tokens before it (speculative decoding's verify segments)
+    k_tiled : the Q4_0 K pool stores 16-key tiles (simd_kv_rows.h; block_size % 16 == 0)
     """
     cdef int N = <int>q.shape[0], H = <int>q.shape[1], D = <int>q.shape[2]
     cdef int S = <int>seg_start.shape[0] - 1, bs = block_size, KVH = n_kv_heads
@@ -186,6 +192,8 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if bs <= 0 or bs > ATTN_MAX_BS:
         raise ValueError(f"block_size must be in 1..{ATTN_MAX_BS}")
+    if k_tiled and (kv_type != ATTN_KV_Q4_0 or bs % 16 or D % 32 or D > 1024):
+        raise ValueError("a tiled K pool is Q4_0 with block_size % 16 == 0 and head_dim % 32 == 0, <= 1024")
     if decode_seqs is not None and decode_seqs.shape[0] != S:
         raise ValueError("decode_seqs must have one entry per sequence")
     if N == 0 or S <= 0:
@@ -214,6 +222,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
     c.softcap = softcap
     c.window = window
     c.sinks = &sinks[0] if sinks is not None else NULL
+    c.k_tiled = 1 if k_tiled else 0
 
     cdef attn_plan pl
     if attn_plan_build(&pl, N, H, KVH, Dv, bs, k_row, v_row, &block_tables[0, 0] if MB > 0 else NULL, S, MB,

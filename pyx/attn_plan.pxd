@@ -40,6 +40,7 @@ cdef extern from "simd_attention.h" nogil:
         const int32_t *chunk0
         const int32_t *nparts
         float *partial
+        int k_tiled
     ctypedef struct attn_item:
         int32_t kind, seq, h0, h1, tok0, tok1, b0, b1, chunk
     long attn_scratch_floats(int D, int Dv, int bs)

@@ -11,9 +11,9 @@ from cython.parallel cimport prange
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport free, malloc
 
-from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q8_0, load_row, store_row
+from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q4_0_TILES, T_Q8_0, load_slot, store_slot
 
-F32, F16, Q8_0, Q4_0 = T_F32, T_F16, T_Q8_0, T_Q4_0
+F32, F16, Q8_0, Q4_0, Q4_0_TILES = T_F32, T_F16, T_Q8_0, T_Q4_0, T_Q4_0_TILES
 
 
 def kv_store(uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_heads, int row_nbytes,
@@ -23,7 +23,7 @@ def kv_store(uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_heads, 
     position maps to no block (block id out of range or negative: nothing written for them).
 
     pool : uint8 (n_blocks, block_size * n_kv_heads * row_nbytes), updated in place
-    kv_type : F32, F16, Q8_0 or Q4_0
+    kv_type : F32, F16, Q8_0 or Q4_0, or Q4_0_TILES (a K pool of 16-slot tiles: block_size % 16 == 0)
     block_tables : int32 (S, max_blocks); sequence s keeps position p in block
         block_tables[s, p // block_size], slot p % block_size
     seg_start : int32 (S + 1,): rows seg_start[s]:seg_start[s+1] belong to sequence s
@@ -55,8 +55,7 @@ def kv_store(uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_heads, 
                 bad += 1
                 continue
             for h in range(n_kv_heads):
-                store_row(&values[i, h, 0], kv_type,
-                          &pool[blk, ((p % block_size) * n_kv_heads + h) * row_nbytes], D)
+                store_slot(&values[i, h, 0], kv_type, &pool[blk, 0], p % block_size, h, n_kv_heads, row_nbytes, D)
     free(row_seq)
     return bad
 
@@ -79,5 +78,4 @@ def kv_load(const uint8_t[:, ::1] pool, int kv_type, int block_size, int n_kv_he
                     for j in range(D):
                         out[i, h, j] = 0.0
                 else:
-                    load_row(&pool[blk, ((i % block_size) * n_kv_heads + h) * row_nbytes],
-                             kv_type, &out[i, h, 0], D)
+                    load_slot(&pool[blk, 0], kv_type, i % block_size, h, n_kv_heads, row_nbytes, &out[i, h, 0], D)

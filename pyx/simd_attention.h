@@ -47,6 +47,9 @@
 
 /* storage type codes: kv_rows.pxd's T_* (attention.pyx checks they agree) */
 enum { ATTN_KV_F32 = 0, ATTN_KV_F16 = 1, ATTN_KV_Q8_0 = 2, ATTN_KV_Q4_0 = 3 };
+/* (the kernels' own code for a Q4_0 K stored in 16-key tiles, simd_kv_rows.h: the pointer is
+ * a block's first tile of the kv head, the stride the next 16-key group's) */
+enum { ATTN_KV_Q4_0T = 4 };
 
 #ifndef ATTN_PF_AHEAD
 /* decode: blocks prefetched ahead of the one computed, row by row as the kernels reach each
@@ -80,6 +83,7 @@ typedef struct {
     const int32_t *chunk0;     /* (N,) chunk index of that slot */
     const int32_t *nparts;     /* (N,) partials of a token (1: items write out directly) */
     float *partial;            /* (slots, H, Dv + 2): o, m, l */
+    int k_tiled;               /* a Q4_0 K pool in 16-key tiles (simd_kv_rows.h) */
 } attn_ctx;
 
 /* kind 0: tile, 1: rows. Rows r = hi * nt + ti (nt = tok1 - tok0): token toks[tok0 + ti],
@@ -135,6 +139,14 @@ static inline __attribute__((always_inline)) void attn_pf_span(const uint8_t *p,
     for (; c < n; c += 64) __builtin_prefetch(p + c, 0, ATTN_PF_LOCALITY);
     if ((((uintptr_t)p + (uintptr_t)(c - 64)) >> 6) != (((uintptr_t)p + (uintptr_t)(n - 1)) >> 6))
         __builtin_prefetch(p + n - 1, 0, ATTN_PF_LOCALITY);
+}
+
+/* key j of a tiled Q4_0 K (ATTN_KV_Q4_0T): p is the block's first tile of the item's first kv
+ * head, stride the 16-key groups' distance, bytes a key's share of the group's tiles of the
+ * item's kv heads (adjacent): the tiles' bytes asked for at the pace of the keys */
+static inline __attribute__((always_inline)) void attn_pf_tile_row(const attn_pf *pf, int j) {
+    if (!pf) return;
+    attn_pf_span(pf->p + (long)(j >> 4) * pf->stride + (long)(j & 15) * pf->bytes, pf->bytes);
 }
 
 static inline __attribute__((always_inline)) void attn_pf_row(const attn_pf *pf, int j) {
@@ -1062,6 +1074,42 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
         const uint8_t *k, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
     const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
     const __m256i ones = _mm256_set1_epi16(1), lowbits = _mm256_set1_epi8(0x0F);
+    if (T == ATTN_KV_Q4_0T) {
+        /* tiles (simd_kv_rows.h): the transposed dwords below are stored as such, 16 keys a
+         * 64-byte vector, the scales as a vector: half a vector serves 8 keys */
+        for (int jb = j0 & ~7; jb < j1; jb += 8) {
+            __m256 sacc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            const __m256 live = attn_range8(jb, j0, j1 - 1);
+            for (int u = 0; u < 8; u++)
+                if (jb + u >= j0 && jb + u < j1) attn_pf_tile_row(pf, jb + u);
+            const uint8_t *tile = k + (long)(jb >> 4) * ldk;
+            const int half = jb & 8;  /* the group's keys 0..7 or 8..15 */
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *pk = tile + 32 * nb + 512 * (b >> 1) + 256 * (b & 1) + 4 * half;
+                __m256i lo[4], hi[4];  /* values 4m..4m+3 and 16 + 4m..16 + 4m + 3 of each key */
+                for (int m = 0; m < 4; m++) {
+                    const __m256i kv = _mm256_loadu_si256((const __m256i *)(pk + 64 * m));
+                    lo[m] = _mm256_and_si256(kv, lowbits);
+                    hi[m] = _mm256_and_si256(_mm256_srli_epi16(kv, 4), lowbits);
+                }
+                const __m256 dk = _mm256_and_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 * b + 2 * half))),
+                                                live);
+                for (int r = 0; r < RB; r++) {
+                    const int32_t *qw = (const int32_t *)(qb + (long)r * qstride + 32 * b);
+                    __m256i acc = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qw[0]));
+                    for (int m = 1; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo[m], _mm256_set1_epi32(qw[m])));
+                    for (int m = 0; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi[m], _mm256_set1_epi32(qw[4 + m])));
+                    __m256i I = _mm256_madd_epi16(acc, ones);
+                    I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
+                    const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
+                    sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)
+                                     : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), kq, sacc[r]);
+                }
+            }
+            for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, _mm256_and_ps(sacc[r], live));
+        }
+        return;
+    }
     if (T == ATTN_KV_Q4_0) {
         /* keys in lanes: a block's 16 nibble bytes of 8 keys transposed by dwords (vector m:
          * bytes 4m..4m+3 of every key), so a row's dots are 8 maddubs against broadcasts of
@@ -1180,12 +1228,24 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
     for (int jb = j0 & ~15; jb < j1; jb += 16) {
         const int a = j0 > jb ? j0 - jb : 0, z = j1 - jb < 16 ? j1 - jb : 16;
         const __mmask16 live = (__mmask16)(((1u << z) - 1u) & ~((1u << a) - 1u));
-        for (int u = a; u < z; u++) attn_pf_row(pf, jb + u);
-        const uint8_t *kg = k + (long)jb * ldk;
+        if (T == ATTN_KV_Q4_0T)
+            for (int u = a; u < z; u++) attn_pf_tile_row(pf, jb + u);
+        else
+            for (int u = a; u < z; u++) attn_pf_row(pf, jb + u);
+        /* (tiles: the group's tile; rows: its first row) */
+        const uint8_t *kg = T == ATTN_KV_Q4_0T ? k + (long)(jb >> 4) * ldk : k + (long)jb * ldk;
         for (int p = 0; 2 * p < nb; p++) {
             const int two = 2 * p + 1 < nb;
             __m512 t[16];
-            if (T == ATTN_KV_Q4_0) {
+            if (T == ATTN_KV_Q4_0T) {
+                /* stored as the transposition below leaves them: dword d of every key */
+                const uint8_t *pk = kg + 32 * nb + 512 * p;
+                for (int d = 0; d < 8; d++) {
+                    const __m512i wd = d < 4 || two ? _mm512_loadu_si512((const void *)(pk + 64 * d)) : _mm512_setzero_si512();
+                    t[d] = _mm512_castsi512_ps(_mm512_and_si512(wd, lowbits));
+                    t[d + 8] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_srli_epi32(wd, 4), lowbits));
+                }
+            } else if (T == ATTN_KV_Q4_0) {
                 /* packed bytes first (32 a key: 8 x 8 transposes in 256-bit halves), the nibbles
                  * after: vector u holds keys k and k + 4 (k = u, u + 4 from u = 4), so that
                  * the halves' 128-bit quarters come out in key order */
@@ -1244,12 +1304,19 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
             }
             attn_transpose16(t);
             }
-            /* the blocks' f16 scales of the 16 keys (low half of a 32-bit gather) */
-            const __m512 dkA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offs, kg + (long)(2 * p) * bb, 1)));
-            const __m512 dkB = two ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
-                                         _mm512_setzero_si512(), live, offs, kg + (long)(2 * p + 1) * bb, 1)))
-                                   : _mm512_setzero_ps();
+            /* the blocks' f16 scales of the 16 keys (tiles: a vector; rows: the low half of a
+             * 32-bit gather) */
+            __m512 dkA, dkB;
+            if (T == ATTN_KV_Q4_0T) {
+                dkA = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p)));
+                dkB = two ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p + 32))) : _mm512_setzero_ps();
+            } else {
+                dkA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                    _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offs, kg + (long)(2 * p) * bb, 1)));
+                dkB = two ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
+                                _mm512_setzero_si512(), live, offs, kg + (long)(2 * p + 1) * bb, 1)))
+                          : _mm512_setzero_ps();
+            }
             for (int r = 0; r < R; r++) {
                 const int8_t *qr = qb + (long)r * qstride + 64 * p;
                 /* a0, a1: block 2p; b0, b1: block 2p + 1 (two chains each) */
@@ -1293,7 +1360,9 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
         const attn_pf *pfr = r == 0 ? pf : NULL;
 #define ATTN_Q8_RB(RB)                                                                                   \
         do {                                                                                             \
-            if (T == ATTN_KV_Q4_0)                                                                       \
+            if (T == ATTN_KV_Q4_0T)                                                                      \
+                attn_rows_scores_q8_rb(RB, ATTN_KV_Q4_0T, qr, qstride, dqr, cr, D, k, ldk, j0, j1, sr, ldS, pfr); \
+            else if (T == ATTN_KV_Q4_0)                                                                  \
                 attn_rows_scores_q8_rb(RB, ATTN_KV_Q4_0, qr, qstride, dqr, cr, D, k, ldk, j0, j1, sr, ldS, pfr); \
             else                                                                                         \
                 attn_rows_scores_q8_rb(RB, ATTN_KV_Q8_0, qr, qstride, dqr, cr, D, k, ldk, j0, j1, sr, ldS, pfr); \
@@ -1310,10 +1379,15 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
 #endif
     (void)corr;
     (void)pf;
+    uint8_t kt[18 * 32];  /* (a tiled key's row: head_dim <= 1024) */
     for (int r = 0; r < R; r++) {
         const int8_t *qr = qb + (long)r * qstride;
         for (int j = j0; j < j1; j++) {
             const uint8_t *kr = k + (long)j * ldk;
+            if (T == ATTN_KV_Q4_0T) {
+                kv_tile_get_q4_0(k + (long)(j >> 4) * ldk, j & 15, kt, nb);
+                kr = kt;
+            }
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *blk = kr + (long)b * bb;
@@ -1474,7 +1548,10 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
             ldk = ks / 4;
             ldv = vs / 4;
         } else {
-            attn_load_rows(kb, ks, c->kv_type, jlo, jhi + 1, D, kf, D);
+            if (c->k_tiled)
+                kv_tile_load_rows_q4_0(c->k + blk * c->k_bstride, jlo, jhi + 1, kvh, KVH, D / 32, kf, D);
+            else
+                attn_load_rows(kb, ks, c->kv_type, jlo, jhi + 1, D, kf, D);
             kp = kf + (long)jlo * D;
             ldk = D;
             vp = NULL;
@@ -1485,7 +1562,9 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         attn_tile_scores(qt, ldq, nv, R, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
         attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
         if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, asked for along this one's P.V */
-            pace.k.p = c->k + table[b + 1] * c->k_bstride + (long)kvh * c->k_row;
+            /* (tiles: the block's bytes in order, a row's worth a key: all kv heads' tiles) */
+            pace.k.p = c->k + table[b + 1] * c->k_bstride + (c->k_tiled ? 0 : (long)kvh * c->k_row);
+            if (c->k_tiled) pace.k.bytes = (int)ks;
             pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
             pace.rows = bs;
         }
@@ -2513,9 +2592,14 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int k_once = (c->k_row & 63) != 0, v_once = (c->v_row & 63) != 0;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
+    const long kg_stride = 16L * KVH * c->k_row;  /* (tiled K: a 16-key group's tiles) */
     for (int b = it->b0; b < it->b1 && b < it->b0 + ATTN_PF_AHEAD; b++)
         if (table[b] >= 0) {
-            attn_prefetch_rows(c->k + table[b] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
+            if (c->k_tiled)
+                for (int g = 0; g < bs / 16; g++)
+                    attn_pf_span(c->k + table[b] * c->k_bstride + g * kg_stride + 16L * kv0 * c->k_row, 16 * pf_k);
+            else
+                attn_prefetch_rows(c->k + table[b] * c->k_bstride + (long)kv0 * c->k_row, ks, bs, pf_k);
             attn_prefetch_rows(c->v + table[b] * c->v_bstride + (long)kv0 * c->v_row, vs, bs, pf_v);
         }
     for (int b = it->b0; b < it->b1; b++) {
@@ -2545,8 +2629,14 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
              * 0.94 of the time); whole-line rows (f16) by each head's pass (all of a block's
              * lines asked for in a third of it: 1.5x the time from memory) */
             attn_pf pfk = {NULL, ks, k_once ? pf_k : c->k_row}, pfv = {NULL, vs, v_once ? pf_v : c->v_row};
+            if (c->k_tiled) {  /* the item's kv heads' tiles, key by key (attn_pf_tile_row) */
+                pfk.stride = kg_stride;
+                pfk.bytes = pf_k;
+            }
             if (blk_n >= 0) {
-                if (!k_once || kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
+                if (c->k_tiled) {
+                    if (kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + 16L * kv0 * c->k_row;
+                } else if (!k_once || kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;
                 if (!v_once || kvh == kv0) pfv.p = c->v + blk_n * c->v_bstride + (long)kvh * c->v_row;
             }
 #if ATTN_AVX512
@@ -2573,7 +2663,13 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             } else
 #endif
             if (q8) {  /* scores read K as it is stored; V in place or converted once */
-                kp = kb; ldk = ks;
+                if (c->k_tiled) {
+                    kp = c->k + blk * c->k_bstride + 16L * kvh * c->k_row;
+                    ldk = kg_stride;
+                } else {
+                    kp = kb;
+                    ldk = ks;
+                }
 #if ATTN_AVX512
                 if (rn <= ATTN_ROWS_IN_PLACE) {
                     vp = vb; ldv = vs; kt = c->kv_type;
@@ -2603,7 +2699,8 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             }
             if (q8)
                 attn_rows_scores_q8(qb + (long)ra * qrb, qrb, dq + (long)ra * nbq, qcorr + (long)ra * nbq, rn, D,
-                                    (const uint8_t *)kp, c->kv_type, ldk, j0, j1, s + (long)ra * ldS, ldS,
+                                    (const uint8_t *)kp, c->k_tiled ? ATTN_KV_Q4_0T : c->kv_type, ldk, j0, j1,
+                                    s + (long)ra * ldS, ldS,
                                     pfk.p ? &pfk : NULL);
             else
                 attn_rows_scores(q + (long)ra * D, rn, D, kp, kt, ldk, j0, j1, s + (long)ra * ldS, ldS,

@@ -186,4 +186,82 @@ static inline void kv_dequant_q4_0(const uint8_t *x, float *y, int n) {
     }
 }
 
+/* ---- Q4_0 K in 16-key tiles ----------------------------------------------------------------
+ * A Q4_0 K pool may store each 16 slots x one kv head of a block as a tile, in the layout the
+ * int8 scores kernel wants its keys in (simd_attention.h, attn_rows_scores_q8): key u's 32-value
+ * blocks b = 0..nb-1 (nb = head_dim / 32) as
+ *     scales   tile[32 b + 2 u .. + 2)              the block's f16 scale
+ *     packed   tile[32 nb + 512 p + 64 d + 4 u .. + 4) for pairs of blocks p = (2p, 2p + 1):
+ *              dword d (0..7) of the key's 32 packed bytes (block 2p's 16, then 2p + 1's);
+ *              a last block without a pair (nb odd) keeps d = 0..3 (256 bytes)
+ * so that 16 keys' dword d is one 64-byte vector (keys in lanes) and their scales one 32-byte
+ * vector. A tile is 16 rows' bytes (16 x 18 nb); the slot's row is its bytes rearranged. */
+static inline void kv_tile_put_q4_0(const uint8_t *row, uint8_t *tile, int u, int nb) {
+    for (int b = 0; b < nb; b++) memcpy(tile + 32 * b + 2 * u, row + 18 * b, 2);
+    uint8_t *pk = tile + 32 * nb;
+    for (int p = 0; 2 * p < nb; p++, pk += 512) {
+        const int nd = 2 * p + 1 < nb ? 8 : 4;
+        for (int d = 0; d < nd; d++) memcpy(pk + 64 * d + 4 * u, row + 18 * (2 * p + d / 4) + 2 + 4 * (d % 4), 4);
+    }
+}
+
+static inline void kv_tile_get_q4_0(const uint8_t *tile, int u, uint8_t *row, int nb) {
+    for (int b = 0; b < nb; b++) memcpy(row + 18 * b, tile + 32 * b + 2 * u, 2);
+    const uint8_t *pk = tile + 32 * nb;
+    for (int p = 0; 2 * p < nb; p++, pk += 512) {
+        const int nd = 2 * p + 1 < nb ? 8 : 4;
+        for (int d = 0; d < nd; d++) memcpy(row + 18 * (2 * p + d / 4) + 2 + 4 * (d % 4), pk + 64 * d + 4 * u, 4);
+    }
+}
+
+/* slot t (of a block of rows) of kv head h in a tiled block: its tile and lane */
+static inline uint8_t *kv_tile_of(uint8_t *block, int t, int h, int KVH, int row_bytes, int *u) {
+    *u = t & 15;
+    return block + ((long)(t >> 4) * KVH + h) * 16L * row_bytes;
+}
+
+/* the values of slot t, kv head h of a tiled Q4_0 block: y (32 nb,) */
+static inline void kv_tile_load_q4_0(const uint8_t *block, int t, int h, int KVH, int nb, float *y) {
+    uint8_t row[18 * 32];  /* (head_dim <= 1024) */
+    int u;
+    const uint8_t *tile = kv_tile_of((uint8_t *)block, t, h, KVH, 18 * nb, &u);
+    kv_tile_get_q4_0(tile, u, row, nb);
+    kv_dequant_q4_0(row, y, 32 * nb);
+}
+
+/* slot t, kv head h of a tiled Q4_0 block = x (32 nb,), quantized */
+static inline void kv_tile_store_q4_0(const float *x, uint8_t *block, int t, int h, int KVH, int nb) {
+    uint8_t row[18 * 32];
+    int u;
+    uint8_t *tile = kv_tile_of(block, t, h, KVH, 18 * nb, &u);  /* (sets u: before the call that reads it) */
+    kv_quantize_q4_0(x, row, 32 * nb);
+    kv_tile_put_q4_0(row, tile, u, nb);
+}
+
+/* slots [j0, j1) of kv head h of a tiled Q4_0 block as f32 rows, y + j * ld (the prefill
+ * tiles' conversion of a block; kv_tile_load_q4_0's values) */
+static inline void kv_tile_load_rows_q4_0(const uint8_t *block, int j0, int j1, int h, int KVH, int nb, float *y,
+                                          long ld) {
+#if defined(__AVX512F__)
+    const __m512 lut0 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int j = j0; j < j1; j++) {
+        int u;
+        const uint8_t *tile = kv_tile_of((uint8_t *)block, j, h, KVH, 18 * nb, &u);
+        float *yj = y + (long)j * ld;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *pk = tile + 32 * nb + 512 * (b >> 1) + 256 * (b & 1) + 4 * u;
+            uint32_t w0, w1, w2, w3;
+            memcpy(&w0, pk, 4); memcpy(&w1, pk + 64, 4); memcpy(&w2, pk + 128, 4); memcpy(&w3, pk + 192, 4);
+            const __m128i x = _mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3);
+            const __m512 lut = _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(tile + 32 * b + 2 * u)), lut0);
+            const __m512i q = _mm512_cvtepu8_epi32(x);
+            _mm512_storeu_ps(yj + 32 * b, _mm512_permutexvar_ps(q, lut));
+            _mm512_storeu_ps(yj + 32 * b + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut));
+        }
+    }
+#else
+    for (int j = j0; j < j1; j++) kv_tile_load_q4_0(block, j, h, KVH, nb, y + (long)j * ld);
+#endif
+}
+
 #endif /* LLMCORE_SIMD_KV_ROWS_H */

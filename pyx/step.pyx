@@ -51,7 +51,7 @@ from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
                         attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows)
-from kv_rows cimport store_row
+from kv_rows cimport kv_tile_store_q4_0, store_row
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
 from simd cimport simd_alloc
@@ -203,7 +203,7 @@ cdef struct layer_t:
 
 
 cdef struct plan_geom_t:  # the attention geometry shared by the layers of one (pool, window)
-    int kv_type, bs, k_row, v_row, H, KVH, D, Dv, window
+    int kv_type, bs, k_row, v_row, H, KVH, D, Dv, window, k_tiled
 
 
 cdef struct rope_cfg_t:
@@ -431,8 +431,11 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                     rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
                 if L.n_rot > 0:
                     rope_apply(tmp, L.n_rot, L.neox, cs)
-                store_row(tmp, S.ctx[L.plan_id].kv_type,
-                          L.k_pool + blk * L.k_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].k_row, D)
+                if S.ctx[L.plan_id].k_tiled:
+                    kv_tile_store_q4_0(tmp, L.k_pool + blk * L.k_bstride, <int>(pos % S.ctx[L.plan_id].bs), hh, KVH, D // 32)
+                else:
+                    store_row(tmp, S.ctx[L.plan_id].kv_type,
+                              L.k_pool + blk * L.k_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].k_row, D)
                 store_row(src + H * D + KVH * D + hh * Dv, S.ctx[L.plan_id].kv_type,
                           L.v_pool + blk * L.v_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].v_row, Dv)
             mine += 1
@@ -765,19 +768,24 @@ cdef class Program:
         self.n_ropes += 1
         return self.n_ropes - 1
 
-    def add_plan(self, int kv_type, int bs, int k_row, int v_row, int H, int KVH, int D, int Dv, int window):
-        """Id of an attention geometry (one plan per step each: a pool and a window)."""
+    def add_plan(self, int kv_type, int bs, int k_row, int v_row, int H, int KVH, int D, int Dv, int window,
+                 bint k_tiled=False):
+        """Id of an attention geometry (one plan per step each: a pool and a window); k_tiled: a
+        Q4_0 K pool of 16-key tiles (simd_kv_rows.h)."""
         cdef int i
         cdef plan_geom_t *g
         for i in range(self.n_plans):
             g = &self.plans[i]
-            if (g.kv_type, g.bs, g.k_row, g.v_row, g.H, g.KVH, g.D, g.Dv, g.window) == (
-                    kv_type, bs, k_row, v_row, H, KVH, D, Dv, window):
+            if (g.kv_type, g.bs, g.k_row, g.v_row, g.H, g.KVH, g.D, g.Dv, g.window, g.k_tiled) == (
+                    kv_type, bs, k_row, v_row, H, KVH, D, Dv, window, k_tiled):
                 return i
         if self.n_plans == MAX_PLANS:
             raise ValueError("Program: too many attention geometries")
         g = &self.plans[self.n_plans]
+        if k_tiled and (kv_type != 3 or bs % 16 or D % 32 or D > 1024):
+            raise ValueError("Program.add_plan: a tiled K pool is Q4_0 with block_size % 16 == 0")
         g.kv_type, g.bs, g.k_row, g.v_row, g.H, g.KVH, g.D, g.Dv, g.window = kv_type, bs, k_row, v_row, H, KVH, D, Dv, window
+        g.k_tiled = 1 if k_tiled else 0
         self.n_plans += 1
         return self.n_plans - 1
 
@@ -988,6 +996,7 @@ cdef void _ctx_init(attn_ctx *c, const plan_geom_t *g, const int32_t *tables, in
     c.max_blocks = max_blocks
     c.q_pos = q_pos
     c.window = g.window
+    c.k_tiled = g.k_tiled
 
 
 cdef void _shared_layout(step_t *st, float *base, int64_t n, int64_t max_k, int64_t max_out) noexcept nogil:

@@ -13,7 +13,7 @@ import pytest
 from c_harness import build_c_harness
 
 # One sequence of N_CTX cached keys in blocks of BS, H heads over KVH kv heads of D values.
-# argv: kv type (0 f32, 1 f16, 2 q8_0, 3 q4_0), item kind (0 tile: the last NT tokens
+# argv: kv type (0 f32, 1 f16, 2 q8_0, 3 q4_0, 4 q4_0 with K in 16-key tiles), item kind (0 tile: the last NT tokens
 # attend causally; 1 rows: one decode token at the end), softcap. Prints q, the K/V values the
 # pool holds (dequantized), then the outputs.
 HARNESS = r"""
@@ -31,7 +31,8 @@ static void store_row(int t, const float *x, uint8_t *dst, int n) {
     else kv_quantize_q4_0(x, dst, n);
 }
 int main(int argc, char **argv) {
-    const int kv = atoi(argv[1]), kind = atoi(argv[2]);
+    const int kv_arg = atoi(argv[1]), kind = atoi(argv[2]);
+    const int kv = kv_arg == 4 ? 3 : kv_arg, tiled = kv_arg == 4;
     const float softcap = (float)atof(argv[3]);
     const int nb = (N_CTX + BS - 1) / BS, kr = row_bytes(kv, D), vr = row_bytes(kv, DV);
     uint8_t *K = calloc((size_t)nb * BS * KVH, kr), *V = calloc((size_t)nb * BS * KVH, vr);
@@ -40,8 +41,14 @@ int main(int argc, char **argv) {
         for (int h = 0; h < KVH; h++) {
             uint8_t *kd = K + ((long)t * KVH + h) * kr, *vd = V + ((long)t * KVH + h) * vr;
             for (int i = 0; i < D; i++) x[i] = 2.0f * rnd();
-            store_row(kv, x, kd, D);
-            attn_load_row(kd, kv, y, D);
+            if (tiled) {
+                uint8_t *kblk = K + (long)(t / BS) * BS * KVH * kr;
+                kv_tile_store_q4_0(x, kblk, t % BS, h, KVH, D / 32);
+                kv_tile_load_q4_0(kblk, t % BS, h, KVH, D / 32, y);
+            } else {
+                store_row(kv, x, kd, D);
+                attn_load_row(kd, kv, y, D);
+            }
             printf("k");
             for (int i = 0; i < D; i++) printf(" %.9g", y[i]);
             printf("\n");
@@ -64,6 +71,7 @@ int main(int argc, char **argv) {
     c.kv_type = kv; c.bs = BS; c.KVH = KVH; c.H = H; c.G = H / KVH; c.D = D; c.Dv = DV;
     c.tables = table; c.max_blocks = nb; c.q_pos = qpos; c.scale = 0.125f; c.softcap = softcap;
     c.window = 0; c.sinks = NULL; c.toks = toks; c.slot_base = zero; c.chunk0 = zero; c.nparts = one;
+    c.k_tiled = tiled;
     float *buf = malloc(sizeof(float) * (attn_scratch_floats(D, DV, BS) + 64));
     if (kind == 0) {
         for (int g = 0; g < KVH; g++) {
@@ -106,7 +114,7 @@ def _reference(rows, kind, softcap, kv):
     v = np.stack(rows["v"]).reshape(N_CTX, KVH, DV)
     n = 16 if kind == 0 else 1
     q = rows["q"][0].reshape(n, H, D)
-    if kv in (2, 3):  # a quantized K: q rounded to 8 bits a 32-value block, as the kernels take it
+    if kv in (2, 3, 4):  # a quantized K: q rounded to 8 bits a 32-value block, as the kernels take it
         b = q.reshape(n, H, D // 32, 32)
         d = np.abs(b).max(-1, keepdims=True) / 127
         q = (np.rint(b / np.where(d > 0, d, 1)) * d).reshape(n, H, D) / 0.125
@@ -124,7 +132,7 @@ def _reference(rows, kind, softcap, kv):
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
-@pytest.mark.parametrize("kv", [0, 1, 2, 3], ids=["f32", "f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("kv", [0, 1, 2, 3, 4], ids=["f32", "f16", "q8_0", "q4_0", "q4_0-k-tiles"])
 @pytest.mark.parametrize("kind", [0, 1], ids=["tile", "rows"])
 def test_attention_build_paths_match_reference(tmp_path, build, kv, kind):
     exe = _build(tmp_path, build)

@@ -49,12 +49,16 @@ def kv_row_shape(kv_type: str, head_dim: int) -> tuple[int, np.dtype]:
     raise ValueError(f"unknown kv type {kv_type!r} (expected f16, f32, q8_0 or q4_0)")
 
 
+# a Q4_0 K pool (block_size % 16 == 0) stores 16-key tiles, the decode scores kernel's layout
+# (LLMCORE_K_TILES=0: rows, as a V pool)
+K_TILES = os.environ.get("LLMCORE_K_TILES", "1") != "0"
+
 # storage at least this large gets its own anonymous mapping (see _make_pool)
 OWN_MAPPING_BYTES = 1 << 20
 
 
 def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, kv_type: str,
-               reserve_only: bool = False) -> np.ndarray:
+               reserve_only: bool = False, k_tiles: bool = False) -> np.ndarray:
     """Zeroed storage of one layer's K or V for n_blocks blocks.
 
     Large storage lives in its own anonymous memory mapping, not on the malloc heap: a
@@ -66,7 +70,7 @@ def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, k
     reads each sequence's blocks in table order, scattered over the pool, and on 4 KiB
     pages every few rows cost a TLB miss and stop the hardware prefetcher (K/V read at
     5-7 GB/s per thread; 9-11 GB/s on huge pages, bench/attn_decode.py)."""
-    empty = nn.make_kv_pool(kv_type, 0, block_size, n_kv_heads, head_dim)
+    empty = nn.make_kv_pool(kv_type, 0, block_size, n_kv_heads, head_dim, k_tiles=k_tiles)
     shape = (n_blocks, *empty.shape[1:])
     nbytes = int(np.prod(shape, dtype=np.int64)) * empty.dtype.itemsize
     if nbytes < OWN_MAPPING_BYTES:
@@ -78,7 +82,9 @@ def _make_pool(n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, k
 class BlockPool:
     """K and V block storage for ``n_layers`` layers with a shared block allocator.
 
-    ``k[i]``, ``v[i]``: arrays (capacity, block_size, n_kv_heads, row) for layer i of the group.
+    ``k[i]``, ``v[i]``: arrays (capacity, block_size, n_kv_heads, row) for layer i of the group;
+    a Q4_0 K in 16-key tiles (``k_tiled``: nn.make_kv_pool(k_tiles=True), the decode scores
+    kernel's layout) is (capacity, block_size // 16, n_kv_heads, 16, row).
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int | None = None,
@@ -103,7 +109,9 @@ class BlockPool:
         self.max_blocks: int | None = limit  # None: unlimited
         self.grow_blocks = max(1, grow_blocks)
         self.capacity = 0
-        self.k: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_k, kv_type) for _ in range(n_layers)]
+        self.k_tiled = K_TILES and nn.k_tiles_ok(kv_type, block_size, self.head_dim_k)
+        self.k: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_k, kv_type, k_tiles=self.k_tiled)
+                                    for _ in range(n_layers)]
         self.v: list[np.ndarray] = [_make_pool(0, block_size, n_kv_heads, self.head_dim_v, kv_type) for _ in range(n_layers)]
         self.refcount = np.zeros(0, dtype=np.int32)
         self._reserved: list[list[np.ndarray]] | None = None  # (K, V) x layers: max_blocks each
@@ -171,8 +179,9 @@ class BlockPool:
             # stalled the step that grew it); memory is only taken as blocks are written
             try:
                 res = [[_make_pool(self.max_blocks, self.block_size, self.n_kv_heads, hd, self.kv_type,
-                                   reserve_only=True)
-                        for _ in range(self.n_layers)] for hd in (self.head_dim_k, self.head_dim_v)]
+                                   reserve_only=True, k_tiles=tiles)
+                        for _ in range(self.n_layers)]
+                       for hd, tiles in ((self.head_dim_k, self.k_tiled), (self.head_dim_v, False))]
             except (OSError, MemoryError, ValueError, OverflowError):
                 # no such address space (strict overcommit, a ulimit): grow by copies
                 self._may_reserve = False
@@ -187,9 +196,9 @@ class BlockPool:
                 for i, r in enumerate(rs):
                     arrs[i] = r[:new_cap]
         else:
-            for arrs, hd in ((self.k, self.head_dim_k), (self.v, self.head_dim_v)):
+            for arrs, hd, tiles in ((self.k, self.head_dim_k, self.k_tiled), (self.v, self.head_dim_v, False)):
                 for i, a in enumerate(arrs):
-                    b = _make_pool(new_cap, self.block_size, self.n_kv_heads, hd, self.kv_type)
+                    b = _make_pool(new_cap, self.block_size, self.n_kv_heads, hd, self.kv_type, k_tiles=tiles)
                     if old:
                         b[:old] = a
                     arrs[i] = b
@@ -264,8 +273,11 @@ class BlockPool:
     # ---- records (state files) ----------------------------------------------------------
     def layout(self) -> dict:
         """What decides a block's bytes (a state file's fingerprint)."""
-        return {"n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads, "head_dim_k": self.head_dim_k,
-                "head_dim_v": self.head_dim_v, "block_size": self.block_size, "kv_type": self.kv_type}
+        out = {"n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads, "head_dim_k": self.head_dim_k,
+               "head_dim_v": self.head_dim_v, "block_size": self.block_size, "kv_type": self.kv_type}
+        if self.k_tiled:  # (rows-layout files keep their fingerprint)
+            out["k_layout"] = "tiles16"
+        return out
 
     def _block_shapes(self, n: int) -> tuple[tuple, tuple, np.dtype]:
         k, v = self.k[0], self.v[0]

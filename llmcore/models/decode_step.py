@@ -105,7 +105,7 @@ class DecodeStep:
             kt = pool.kv_type
             plan = prog.add_plan(nn._KV_CODE[kt], pool.block_size, nn.kv_row_bytes(kt, attn.head_dim),
                                  nn.kv_row_bytes(kt, attn.head_dim_v), attn.n_head, attn.n_head_kv,
-                                 attn.head_dim, attn.head_dim_v, attn.window)
+                                 attn.head_dim, attn.head_dim_v, attn.window, pool.k_tiled)
             if plan == len(self.groups):
                 self.groups.append(attn.group)
             elif self.groups[plan] != attn.group:

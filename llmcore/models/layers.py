@@ -243,8 +243,8 @@ class Attention:
         c = getattr(self, "_pv_cache", None)
         if c is None or c[0] is not kp or c[1] is not vp:
             kt = pool.kv_type
-            c = (kp, vp, nn._pool_bytes(kp), nn._pool_bytes(vp), nn._KV_CODE[kt], kp.shape[1],
-                 nn.kv_row_bytes(kt, self.head_dim), nn.kv_row_bytes(kt, self.head_dim_v))
+            c = (kp, vp, nn._pool_bytes(kp), nn._pool_bytes(vp), nn._KV_CODE[kt], nn.pool_block_size(kp),
+                 nn.kv_row_bytes(kt, self.head_dim), nn.kv_row_bytes(kt, self.head_dim_v), nn.pool_tiled(kp))
             self._pv_cache = c
         return c
 
@@ -264,7 +264,7 @@ class Attention:
         n = qkv.shape[0]
         H, D, Dv = self.n_head, self.head_dim, self.head_dim_v
         q = scratch("attn.q", n, H * D).reshape(n, H, D)
-        _, _, kb, vb, code, bs, krow, vrow = self._pool_views(pool)
+        _, _, kb, vb, code, bs, krow, vrow, k_tiled = self._pool_views(pool)
         tables = fb.tables_for(self.group)
         nt = get_num_threads()
         cs = None
@@ -279,13 +279,13 @@ class Attention:
                                    None if self.q_norm is None else self.q_norm.weight,
                                    None if self.k_norm is None else self.k_norm.weight,
                                    self.q_norm.eps if self.q_norm is not None else
-                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt, cs)
+                                   (self.k_norm.eps if self.k_norm is not None else 0.0), nt, cs, k_tiled)
         if bad:
             raise ValueError(f"kv_store: {bad} positions map to no block (block table too short or id < 0)")
         o = scratch("attn.o", n, H * Dv)
         _attention.attention(q, kb, vb, code, bs, self.n_head_kv, krow, vrow, Dv, tables, fb.seg_start, fb.positions,
                               self.scale, self.window, self.softcap, self.sinks, o.reshape(n, H, Dv), nt,
-                              fb.decode_seqs)
+                              fb.decode_seqs, k_tiled)
         return o
 
     def __call__(self, x: np.ndarray, fb: ForwardBatch, pool=None, out: np.ndarray | None = None) -> np.ndarray:
