@@ -443,10 +443,14 @@ def _ref_tiles_from_rows(rows: np.ndarray) -> np.ndarray:
 
 
 def _ref_kv_store(pool, kv_type, block_table, positions, values):
-    if pool_tiled(pool):
-        rows = _ref_rows_from_tiles(pool)
-        _ref_kv_store(rows, kv_type, block_table, positions, values)
-        pool[...] = _ref_tiles_from_rows(rows)
+    if pool_tiled(pool):  # the touched blocks as rows, written, tiled back
+        bs = pool_block_size(pool)
+        ids = np.unique(np.asarray(block_table)[np.asarray(positions) // bs])
+        rows = _ref_rows_from_tiles(pool[ids])
+        local = np.zeros(int(ids.max()) + 1, np.int32)
+        local[ids] = np.arange(len(ids), dtype=np.int32)
+        _ref_kv_store(rows, kv_type, local[np.asarray(block_table).clip(0, ids.max())], positions, values)
+        pool[ids] = _ref_tiles_from_rows(rows)
         return
     bs = pool.shape[1]
     rows = _ref_quantize_rows(np.asarray(values, dtype=np.float32), kv_type)
