@@ -1066,6 +1066,27 @@ static inline __m512i attn_dpbusd(__m512i acc, __m512i u, __m512i s) {
 #endif
 
 #if ATTN_AVX2
+/* RB rows' scores against 8 keys' block b of a Q4_0 K in lanes (lo[m], hi[m]: values 4m..4m+3
+ * and 16 + 4m.. of each key as nibbles; dk the keys' scales): 8 maddubs a row against
+ * broadcasts of its q, summed in int16 (8 x 15 x 127 x 2 < 32767) and widened once, the
+ * offset correction and the scales, added into sacc[r] in block order */
+static inline __attribute__((always_inline)) void attn_q4_keys8_rows(
+        const int RB, const __m256i *lo, const __m256i *hi, __m256 dk, const int8_t *qb, int qstride, const float *dq,
+        const int32_t *corr, int nb, int b, __m256 *sacc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < RB; r++) {
+        const int32_t *qw = (const int32_t *)(qb + (long)r * qstride + 32 * b);
+        __m256i acc = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qw[0]));
+        for (int m = 1; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo[m], _mm256_set1_epi32(qw[m])));
+        for (int m = 0; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi[m], _mm256_set1_epi32(qw[4 + m])));
+        __m256i I = _mm256_madd_epi16(acc, ones);
+        I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
+        const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
+        sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)
+                         : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), kq, sacc[r]);
+    }
+}
+
 /* int8 scores (attn_rows_scores_q8's numbers) for RB rows: per key and block, the K bytes
  * once (Q4_0: nibbles n; Q8_0: signed bytes) against each row's q by maddubs + madd (exact:
  * |n q| pairs <= 3810, |k||q| pairs <= 32512), 8 keys' lane sums at once by simd_hsum8x8_i32 */
@@ -1094,17 +1115,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
                 }
                 const __m256 dk = _mm256_and_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 * b + 2 * half))),
                                                 live);
-                for (int r = 0; r < RB; r++) {
-                    const int32_t *qw = (const int32_t *)(qb + (long)r * qstride + 32 * b);
-                    __m256i acc = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qw[0]));
-                    for (int m = 1; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo[m], _mm256_set1_epi32(qw[m])));
-                    for (int m = 0; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi[m], _mm256_set1_epi32(qw[4 + m])));
-                    __m256i I = _mm256_madd_epi16(acc, ones);
-                    I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
-                    const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
-                    sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)
-                                     : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), kq, sacc[r]);
-                }
+                attn_q4_keys8_rows(RB, lo, hi, dk, qb, qstride, dq, corr, nb, b, sacc);
             }
             for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, _mm256_and_ps(sacc[r], live));
         }
@@ -1148,17 +1159,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
                     hi[m] = _mm256_and_si256(_mm256_srli_epi16(kv[m], 4), lowbits);
                 }
                 const __m256 dk = attn_scales8(k + (long)jb * ldk + (long)b * bb, ldk, live);
-                for (int r = 0; r < RB; r++) {
-                    const int32_t *qw = (const int32_t *)(qb + (long)r * qstride + 32 * b);
-                    __m256i acc = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(qw[0]));
-                    for (int m = 1; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo[m], _mm256_set1_epi32(qw[m])));
-                    for (int m = 0; m < 4; m++) acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi[m], _mm256_set1_epi32(qw[4 + m])));
-                    __m256i I = _mm256_madd_epi16(acc, ones);
-                    I = _mm256_sub_epi32(I, _mm256_set1_epi32(corr[(long)r * nb + b]));
-                    const __m256 kq = _mm256_mul_ps(dk, _mm256_set1_ps(dq[(long)r * nb + b]));
-                    sacc[r] = b == 0 ? _mm256_mul_ps(_mm256_cvtepi32_ps(I), kq)
-                                     : _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), kq, sacc[r]);
-                }
+                attn_q4_keys8_rows(RB, lo, hi, dk, qb, qstride, dq, corr, nb, b, sacc);
             }
             for (int r = 0; r < RB; r++) _mm256_storeu_ps(s + (long)r * ldS + jb, _mm256_and_ps(sacc[r], live));
         }
