@@ -49,6 +49,8 @@ the test oracle) run instead.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -132,12 +134,11 @@ def _check_pool(pool: np.ndarray, kv_type: str) -> None:
     want = {KV_F16: np.float16, KV_F32: np.float32}.get(kv_type, np.uint8)
     if kv_type not in KV_TYPES:
         raise ValueError(f"unknown kv type {kv_type!r}")
-    if pool.ndim == 5 and (kv_type != KV_Q4_0 or pool.shape[3] != 16 or pool.dtype != want
-                           or not k_tiles_ok(kv_type, 16 * pool.shape[1], _pool_head_dim(pool, kv_type))):
-        raise ValueError(f"a tiled K pool is q4_0 (n_blocks, block_size // 16, n_kv_heads, 16, row), "
-                         f"got {kv_type} {pool.dtype} {pool.shape}")
     if pool.ndim == 5:
-        pass
+        if pool.shape[3] != 16 or pool.dtype != want or not k_tiles_ok(kv_type, 16 * pool.shape[1],
+                                                                      _pool_head_dim(pool, kv_type)):
+            raise ValueError(f"a tiled K pool is q4_0 (n_blocks, block_size // 16, n_kv_heads, 16, row), "
+                             f"got {kv_type} {pool.dtype} {pool.shape}")
     elif pool.dtype != want or pool.ndim != 4:
         raise ValueError(f"{kv_type} pool must be a 4-d {np.dtype(want).name} array, got {pool.dtype} {pool.shape}")
     if not pool.flags.c_contiguous:
@@ -414,6 +415,7 @@ def _ref_dequantize_rows(rows: np.ndarray, kv_type: str) -> np.ndarray:
     return quants.dequantize(rows, qt).astype(np.float32)
 
 
+@functools.lru_cache(maxsize=None)
 def _ref_tile_perm(row: int) -> np.ndarray:
     """Byte i of a Q4_0 K tile (16 slots of `row` bytes) is byte perm[i] of the 16 rows
     (slot u's byte c at u * row + c): pyx/simd_kv_rows.h's layout."""

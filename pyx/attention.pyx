@@ -19,7 +19,7 @@ from libc.string cimport memcmp, memcpy
 
 import numpy as np
 
-from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q8_0, kv_tile_store_q4_0, store_row
+from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q4_0_TILES, T_Q8_0, kv_tiles_ok, store_slot
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
 from simd cimport simd_alloc
@@ -58,8 +58,9 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
     cs_table : float32 (N, n_rot) or None: the tokens' cos/sin tables (rope.cos_sin_table with
         these positions and rope parameters: the same values), shared by a step's layers
     """
-    if k_tiled and (kv_type != T_Q4_0 or block_size % 16 or q_out.shape[2] % 32 or q_out.shape[2] > 1024):
-        raise ValueError("qkv_post: a tiled K pool is Q4_0 with block_size % 16 == 0")
+    if k_tiled and not kv_tiles_ok(kv_type == T_Q4_0, block_size, <int>q_out.shape[2]):
+        raise ValueError("qkv_post: a tiled K pool is Q4_0 with block_size % 16 == 0 and head_dim % 32 == 0, <= 1024")
+    cdef int k_code = T_Q4_0_TILES if k_tiled else kv_type
     cdef Py_ssize_t N = q_out.shape[0], i
     cdef int H = <int>q_out.shape[1], D = <int>q_out.shape[2], KVH = n_kv_heads
     cdef int S = <int>seg_start.shape[0] - 1, nb_seq = <int>block_tables.shape[1], nb = <int>k_pool.shape[0]
@@ -129,12 +130,9 @@ def qkv_post(const float[:, :] qkv, float[:, :, ::1] q_out, uint8_t[:, ::1] k_po
                     rms_row(tmp, NULL, kn, eps, tmp, D)
                 if n_rot > 0:
                     rope_apply(tmp, n_rot, neox, csp)
-                if k_tiled:
-                    kv_tile_store_q4_0(tmp, kp + blk[i] * kbs, p % block_size, h, KVH, D // 32)
-                else:
-                    store_row(tmp, kv_type, kp + blk[i] * kbs + ((p % block_size) * KVH + h) * k_row, D)
-                store_row(src + H * D + KVH * D + h * Dv, kv_type,
-                          vp + blk[i] * vbs + ((p % block_size) * KVH + h) * v_row, Dv)
+                store_slot(tmp, k_code, kp + blk[i] * kbs, p % block_size, h, KVH, k_row, D)
+                store_slot(src + H * D + KVH * D + h * Dv, kv_type, vp + blk[i] * vbs, p % block_size, h, KVH,
+                           v_row, Dv)
         free(tmp)
     free(blk)
     return 0
@@ -192,7 +190,7 @@ def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if bs <= 0 or bs > ATTN_MAX_BS:
         raise ValueError(f"block_size must be in 1..{ATTN_MAX_BS}")
-    if k_tiled and (kv_type != ATTN_KV_Q4_0 or bs % 16 or D % 32 or D > 1024):
+    if k_tiled and not kv_tiles_ok(kv_type == ATTN_KV_Q4_0, bs, D):
         raise ValueError("a tiled K pool is Q4_0 with block_size % 16 == 0 and head_dim % 32 == 0, <= 1024")
     if decode_seqs is not None and decode_seqs.shape[0] != S:
         raise ValueError("decode_seqs must have one entry per sequence")

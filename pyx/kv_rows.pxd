@@ -10,6 +10,7 @@ cdef extern from "simd_kv_rows.h" nogil:
     void kv_quantize_q4_0(const float *x, uint8_t *y, int n)
     void kv_dequant_q8_0(const uint8_t *x, float *y, int n)
     void kv_dequant_q4_0(const uint8_t *x, float *y, int n)
+    int kv_tiles_ok(int is_q4_0, int block_size, int head_dim)
     void kv_tile_load_q4_0(const uint8_t *block, int t, int h, int KVH, int nb, float *y)
     void kv_tile_store_q4_0(const float *x, uint8_t *block, int t, int h, int KVH, int nb)
 

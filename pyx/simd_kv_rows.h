@@ -214,6 +214,11 @@ static inline void kv_tile_get_q4_0(const uint8_t *tile, int u, uint8_t *row, in
     }
 }
 
+/* whether a K pool of this format can be tiled (head_dim <= 1024: the codecs' row buffers) */
+static inline int kv_tiles_ok(int is_q4_0, int block_size, int head_dim) {
+    return is_q4_0 && block_size % 16 == 0 && head_dim % 32 == 0 && head_dim <= 1024;
+}
+
 /* slot t (of a block of rows) of kv head h in a tiled block: its tile and lane */
 static inline uint8_t *kv_tile_of(uint8_t *block, int t, int h, int KVH, int row_bytes, int *u) {
     *u = t & 15;

@@ -51,7 +51,7 @@ from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
                         attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows)
-from kv_rows cimport kv_tile_store_q4_0, store_row
+from kv_rows cimport T_Q4_0, T_Q4_0_TILES, kv_tiles_ok, store_slot
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
 from simd cimport simd_alloc
@@ -364,6 +364,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef const layer_t *Ln
     cdef const linear_t *lin
     cdef attn_ctx c
+    cdef const attn_ctx *kvc  # the layer's plan geometry (its K/V stores)
     cdef const attn_plan *pl
     cdef const float *src
     cdef const float *yr
@@ -431,13 +432,11 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                     rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
                 if L.n_rot > 0:
                     rope_apply(tmp, L.n_rot, L.neox, cs)
-                if S.ctx[L.plan_id].k_tiled:
-                    kv_tile_store_q4_0(tmp, L.k_pool + blk * L.k_bstride, <int>(pos % S.ctx[L.plan_id].bs), hh, KVH, D // 32)
-                else:
-                    store_row(tmp, S.ctx[L.plan_id].kv_type,
-                              L.k_pool + blk * L.k_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].k_row, D)
-                store_row(src + H * D + KVH * D + hh * Dv, S.ctx[L.plan_id].kv_type,
-                          L.v_pool + blk * L.v_bstride + ((pos % S.ctx[L.plan_id].bs) * KVH + hh) * S.ctx[L.plan_id].v_row, Dv)
+                kvc = &S.ctx[L.plan_id]
+                store_slot(tmp, T_Q4_0_TILES if kvc.k_tiled else kvc.kv_type, L.k_pool + blk * L.k_bstride,
+                           <int>(pos % kvc.bs), hh, KVH, kvc.k_row, D)
+                store_slot(src + H * D + KVH * D + hh * Dv, kvc.kv_type, L.v_pool + blk * L.v_bstride,
+                           <int>(pos % kvc.bs), hh, KVH, kvc.v_row, Dv)
             mine += 1
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
@@ -782,8 +781,8 @@ cdef class Program:
         if self.n_plans == MAX_PLANS:
             raise ValueError("Program: too many attention geometries")
         g = &self.plans[self.n_plans]
-        if k_tiled and (kv_type != 3 or bs % 16 or D % 32 or D > 1024):
-            raise ValueError("Program.add_plan: a tiled K pool is Q4_0 with block_size % 16 == 0")
+        if k_tiled and not kv_tiles_ok(kv_type == T_Q4_0, bs, D):
+            raise ValueError("Program.add_plan: a tiled K pool is Q4_0 with block_size % 16 == 0 and head_dim % 32 == 0, <= 1024")
         g.kv_type, g.bs, g.k_row, g.v_row, g.H, g.KVH, g.D, g.Dv, g.window = kv_type, bs, k_row, v_row, H, KVH, D, Dv, window
         g.k_tiled = 1 if k_tiled else 0
         self.n_plans += 1
