@@ -1218,11 +1218,14 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
  * dots are then 16 vpdpbusd against broadcasts of its q, with no reduction across lanes,
  * and the transposition is shared by all the rows of the kv head. Lane l of a pair holds
  * block 2p's values for l < 8 (Q8_0) or (l & 4) == 0 (Q4_0: low nibbles, then high). */
-static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D,
-                                const uint8_t *k, int T, long ldk, int j0, int j1, float *s, int ldS,
-                                const attn_pf *pf) {
-    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
 #if ATTN_AVX512
+/* attn_rows_scores_q8's AVX-512 body for one storage type T, a constant: with T known at
+ * run time only, gcc kept the 16 key vectors t[] on the stack and read each dpbusd operand
+ * from there (decode attention with Q4_0 tiles: the scores took 2x their in-register time) */
+static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
+        const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D, const uint8_t *k,
+        const int T, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
+    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
     const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)ldk));
     const __m512i lowbits = _mm512_set1_epi8(0x0F), sign = _mm512_set1_epi8((char)0x80);
@@ -1351,6 +1354,21 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
             }
         }
     }
+}
+#endif
+
+static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D,
+                                const uint8_t *k, int T, long ldk, int j0, int j1, float *s, int ldS,
+                                const attn_pf *pf) {
+    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
+#if ATTN_AVX512
+    (void)bb;
+    if (T == ATTN_KV_Q4_0T)
+        attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q4_0T, ldk, j0, j1, s, ldS, pf);
+    else if (T == ATTN_KV_Q4_0)
+        attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q4_0, ldk, j0, j1, s, ldS, pf);
+    else
+        attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q8_0, ldk, j0, j1, s, ldS, pf);
 #else
 #if ATTN_AVX2
     for (int r = 0; r < R; r += 4) {
