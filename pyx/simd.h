@@ -122,18 +122,24 @@ static inline void simd_f16_round_row(const float *x, float *y, int n) {
  * half the read bandwidth the memory gives it. simd_pf_dist is a variable so benchmarks
  * can tune it (simd_set_pf_dist); 0 turns prefetching off. */
 static int simd_pf_dist = 2048;
-/* l2: prefetcht1 (into L2) instead of prefetcht0 (a constant at every call) */
-static inline __attribute__((always_inline)) void simd_prefetch_span(const void *p, int nbytes, const int l2) {
+/* the nbytes from p + dist (dist <= 0: nothing); l2: prefetcht1 (into L2) instead of
+ * prefetcht0 (a constant at every call) */
+static inline __attribute__((always_inline)) void simd_prefetch_at(const void *p, int64_t dist, int64_t nbytes,
+                                                                   const int l2) {
 #if defined(__GNUC__)
-    if (simd_pf_dist <= 0) return;
-    const char *c = (const char *)p + simd_pf_dist;
-    for (int o = 0; o < nbytes; o += 64) {
+    if (dist <= 0) return;
+    const char *c = (const char *)p + dist;
+    for (int64_t o = 0; o < nbytes; o += 64) {
         if (l2) __builtin_prefetch(c + o, 0, 2);
         else __builtin_prefetch(c + o, 0, 3);
     }
 #else
-    (void)p; (void)nbytes; (void)l2;
+    (void)p; (void)dist; (void)nbytes; (void)l2;
 #endif
+}
+
+static inline __attribute__((always_inline)) void simd_prefetch_span(const void *p, int nbytes, const int l2) {
+    simd_prefetch_at(p, simd_pf_dist, nbytes, l2);
 }
 
 static inline void simd_prefetch_range(const void *p, int nbytes) { simd_prefetch_span(p, nbytes, 0); }

@@ -1367,9 +1367,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
 static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D,
                                 const uint8_t *k, int T, long ldk, int j0, int j1, float *s, int ldS,
                                 const attn_pf *pf) {
-    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
 #if ATTN_AVX512
-    (void)bb;
     if (T == ATTN_KV_Q4_0T)
         attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q4_0T, ldk, j0, j1, s, ldS, pf);
     else if (T == ATTN_KV_Q4_0)
@@ -1377,6 +1375,7 @@ static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, 
     else
         attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q8_0, ldk, j0, j1, s, ldS, pf);
 #else
+    const int nb = D / 32, bb = T == ATTN_KV_Q8_0 ? 34 : 18;
 #if ATTN_AVX2
     for (int r = 0; r < R; r += 4) {
         const int8_t *qr = qb + (long)r * qstride;
