@@ -36,8 +36,12 @@ Phases of a layer (items in brackets):
     residual, post norm, the next layer's norm (or out_norm), quantize [token]
 
 then the head matmul. Matmul items go out in chunks of consecutive row groups (each thread
-streams contiguous weights). Results never depend on the thread count: every output
-element is computed by one work item with fixed arithmetic.
+streams contiguous weights). A step of many tokens gives each thread a share of them
+(team.h's shares): the token phases, the matmul items (a row group for a share's tokens)
+and the attention items (by their first token) go to the share's thread first, so the rows
+a thread quantizes, multiplies and normalizes stay in its core's cache. Results never
+depend on the thread count: every output element is computed by one work item with fixed
+arithmetic.
 """
 import os
 
@@ -65,7 +69,9 @@ cdef extern from "team.h" nogil:
     int team_region_size()
     int team_thread()
     long team_now_ns()
+    enum: TEAM_MAX_SHARES
     int64_t team_phase_take(team_phase_t *p, int64_t chunk)
+    int team_share_take(team_phase_t *p, const int64_t *lo, int n, int me, int guided, int64_t *i0, int64_t *i1)
     void team_phase_done(team_phase_t *p, int64_t *mine, int64_t total)
     void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total)
     void team_flag_set(int *flag)
@@ -133,6 +139,12 @@ cdef enum:
     # take a descheduled thread's share
     MM_CHUNKS = 2
 
+# a step of this many tokens or more per thread (and logits for every one) gives each
+# thread a share of the tokens (team_share_take); 0 turns shares off. Measured (SmolLM2,
+# 600-token contexts, 2 threads, alternated in one process): 32 sequences' steps 0.94x the
+# time, 16 sequences' 0.98x at 8 tokens a thread, 8 sequences even at 4.
+cdef int _share_min = int(os.environ.get("LLMCORE_STEP_SHARE_MIN", "8"))
+
 # a waiting thread spins this long before it sleeps (team.h)
 cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)
 TOKENS_MAX = MAX_TOKENS
@@ -142,6 +154,15 @@ def _set_lanes_min_rows(int n):
     """attention._set_lanes_min_rows for the fused steps' attention (benchmarks compare the
     two forms of a rows item). Returns the previous value."""
     return attn_set_lanes_min_rows(n)
+
+
+def set_share_min(int tokens):
+    """Tokens per thread from which a step's row and matmul items go by token shares
+    (team_share_take; 0: never). Returns the previous value (benchmarks compare the two)."""
+    global _share_min
+    cdef int old = _share_min
+    _share_min = tokens
+    return old
 
 
 def set_spin_us(double us):
@@ -350,12 +371,75 @@ cdef inline void _rows_item(const linear_t *L, const float *x, int64_t r, acts_t
     _quant_linear(L, x, r, r + 1, acts)
 
 
+cdef inline int _token_shares(const step_t *S, int nt, int64_t *tlo) noexcept nogil:
+    """Token shares of the step (team_share_take): tlo[0..nt] bounds in whole tiles, one share
+    a thread; returns nt, or 0 (no shares: too few tokens, or logits for only some rows, whose
+    head rows are numbered otherwise)."""
+    cdef int64_t ntile = (S.n + LQ_TT - 1) // LQ_TT
+    cdef int s
+    if _share_min <= 0 or nt < 2 or nt > TEAM_MAX_SHARES or S.n < <int64_t>_share_min * nt or S.n_logits != S.n:
+        return 0
+    for s in range(nt + 1):
+        tlo[s] = LQ_TT * ((s * ntile) // nt)
+        if tlo[s] > S.n:
+            tlo[s] = S.n
+    return nt
+
+
+cdef int _attn_shares(const attn_plan *pl, int nsh, const int64_t *tlo, int64_t *alo, int32_t *perm) noexcept nogil:
+    """perm: a plan's items in share order (an item's share: its first token's), the plan's
+    order (costlier first) kept within a share; alo[0..nsh]: the shares' bounds. Returns 0
+    when some item has no share (cannot happen: the items then go out in plan order)."""
+    cdef int64_t i, m = 0, t
+    cdef int s
+    for s in range(nsh):
+        alo[s] = m
+        for i in range(pl.n_items):
+            t = pl.toks[pl.items[i].tok0]
+            if tlo[s] <= t < tlo[s + 1]:
+                perm[m] = <int32_t>i
+                m += 1
+    alo[nsh] = m
+    return m == pl.n_items
+
+
+cdef inline bint _take_rows(team_phase_t *ph, int64_t total, int nsh, const int64_t *tlo, int tid,
+                            int64_t *c0, int64_t *c1) noexcept nogil:
+    """The next rows [c0, c1) of a row phase (total rows) for thread tid: its token share
+    first (nsh > 0, the rows are the step's tokens), else one row at a time from all."""
+    if nsh > 0:
+        return team_share_take(ph, tlo, nsh, tid, 1, c0, c1)
+    c0[0] = team_phase_take(ph, 1)
+    if c0[0] >= total:
+        return 0
+    c1[0] = c0[0] + 1
+    return 1
+
+
 cdef void _thread_main(const layer_t *layers, const linear_t *head, const float *out_norm, float out_eps,
                        step_t *S) noexcept nogil:
     """One thread's part of the step: every phase's items that it takes (team.h phases)."""
     cdef int tid = team_thread(), nt = team_region_size()
     cdef int n = S.n, d = S.d, i, l, j, hh, H, KVH, D, Dv
-    cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk
+    cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk, c0, c1
+    cdef int64_t tlo[TEAM_MAX_SHARES + 1]  # (shares) token share bounds, whole tiles
+    cdef int nsh = _token_shares(S, nt, tlo)
+    # (shares) each plan's items by share (in this thread's scratch), the share bounds, and
+    # whether they are set (-1: not yet)
+    cdef int32_t *aperm[MAX_PLANS]
+    cdef int64_t alo[MAX_PLANS][TEAM_MAX_SHARES + 1]
+    cdef int ashared[MAX_PLANS]
+    cdef int64_t nperm = 0
+    for i in range(MAX_PLANS):
+        ashared[i] = -1
+        aperm[i] = NULL
+    if nsh > 0:
+        for l in range(S.n_layers):
+            if ashared[layers[l].plan_id] == -1:
+                ashared[layers[l].plan_id] = -2
+                nperm += S.pl[layers[l].plan_id].n_items
+        for i in range(MAX_PLANS):
+            ashared[i] = -1
     cdef int k = 0  # the next phase
     cdef int64_t mine = 0  # items this thread did in the current phase (team_phase_done)
     cdef team_phase_t *ph
@@ -374,10 +458,17 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef float *qo
     cdef float *tmp
     cdef long t_mark = team_now_ns() if S.prof != NULL else 0
-    cdef float *abuf = <float *>simd_alloc((S.attn_buf + 16) * sizeof(float))  # attention scratch
+    # attention scratch, then (shares) the plans' item orders
+    cdef float *abuf = <float *>simd_alloc((S.attn_buf + 16) * sizeof(float) + nperm * sizeof(int32_t))
     if abuf == NULL:
         team_flag_set(&S.failed)
         return
+    if nsh > 0:
+        nperm = 0
+        for l in range(S.n_layers):
+            if aperm[layers[l].plan_id] == NULL:
+                aperm[layers[l].plan_id] = <int32_t *>(abuf + S.attn_buf + 16) + nperm
+                nperm += S.pl[layers[l].plan_id].n_items
     for l in range(S.n_layers):
         L = &layers[l]
         H = L.H
@@ -390,18 +481,16 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             ph = &S.ph[k]
             k += 1
             _lay_acts(&L.qkv, n, S, S.h, acts)
-            while True:
-                i0 = team_phase_take(ph, 1)
-                if i0 >= n:
-                    break
-                rms_row(S.x + i0 * d, NULL, L.attn_norm, L.attn_eps, S.h + i0 * d, d)
-                _rows_item(&L.qkv, S.h, i0, acts)
-                mine += 1
+            while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+                for i0 in range(c0, c1):
+                    rms_row(S.x + i0 * d, NULL, L.attn_norm, L.attn_eps, S.h + i0 * d, d)
+                    _rows_item(&L.qkv, S.h, i0, acts)
+                mine += c1 - c0
             team_phase_done(ph, &mine, n)
             team_phase_wait(&S.team, ph, n)
         # ---- q/k/v projection
         _lay_acts(&L.qkv, n, S, S.h, acts)
-        _linear_phase(&S.ph[k], &S.team, &L.qkv, acts, n, S.y_qkv, nt)
+        _linear_phase(&S.ph[k], &S.team, &L.qkv, acts, n, S.y_qkv, nt, nsh, tlo, tid)
         k += 1
         _mark(S, tid, P_QKV, &t_mark)
         # ---- q/k norms, rope, K/V store: an item a token (its q heads, then its kv heads;
@@ -409,35 +498,33 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ldq = L.qkv.out_features
         ph = &S.ph[k]
         k += 1
-        while True:
-            it = team_phase_take(ph, 1)
-            if it >= n:
-                break
-            i = <int>it
-            src = S.y_qkv + i * ldq
-            cs = S.rope[L.rope_id] + i * L.n_rot if L.n_rot > 0 else NULL
-            for j in range(H):
-                qo = S.q + (<int64_t>i * H + j) * D
-                memcpy(qo, src + j * D, D * sizeof(float))
-                if L.q_norm != NULL:
-                    rms_row(qo, NULL, L.q_norm, L.qk_eps, qo, D)
-                if L.n_rot > 0:
-                    rope_apply(qo, L.n_rot, L.neox, cs)
-            pos = S.pos[i]
-            blk = S.blk[L.plan_id][i]
-            for hh in range(KVH):
-                tmp = abuf  # D floats of this thread's own
-                memcpy(tmp, src + H * D + hh * D, D * sizeof(float))
-                if L.k_norm != NULL:
-                    rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
-                if L.n_rot > 0:
-                    rope_apply(tmp, L.n_rot, L.neox, cs)
-                kvc = &S.ctx[L.plan_id]
-                store_slot(tmp, T_Q4_0_TILES if kvc.k_tiled else kvc.kv_type, L.k_pool + blk * L.k_bstride,
-                           <int>(pos % kvc.bs), hh, KVH, kvc.k_row, D)
-                store_slot(src + H * D + KVH * D + hh * Dv, kvc.kv_type, L.v_pool + blk * L.v_bstride,
-                           <int>(pos % kvc.bs), hh, KVH, kvc.v_row, Dv)
-            mine += 1
+        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+            for it in range(c0, c1):
+                i = <int>it
+                src = S.y_qkv + i * ldq
+                cs = S.rope[L.rope_id] + i * L.n_rot if L.n_rot > 0 else NULL
+                for j in range(H):
+                    qo = S.q + (<int64_t>i * H + j) * D
+                    memcpy(qo, src + j * D, D * sizeof(float))
+                    if L.q_norm != NULL:
+                        rms_row(qo, NULL, L.q_norm, L.qk_eps, qo, D)
+                    if L.n_rot > 0:
+                        rope_apply(qo, L.n_rot, L.neox, cs)
+                pos = S.pos[i]
+                blk = S.blk[L.plan_id][i]
+                for hh in range(KVH):
+                    tmp = abuf  # D floats of this thread's own
+                    memcpy(tmp, src + H * D + hh * D, D * sizeof(float))
+                    if L.k_norm != NULL:
+                        rms_row(tmp, NULL, L.k_norm, L.qk_eps, tmp, D)
+                    if L.n_rot > 0:
+                        rope_apply(tmp, L.n_rot, L.neox, cs)
+                    kvc = &S.ctx[L.plan_id]
+                    store_slot(tmp, T_Q4_0_TILES if kvc.k_tiled else kvc.kv_type, L.k_pool + blk * L.k_bstride,
+                               <int>(pos % kvc.bs), hh, KVH, kvc.k_row, D)
+                    store_slot(src + H * D + KVH * D + hh * Dv, kvc.kv_type, L.v_pool + blk * L.v_bstride,
+                               <int>(pos % kvc.bs), hh, KVH, kvc.v_row, Dv)
+            mine += c1 - c0
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
         _mark(S, tid, P_POST, &t_mark)
@@ -453,7 +540,14 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         pl = &S.pl[L.plan_id]
         ph = &S.ph[k]
         k += 1
-        while True:
+        if nsh > 0 and ashared[L.plan_id] < 0:
+            ashared[L.plan_id] = _attn_shares(pl, nsh, tlo, &alo[L.plan_id][0], aperm[L.plan_id])
+        if nsh > 0 and ashared[L.plan_id] == 1:
+            while team_share_take(ph, &alo[L.plan_id][0], nsh, tid, 0, &c0, &c1):
+                for it in range(c0, c1):
+                    attn_run_item(&c, &pl.items[aperm[L.plan_id][it]], abuf)
+                mine += c1 - c0
+        while nsh == 0 or ashared[L.plan_id] != 1:
             it = team_phase_take(ph, 1)
             if it >= pl.n_items:
                 break
@@ -479,54 +573,48 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ph = &S.ph[k]
         k += 1
         _lay_acts(&L.wo, n, S, S.o, acts)
-        while True:
-            i0 = team_phase_take(ph, 1)
-            if i0 >= n:
-                break
-            _rows_item(&L.wo, S.o, i0, acts)
-            mine += 1
+        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+            for i0 in range(c0, c1):
+                _rows_item(&L.wo, S.o, i0, acts)
+            mine += c1 - c0
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
-        _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt)
+        _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt, nsh, tlo, tid)
         k += 1
         _mark(S, tid, P_WO, &t_mark)
         # ---- x += post_norm?(wo); h = ffn_norm(x), quantized for gate/up
         ph = &S.ph[k]
         k += 1
         _lay_acts(&L.gate_up, n, S, S.h, acts)
-        while True:
-            r = team_phase_take(ph, 1)
-            if r >= n:
-                break
-            yr = S.y_wo + r * d
-            if L.has_attn_post:
-                rms_row(<float *>yr, NULL, L.attn_post, L.attn_post_eps, S.t + r * d, d)
-                yr = S.t + r * d
-            rms_row(S.x + r * d, yr, L.ffn_norm, L.ffn_eps, S.h + r * d, d)
-            _rows_item(&L.gate_up, S.h, r, acts)
-            mine += 1
+        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+            for r in range(c0, c1):
+                yr = S.y_wo + r * d
+                if L.has_attn_post:
+                    rms_row(<float *>yr, NULL, L.attn_post, L.attn_post_eps, S.t + r * d, d)
+                    yr = S.t + r * d
+                rms_row(S.x + r * d, yr, L.ffn_norm, L.ffn_eps, S.h + r * d, d)
+                _rows_item(&L.gate_up, S.h, r, acts)
+            mine += c1 - c0
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
-        _linear_phase(&S.ph[k], &S.team, &L.gate_up, acts, n, S.y_gu, nt)
+        _linear_phase(&S.ph[k], &S.team, &L.gate_up, acts, n, S.y_gu, nt, nsh, tlo, tid)
         k += 1
         _mark(S, tid, P_GU, &t_mark)
         # ---- act(gate) * up, quantized for down
         ph = &S.ph[k]
         k += 1
         _lay_acts(&L.down, n, S, S.act, acts)
-        while True:
-            r = team_phase_take(ph, 1)
-            if r >= n:
-                break
-            if L.act == 0:
-                act_silu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
-            else:
-                act_gelu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
-            _rows_item(&L.down, S.act, r, acts)
-            mine += 1
+        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+            for r in range(c0, c1):
+                if L.act == 0:
+                    act_silu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
+                else:
+                    act_gelu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
+                _rows_item(&L.down, S.act, r, acts)
+            mine += c1 - c0
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
-        _linear_phase(&S.ph[k], &S.team, &L.down, acts, n, S.y_down, nt)
+        _linear_phase(&S.ph[k], &S.team, &L.down, acts, n, S.y_down, nt, nsh, tlo, tid)
         k += 1
         _mark(S, tid, P_DOWN, &t_mark)
         # ---- x += post_norm?(down); h = the next norm of x, quantized for the next matmul:
@@ -546,23 +634,21 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ph = &S.ph[k]
         k += 1
         _lay_acts(lin, total, S, S.h, acts)
-        while True:
-            i0 = team_phase_take(ph, 1)
-            if i0 >= total:
-                break
-            r = i0 if l + 1 < S.n_layers else S.logit_rows[i0]
-            yr = S.y_down + r * d
-            if L.has_ffn_post:
-                rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, S.t + r * d, d)
-                yr = S.t + r * d
-            rms_row(S.x + r * d, yr, w_next, eps_next, S.h + i0 * d, d)
-            _rows_item(lin, S.h, i0, acts)
-            mine += 1
+        while _take_rows(ph, total, nsh, tlo, tid, &c0, &c1):
+            for i0 in range(c0, c1):
+                r = i0 if l + 1 < S.n_layers else S.logit_rows[i0]
+                yr = S.y_down + r * d
+                if L.has_ffn_post:
+                    rms_row(<float *>yr, NULL, L.ffn_post, L.ffn_post_eps, S.t + r * d, d)
+                    yr = S.t + r * d
+                rms_row(S.x + r * d, yr, w_next, eps_next, S.h + i0 * d, d)
+                _rows_item(lin, S.h, i0, acts)
+            mine += c1 - c0
         team_phase_done(ph, &mine, total)
         team_phase_wait(&S.team, ph, total)
     # ---- head
     _lay_acts(head, S.n_logits, S, S.h, acts)
-    _linear_phase(&S.ph[k], &S.team, head, acts, S.n_logits, S.logits, nt)
+    _linear_phase(&S.ph[k], &S.team, head, acts, S.n_logits, S.logits, nt, nsh, tlo, tid)
     k += 1
     _mark(S, tid, P_HEAD, &t_mark)
     free(abuf)
@@ -587,10 +673,36 @@ cdef inline void _linear_item(const linear_t *L, const acts_t *acts, int64_t n, 
 
 
 cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L, const acts_t *acts, int64_t n,
-                        float *y, int nt) noexcept nogil:
+                        float *y, int nt, int nsh, const int64_t *tlo, int tid) noexcept nogil:
     """A matmul as one phase: chunks of consecutive work items (a few per thread, so each
-    streams contiguous weights), taken by whichever thread is free."""
+    streams contiguous weights), taken by whichever thread is free. With token shares (nsh,
+    tile records in every part) an item is a row group for one share's tokens, and a thread
+    takes its own share's first (team_share_take): the tile records it reads are the ones it
+    wrote (the same sums: a token's are its own)."""
     cdef int64_t total = L.item0[L.n_parts], chunk, i0, i1, it, mine = 0
+    cdef int64_t mlo[TEAM_MAX_SHARES + 1]
+    cdef acts_t sacts[MAX_PARTS]
+    cdef int p, sh = -1, s
+    if nsh > 0:
+        for p in range(L.n_parts):
+            if acts[p].rec == NULL:
+                nsh = 0
+    if nsh > 0:
+        for s in range(nsh + 1):
+            mlo[s] = s * total
+        while team_share_take(ph, mlo, nsh, tid, 1, &i0, &i1):
+            for it in range(i0, i1):
+                s = <int>(it // total)
+                if s != sh:  # the share's tile records
+                    sh = s
+                    for p in range(L.n_parts):
+                        sacts[p] = acts[p]
+                        sacts[p].rec = acts[p].rec + (tlo[s] // LQ_TT) * (L.part[p].cols // QK8) * LQ_REC
+                _linear_item(L, sacts, tlo[s + 1] - tlo[s], y + tlo[s] * L.out_features, it - s * total)
+            mine += i1 - i0
+        team_phase_done(ph, &mine, nsh * total)
+        team_phase_wait(team, ph, nsh * total)
+        return
     chunk = total // (MM_CHUNKS * nt)
     if chunk < 1:
         chunk = 1

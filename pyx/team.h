@@ -9,6 +9,11 @@
  * finds, when it runs again, the phases it missed done and skips them, so a step is never
  * slower on two threads than the one thread that runs.
  *
+ * Shares (team_share_take): a phase whose items belong to tokens can give each thread a
+ * share of them to do first, taking the others' only when its own are done, so a thread
+ * mostly reads what it wrote (a decode step's rows and matmul outputs stay in one core's
+ * cache) and a descheduled thread's share is still done by the others.
+ *
  * Waiting: OpenMP's own waits follow the process's wait policy, and llmcore makes waiters
  * sleep at once (OMP_WAIT_POLICY=PASSIVE, the cores are shared); a futex round trip per
  * phase would cost more than most phases. Here a waiter spins for at most `spin_ns`
@@ -43,13 +48,17 @@ typedef struct {
     long spin_ns;        /* how long a waiter spins before it sleeps */
 } team_t;
 
+/* Shares (team_share_take): at most this many */
+#define TEAM_MAX_SHARES 4
+
 /* A phase: its counters on a cache line of their own. */
 typedef struct {
     int64_t next;        /* next item to take */
     int64_t done;        /* items done */
     int state;           /* futex word: 1 once done == total */
     int sleepers;
-    char _pad[64 - 2 * sizeof(int64_t) - 2 * sizeof(int)];
+    int64_t taken[TEAM_MAX_SHARES];  /* items taken of each share (team_share_take) */
+    char _pad[64 - (2 + TEAM_MAX_SHARES) * sizeof(int64_t) - 2 * sizeof(int)];
 } team_phase_t;
 
 static inline void team_init(team_t *t, long spin_ns) { t->spin_ns = spin_ns; }
@@ -97,6 +106,36 @@ static inline void team_futex_wake_all(int *addr) {
 /* The next `chunk` items of p: returns the first, >= the phase's total when none are left. */
 static inline int64_t team_phase_take(team_phase_t *p, int64_t chunk) {
     return __atomic_fetch_add(&p->next, chunk, __ATOMIC_RELAXED);
+}
+
+/* Shares: a phase's items [lo[0], lo[n]) split into n contiguous shares, share s = [lo[s],
+ * lo[s + 1]), share s first of all for thread s. A thread takes from its own share (guided:
+ * half of what is left of it at a time, so the end comes in small pieces; else one item),
+ * then from the others' one item at a time. Thread s then mostly reads what it wrote itself in the phases before (a
+ * token's rows, quantized by the thread that owns the token, read by that thread's matmul
+ * items): a line written by the other core costs a transfer between the cores' caches, which
+ * made the matmuls of a 32-token step ~25% slower per thread at two threads than at one.
+ * What a descheduled thread leaves is still done by the others (no thread waits for one that
+ * is not running). Returns 0 once every share is taken, else 1 with [*i0, *i1) to do. */
+static inline int team_share_take(team_phase_t *p, const int64_t *lo, int n, int me, int guided, int64_t *i0,
+                                  int64_t *i1) {
+    for (int k = 0; k < n; k++) {
+        const int s = (me + k) % n;
+        const int64_t size = lo[s + 1] - lo[s];
+        int64_t c = 1;
+        if (k == 0 && guided) {
+            c = (size - __atomic_load_n(&p->taken[s], __ATOMIC_RELAXED)) / 2;
+            if (c < 1) c = 1;
+        } else if (k > 0 && __atomic_load_n(&p->taken[s], __ATOMIC_RELAXED) >= size) {
+            continue;
+        }
+        const int64_t a = __atomic_fetch_add(&p->taken[s], c, __ATOMIC_RELAXED);
+        if (a >= size) continue;
+        *i0 = lo[s] + a;
+        *i1 = lo[s] + (a + c < size ? a + c : size);
+        return 1;
+    }
+    return 0;
 }
 
 /* n_done items of p (of `total`) are done: everything this thread wrote for them is

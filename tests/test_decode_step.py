@@ -178,6 +178,41 @@ def test_barrier_sleeping_path(models):
         np.testing.assert_array_equal(r, s)
 
 
+def many_sequences(m, n_seq: int = 20):
+    """Decode steps of n_seq sequences of mixed lengths (one a fork sharing another's blocks:
+    an attention item whose rows belong to two tokens), logits of each step."""
+    V = m.n_vocab
+    seqs = [m.new_state() for _ in range(n_seq - 1)]
+    for i, s in enumerate(seqs):
+        m.forward([(s, rand_tokens(2 + 13 * i, 50 + i, V))])
+    seqs.append(seqs[3].fork())
+    out = [m.forward([(s, [(7 * i + k) % V]) for i, s in enumerate(seqs)]) for k in range(3)]
+    for s in seqs:
+        s.release()
+    return out
+
+
+@pytest.mark.parametrize("name,kv_type", [("qwen3-q4_0", "q4_0"), ("llama-q4_0", "f16")])
+def test_token_shares_give_the_same_bits(models, name, kv_type):
+    """A step of many sequences gives each thread a share of the tokens (team.h): the same
+    logits with shares off, with every share as small as it goes, at 3 threads (shares of
+    unequal tiles) and at 1 thread."""
+    step = _kernels.load("step")
+    m = models(name, kv_type)
+    with n_threads(1):
+        ref = many_sequences(m)
+    for nt, share_min in ((2, 8), (2, 0), (2, 1), (3, 1)):
+        old = step.set_share_min(share_min)
+        try:
+            with n_threads(nt):
+                got = many_sequences(m)
+        finally:
+            step.set_share_min(old)
+        for r, g in zip(ref, got):
+            assert np.isfinite(g).all()
+            np.testing.assert_array_equal(r, g)
+
+
 @pytest.mark.parametrize("name", ["qwen3moe-f32", "mamba", "lfm2", "qwen35moe"])
 def test_models_with_other_layers_run_layer_by_layer(built_model, name):
     m = load_model(built_model(name), block_size=16)
