@@ -180,13 +180,16 @@ def test_barrier_sleeping_path(models):
 
 def many_sequences(m, n_seq: int = 20):
     """Decode steps of n_seq sequences of mixed lengths (one a fork sharing another's blocks:
-    an attention item whose rows belong to two tokens), logits of each step."""
+    an attention item whose rows belong to two tokens), then a verify step of 5 sequences x 5
+    tokens; logits of each step."""
     V = m.n_vocab
     seqs = [m.new_state() for _ in range(n_seq - 1)]
     for i, s in enumerate(seqs):
         m.forward([(s, rand_tokens(2 + 13 * i, 50 + i, V))])
     seqs.append(seqs[3].fork())
     out = [m.forward([(s, [(7 * i + k) % V]) for i, s in enumerate(seqs)]) for k in range(3)]
+    # verify segments of 5 tokens, every row's logits: a sequence's tokens straddle the shares
+    out.append(m.forward([(s, rand_tokens(5, 70 + i, V)) for i, s in enumerate(seqs[:5])], n_logits=[5] * 5))
     for s in seqs:
         s.release()
     return out
