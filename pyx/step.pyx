@@ -306,12 +306,17 @@ cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, const floa
         a.kact.no_amx = 1
 
 
+cdef inline uint8_t *_tile_rec(const weight_t *w, uint8_t *rec, int64_t r) noexcept nogil:
+    """The tile records (lq_quant_tile's layout) of the tile holding input row r."""
+    return rec + (r // LQ_TT) * (w.cols // QK8) * LQ_REC
+
+
 cdef inline void _quant_rows(const weight_t *w, const float *x, int64_t r0, int64_t r1, acts_t *a) noexcept nogil:
     """Rows [r0, r1) of x (row stride w.cols) quantized into a."""
     cdef int64_t K = w.cols, nb = K // QK8, r
     if w.kind == W_LQ and a.rec != NULL:
         for r in range(r0, r1):
-            lq_quant_row_tile(x + r * K, K, <int>(r % LQ_TT), w.lq.moff, a.rec + (r // LQ_TT) * nb * LQ_REC)
+            lq_quant_row_tile(x + r * K, K, <int>(r % LQ_TT), w.lq.moff, _tile_rec(w, a.rec, r))
     elif w.kind == W_LQ:
         for r in range(r0, r1):
             lq_quant_row_q8(x + r * K, K, a.qa + r * K, a.da + r * nb, a.sa + r * nb, w.lq.moff)
@@ -424,22 +429,22 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk, c0, c1
     cdef int64_t tlo[TEAM_MAX_SHARES + 1]  # (shares) token share bounds, whole tiles
     cdef int nsh = _token_shares(S, nt, tlo)
-    # (shares) each plan's items by share (in this thread's scratch), the share bounds, and
-    # whether they are set (-1: not yet)
+    # (shares) each plan's items by share, in this thread's scratch at aoff[plan] (-1: a plan
+    # no layer uses), the share bounds, and whether they are set (-1: not yet; 0: plan order)
+    cdef int64_t aoff[MAX_PLANS]
     cdef int32_t *aperm[MAX_PLANS]
     cdef int64_t alo[MAX_PLANS][TEAM_MAX_SHARES + 1]
     cdef int ashared[MAX_PLANS]
     cdef int64_t nperm = 0
+    cdef bint by_share
     for i in range(MAX_PLANS):
+        aoff[i] = -1
         ashared[i] = -1
-        aperm[i] = NULL
     if nsh > 0:
         for l in range(S.n_layers):
-            if ashared[layers[l].plan_id] == -1:
-                ashared[layers[l].plan_id] = -2
+            if aoff[layers[l].plan_id] < 0:
+                aoff[layers[l].plan_id] = nperm
                 nperm += S.pl[layers[l].plan_id].n_items
-        for i in range(MAX_PLANS):
-            ashared[i] = -1
     cdef int k = 0  # the next phase
     cdef int64_t mine = 0  # items this thread did in the current phase (team_phase_done)
     cdef team_phase_t *ph
@@ -463,12 +468,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     if abuf == NULL:
         team_flag_set(&S.failed)
         return
-    if nsh > 0:
-        nperm = 0
-        for l in range(S.n_layers):
-            if aperm[layers[l].plan_id] == NULL:
-                aperm[layers[l].plan_id] = <int32_t *>(abuf + S.attn_buf + 16) + nperm
-                nperm += S.pl[layers[l].plan_id].n_items
+    for i in range(MAX_PLANS):
+        aperm[i] = <int32_t *>(abuf + S.attn_buf + 16) + aoff[i] if aoff[i] >= 0 else NULL
     for l in range(S.n_layers):
         L = &layers[l]
         H = L.H
@@ -542,12 +543,12 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         k += 1
         if nsh > 0 and ashared[L.plan_id] < 0:
             ashared[L.plan_id] = _attn_shares(pl, nsh, tlo, &alo[L.plan_id][0], aperm[L.plan_id])
-        if nsh > 0 and ashared[L.plan_id] == 1:
-            while team_share_take(ph, &alo[L.plan_id][0], nsh, tid, 0, &c0, &c1):
-                for it in range(c0, c1):
-                    attn_run_item(&c, &pl.items[aperm[L.plan_id][it]], abuf)
-                mine += c1 - c0
-        while nsh == 0 or ashared[L.plan_id] != 1:
+        by_share = nsh > 0 and ashared[L.plan_id] == 1
+        while by_share and team_share_take(ph, &alo[L.plan_id][0], nsh, tid, 0, &c0, &c1):
+            for it in range(c0, c1):
+                attn_run_item(&c, &pl.items[aperm[L.plan_id][it]], abuf)
+            mine += c1 - c0
+        while not by_share:
             it = team_phase_take(ph, 1)
             if it >= pl.n_items:
                 break
@@ -697,7 +698,7 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
                     sh = s
                     for p in range(L.n_parts):
                         sacts[p] = acts[p]
-                        sacts[p].rec = acts[p].rec + (tlo[s] // LQ_TT) * (L.part[p].cols // QK8) * LQ_REC
+                        sacts[p].rec = _tile_rec(&L.part[p], acts[p].rec, tlo[s])
                 _linear_item(L, sacts, tlo[s + 1] - tlo[s], y + tlo[s] * L.out_features, it - s * total)
             mine += i1 - i0
         team_phase_done(ph, &mine, nsh * total)
