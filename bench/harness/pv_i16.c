@@ -18,6 +18,7 @@
 #include <string.h>
 #include <x86intrin.h>
 #include "simd_attention.h"
+#include "pv_harness.h"
 #define NK 32
 static const long LDV = 3 * 36;
 
@@ -77,23 +78,15 @@ static inline __attribute__((always_inline)) void pv_i16(float *o, const float *
 int main(void) {
     uint8_t *v = aligned_alloc(64, 64 * LDV + 64);
     srand(1);
-    for (long i = 0; i < 64 * LDV; i++) v[i] = rand() & 255;
-    for (int j = 0; j < 64; j++)
-        for (int b = 0; b < 6; b++) {
-            const uint16_t h = _cvtss_sh((rand() & 1 ? -1 : 1) * (0.01f + 0.01f * (rand() % 100) / 100.f), 0);
-            memcpy(v + j * LDV + 18 * b, &h, 2);
-        }
+    pv_fill_q4_0_rows(v, 64, LDV, 6, 1);
     float p[3 * NK], alpha[3] = {0.5f, 1, 1}, o1[192], o2[192];
     for (int i = 0; i < 192; i++) o1[i] = o2[i] = (rand() % 100) / 100.f;
     for (int i = 0; i < 3 * NK; i++) p[i] = (rand() % 1000) / 1000.f;
     p[0] = 1.0f; for (int i = 1; i < NK; i++) p[i] = 0.001f * (rand() % 50);  /* row 0: a sink */
     attn_rows_pv_all(3, ATTN_KV_Q4_0, o1, 64, p, NK, v, LDV, 0, NK, alpha, NULL);
     pv_i16(o2, p, NK, v, LDV, alpha, 0);
-    for (int r = 0; r < 3; r++) {
-        double e = 0, n = 0;
-        for (int i = 0; i < 64; i++) { e += (o1[r*64+i] - o2[r*64+i]) * (o1[r*64+i] - o2[r*64+i]); n += (o1[r*64+i]) * (o1[r*64+i]); }
-        printf("row %d: relative RMS difference %.2e\n", r, sqrt(e / n));
-    }
+    for (int r = 0; r < 3; r++)
+        printf("row %d: relative RMS difference %.2e\n", r, pv_rel_rms(o1 + r * 64, o2 + r * 64, 64));
     for (int i = 0; i < 192; i++) o1[i] = o2[i] = 0;
     const int IT = 200000;
     for (int rep = 0; rep < 3; rep++) {

@@ -20,6 +20,7 @@
 #include <x86intrin.h>
 
 #include "simd_attention.h"
+#include "pv_harness.h"
 
 #define NK 32
 #define KVH 3
@@ -99,23 +100,14 @@ static inline __attribute__((always_inline)) void pv_int8(float *o, const float 
 int main(void) {
     uint8_t *v = aligned_alloc(64, 64 * LDV + 64);
     srand(1);
-    for (long i = 0; i < 64 * LDV; i++) v[i] = rand() & 255;
-    for (int j = 0; j < 64; j++)
-        for (int b = 0; b < 2; b++) {
-            const uint16_t h = _cvtss_sh(0.01f + 0.01f * (rand() % 100) / 100.f, 0);
-            memcpy(v + j * LDV + 18 * b, &h, 2);
-            if (j < NK) d_apart[b][j] = h;
-        }
+    pv_fill_q4_0_rows(v, 64, LDV, 2, 0);
+    for (int j = 0; j < NK; j++)
+        for (int b = 0; b < 2; b++) memcpy(&d_apart[b][j], v + j * LDV + 18 * b, 2);
     float p[3 * NK], alpha[3] = {1, 1, 1}, o1[3 * 64] = {0}, o2[3 * 64] = {0};
     for (int i = 0; i < 3 * NK; i++) p[i] = (rand() % 1000) / 1000.f;
     attn_rows_pv_all(3, ATTN_KV_Q4_0, o1, 64, p, NK, v, LDV, 0, NK, alpha, NULL);
     pv_int8(o2, p, v, alpha, SCALES_FROM_ROWS);
-    double e = 0, n = 0;
-    for (int i = 0; i < 192; i++) {
-        e += (o1[i] - o2[i]) * (o1[i] - o2[i]);
-        n += o1[i] * o1[i];
-    }
-    printf("int8 P.V: relative RMS difference from the f32 P.V %.2e\n", sqrt(e / n));
+    printf("int8 P.V: relative RMS difference from the f32 P.V %.2e\n", pv_rel_rms(o1, o2, 192));
     const int IT = 200000;
     for (int rep = 0; rep < 3; rep++) {
         double t[4];
