@@ -119,21 +119,23 @@ def test_matmul_vs_float(qt, rows, n):
 @pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
 def test_matmul_rows_do_not_depend_on_the_batch(qt):
     """A token's outputs are the same bits alone or in a batch: 40 tokens go through the
-    prefill kernel (AVX-512 VNNI: token-tile records, 5 tiles of 8; AMX: two 16-token tiles
-    and an 8-token tile; AVX2: 8-token tiles), one token through the single-token kernel;
-    rows not a multiple of 16 (a masked last group)."""
-    rows, cols, n = 37, 192, 40
+    prefill kernel (AVX-512 VNNI: token-tile records, 5 tiles of 8, each tile unpacking the
+    weights it reads; AMX: two 16-token tiles and an 8-token tile; AVX2: 8-token tiles), 80
+    through it with each group unpacked once for all its tiles (VNNI), one token through
+    the single-token kernel; rows not a multiple of 16 (a masked last group)."""
+    rows, cols = 37, 192
     raw = random_blocks(qt, rows, cols, seed=5)
     pk = kq.pack(raw, int(qt))
-    x = np.random.default_rng(4).standard_normal((n, cols)).astype(np.float32)
-    y = np.empty((n, rows), np.float32)
-    kq.matmul(pk, x, y, 2)
-    for i in (0, 15, 16, 33, 39):
-        yi = np.empty((1, rows), np.float32)
-        kq.matmul(pk, x[i:i + 1], yi, 1)
-        np.testing.assert_array_equal(y[i], yi[0])
     w = ref_dequant(raw, qt, rows, cols)
-    assert nmse(y, x.astype(np.float64) @ w.T.astype(np.float64)) < 5e-4
+    for n in (40, 80):
+        x = np.random.default_rng(4).standard_normal((n, cols)).astype(np.float32)
+        y = np.empty((n, rows), np.float32)
+        kq.matmul(pk, x, y, 2)
+        for i in (0, 15, 16, 33, 39, n - 1):
+            yi = np.empty((1, rows), np.float32)
+            kq.matmul(pk, x[i:i + 1], yi, 1)
+            np.testing.assert_array_equal(y[i], yi[0])
+        assert nmse(y, x.astype(np.float64) @ w.T.astype(np.float64)) < 5e-4
 
 
 @needs_kernels
