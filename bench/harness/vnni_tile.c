@@ -9,7 +9,9 @@
  * Needs AVX-512 VNNI. Prints TSC ticks per block-tile for each variant and its share of the
  * vpdpbusd-only bound measured first (12 independent chains, operands in registers), and
  * the rate of a vpdpbusd whose broadcast is the instruction's memory operand ({1to16})
- * against a separate vpbroadcastd load. bench/RESULTS.md (session 29) has the figures. */
+ * against a separate vpbroadcastd load. The last variant models a Q4_1 min term summed in integers
+ * (int16 mins of two blocks against the tokens' int16 block sums, one vpdpwssd a token a
+ * block pair) instead of an fma a token a block. bench/RESULTS.md (session 29) has the figures. */
 #include <stdint.h>
 #include <stdio.h>
 #include <x86intrin.h>
@@ -20,11 +22,11 @@
 static int32_t rec[80] __attribute__((aligned(64)));   /* a[8][8] dwords, dA[8], sA[8] */
 static uint8_t wb[320] __attribute__((aligned(64)));   /* 256 B nibbles, f16 d[16], f16 m[16] */
 
-enum { EPI = 1, MIN = 2, SPLIT = 4 };
+enum { EPI = 1, MIN = 2, SPLIT = 4, IMIN = 8 };
 
 /* one block-tile: f[t] += the block's dot products of token t, as the variant says */
 static inline __attribute__((always_inline)) void block_tile(const int mode, __m512 *f, const int32_t *a,
-                                                              const uint8_t *blk) {
+                                                              const uint8_t *blk, __m512i *accm, const int odd) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512i acc[8];
     if (mode & SPLIT) {  /* chunks 0-3 and 4-7 in two chains a token, summed once */
@@ -56,6 +58,10 @@ static inline __attribute__((always_inline)) void block_tile(const int mode, __m
     } else {  /* keep the sums live without float work */
         U for (int t = 0; t < 8; t++) f[t] = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(f[t]), acc[t]));
     }
+    if ((mode & IMIN) && odd) {  /* the min term in integers: int16 mins of 2 blocks x their int16 sums */
+        const __m512i mp = _mm512_loadu_si512(blk + 256);
+        U for (int t = 0; t < 8; t++) accm[t] = _mm512_dpwssd_epi32(accm[t], mp, _mm512_set1_epi32(a[72 + t]));
+    }
     if (mode & MIN) {
         const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));
         U for (int t = 0; t < 8; t++) f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sA[t]), f[t]);
@@ -64,15 +70,19 @@ static inline __attribute__((always_inline)) void block_tile(const int mode, __m
 
 static double run(const int mode) {
     __m512 f[8];
-    for (int t = 0; t < 8; t++) f[t] = _mm512_setzero_ps();
+    __m512i accm[8];
+    for (int t = 0; t < 8; t++) { f[t] = _mm512_setzero_ps(); accm[t] = _mm512_setzero_si512(); }
     const unsigned long long t0 = __rdtsc();
-    for (long it = 0; it < IT; it++) {
+    for (long it = 0; it < IT; it += 2) {  /* two block-tiles an iteration (IMIN: a pair of blocks) */
         const int32_t *a = rec;
         const uint8_t *b = wb;
         __asm__ volatile("" : "+r"(a), "+r"(b));
-        block_tile(mode, f, a, b);
+        block_tile(mode, f, a, b, accm, 0);
+        __asm__ volatile("" : "+r"(a), "+r"(b));  /* (not the same loads twice to the compiler) */
+        block_tile(mode, f, a, b, accm, 1);
     }
     const double t = (__rdtsc() - t0) / (double)IT;
+    for (int i = 0; i < 8; i++) __asm__ volatile("" ::"v"(accm[i]));
     float s = 0;
     for (int i = 0; i < 8; i++) s += f[i][0];
     __asm__ volatile("" ::"x"(s));
@@ -127,6 +137,7 @@ int main(void) {
         {EPI | MIN, "+ the min term's fma (Q4_1, the engine's kernel)"},
         {SPLIT, "two chains a token, dot products only"},
         {SPLIT | EPI | MIN, "two chains a token, Q4_1"},
+        {EPI | IMIN, "Q4_1 with the min term in integers (vpdpwssd, 2 blocks)"},
     };
     for (int rep = 0; rep < 2; rep++)
         for (unsigned i = 0; i < sizeof V / sizeof V[0]; i++) {
