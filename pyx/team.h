@@ -111,10 +111,11 @@ static inline int64_t team_phase_take(team_phase_t *p, int64_t chunk) {
 /* Shares: a phase's items [lo[0], lo[n]) split into n contiguous shares, share s = [lo[s],
  * lo[s + 1]), share s first of all for thread s. A thread takes from its own share (guided:
  * half of what is left of it at a time, so the end comes in small pieces; else one item),
- * then from the others' one item at a time. Thread s then mostly reads what it wrote itself in the phases before (a
- * token's rows, quantized by the thread that owns the token, read by that thread's matmul
- * items): a line written by the other core costs a transfer between the cores' caches, which
- * made the matmuls of a 32-token step ~25% slower per thread at two threads than at one.
+ * then from the others' one item at a time. Thread s then mostly reads what it wrote itself
+ * in the phases before (a token's rows, quantized by the thread that owns the token, read by
+ * that thread's matmul items): a line written by the other core costs a transfer between the
+ * cores' caches, which made the matmuls of a 32-token step ~25% slower per thread at two
+ * threads than at one.
  * What a descheduled thread leaves is still done by the others (no thread waits for one that
  * is not running). Returns 0 once every share is taken, else 1 with [*i0, *i1) to do. */
 static inline int team_share_take(team_phase_t *p, const int64_t *lo, int n, int me, int guided, int64_t *i0,
