@@ -2305,6 +2305,31 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
     }
 #if ATTN_AVX512
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
+#ifndef ATTN_SOFTMAX_NO_SPEC
+    if (ldS == 32 && jlo == 0 && jhi == 31 && *m > -INFINITY) {
+        /* a whole 32-key block: the probabilities against the running max are computed
+         * while the block's max is reduced; if it does not raise the max (most blocks past
+         * the first), they are the ones the general path below computes (alpha = 1), bit for
+         * bit, without its max -> exp dependency */
+        __m512 x0 = _mm512_loadu_ps(s), x1 = _mm512_loadu_ps(s + 16);
+        if (softcap > 0.0f) {
+            x0 = attn_softcap16(x0, softcap);
+            x1 = attn_softcap16(x1, softcap);
+        }
+        const float mo = *m;
+        const __m512 mm = _mm512_set1_ps(mo);
+        const __m512 p0 = attn_exp2_16(_mm512_sub_ps(x0, mm)), p1 = attn_exp2_16(_mm512_sub_ps(x1, mm));
+        if (!(_mm512_cmp_ps_mask(_mm512_max_ps(x0, x1), mm, _CMP_NLE_UQ))) {
+            _mm512_storeu_ps(s, p0);
+            _mm512_storeu_ps(s + 16, p1);
+            _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(l16), p0), p1));
+            return 1.0f;
+        }
+        _mm512_storeu_ps(s, x0);  /* (softcapped) */
+        _mm512_storeu_ps(s + 16, x1);
+        softcap = 0.0f;
+    }
+#endif
     __m512 bm = ninf;
     for (int j = 0; j < ldS; j += 16) {
         const int a = jlo - j, b = jhi - j;  /* lanes [a, b] live */
