@@ -134,24 +134,12 @@ int main(void) {
     pv_bf16(o3, p, v, alpha, 0, 0);
     printf("bf16 P.V: relative RMS difference from the f32 P.V: exact %.2e, offset %.2e\n", pv_rel_rms(o1, o2, 192),
            pv_rel_rms(o1, o3, 192));
-    const int IT = 200000;
     for (int rep = 0; rep < 3; rep++) {
         double t[5];
-        for (int m = -1; m < 4; m++) {
-            const unsigned long long t0 = __rdtsc();
-            for (int it = 0; it < IT; it++) {
-                float *pp = p, *oo = m < 0 ? o1 : o2;
-                uint8_t *vv = v;
-                __asm__ volatile("" : "+r"(pp), "+r"(vv), "+r"(oo)::"memory");
-                if (m < 0) attn_rows_pv_all(3, ATTN_KV_Q4_0, oo, 64, pp, NK, vv, LDV, 0, NK, alpha, NULL);
-                else if (m == 0) pv_bf16(oo, pp, vv, alpha, 1, 0);
-                else if (m == 1) pv_bf16(oo, pp, vv, alpha, 1, 1);
-                else if (m == 2) pv_bf16(oo, pp, vv, alpha, 0, 0);
-                else pv_bf16(oo, pp, vv, alpha, 0, 1);
-                __asm__ volatile("" ::: "memory");
-            }
-            t[m + 1] = (__rdtsc() - t0) / (double)IT / NK;
-        }
+        for (int m = -1; m < 4; m++)  /* m: (exact, apart) = (1, 0), (1, 1), (0, 0), (0, 1) */
+            PV_TICKS_PER_KEY(t[m + 1], 200000, NK, p, v, m < 0 ? o1 : o2,
+                             if (m < 0) attn_rows_pv_all(3, ATTN_KV_Q4_0, oo, 64, pp, NK, vv, LDV, 0, NK, alpha, NULL);
+                             else pv_bf16(oo, pp, vv, alpha, m < 2, m & 1));
         printf("ticks a key: f32 %.2f | bf16 exact: scales from the rows %.2f, apart %.2f | offset: rows %.2f, apart %.2f\n",
                t[0], t[1], t[2], t[3], t[4]);
     }

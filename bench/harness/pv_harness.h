@@ -30,4 +30,20 @@ static double pv_rel_rms(const float *a, const float *b, int n) {
     return sqrt(e / s);
 }
 
+/* (ticks) = TSC ticks a key of the statement after n_keys, run iters times: p, v, o pinned in
+ * registers as pp, vv, oo each time (the statement uses those) so that gcc neither hoists
+ * the work out of the loop nor drops it */
+#define PV_TICKS_PER_KEY(ticks, iters, n_keys, p, v, o, ...)                   \
+    do {                                                                       \
+        const unsigned long long t0_ = __rdtsc();                              \
+        for (int it_ = 0; it_ < (iters); it_++) {                              \
+            float *pp = (p), *oo = (o);                                        \
+            uint8_t *vv = (v);                                                 \
+            __asm__ volatile("" : "+r"(pp), "+r"(vv), "+r"(oo)::"memory");     \
+            __VA_ARGS__;                                                       \
+            __asm__ volatile("" ::: "memory");                                 \
+        }                                                                      \
+        (ticks) = (__rdtsc() - t0_) / (double)(iters) / (n_keys);              \
+    } while (0)
+
 #endif

@@ -88,21 +88,12 @@ int main(void) {
     for (int r = 0; r < 3; r++)
         printf("row %d: relative RMS difference %.2e\n", r, pv_rel_rms(o1 + r * 64, o2 + r * 64, 64));
     for (int i = 0; i < 192; i++) o1[i] = o2[i] = 0;
-    const int IT = 200000;
     for (int rep = 0; rep < 3; rep++) {
         double t[3];
-        for (int m = 0; m < 3; m++) {
-            const unsigned long long t0 = __rdtsc();
-            for (int it = 0; it < IT; it++) {
-                float *pp = p, *oo = m ? o2 : o1;
-                uint8_t *vv = v;
-                __asm__ volatile("" : "+r"(pp), "+r"(vv), "+r"(oo)::"memory");
-                if (!m) attn_rows_pv_all(3, ATTN_KV_Q4_0, oo, 64, pp, NK, vv, LDV, 0, NK, alpha, NULL);
-                else pv_i16(oo, pp, NK, vv, LDV, alpha, m - 1);
-                __asm__ volatile("" ::: "memory");
-            }
-            t[m] = (__rdtsc() - t0) / (double)IT / NK;
-        }
+        for (int m = 0; m < 3; m++)
+            PV_TICKS_PER_KEY(t[m], 200000, NK, p, v, m ? o2 : o1,
+                             if (!m) attn_rows_pv_all(3, ATTN_KV_Q4_0, oo, 64, pp, NK, vv, LDV, 0, NK, alpha, NULL);
+                             else pv_i16(oo, pp, NK, vv, LDV, alpha, m - 1));
         printf("ticks a key: f32 %.2f | int16 %.2f, dots only %.2f\n", t[0], t[1], t[2]);
     }
     return 0;

@@ -108,21 +108,12 @@ int main(void) {
     attn_rows_pv_all(3, ATTN_KV_Q4_0, o1, 64, p, NK, v, LDV, 0, NK, alpha, NULL);
     pv_int8(o2, p, v, alpha, SCALES_FROM_ROWS);
     printf("int8 P.V: relative RMS difference from the f32 P.V %.2e\n", pv_rel_rms(o1, o2, 192));
-    const int IT = 200000;
     for (int rep = 0; rep < 3; rep++) {
         double t[4];
-        for (int m = -1; m < 3; m++) {
-            const unsigned long long t0 = __rdtsc();
-            for (int it = 0; it < IT; it++) {
-                float *pp = p, *oo = m < 0 ? o1 : o2;
-                uint8_t *vv = v;
-                __asm__ volatile("" : "+r"(pp), "+r"(vv), "+r"(oo)::"memory");
-                if (m < 0) attn_rows_pv_all(3, ATTN_KV_Q4_0, oo, 64, pp, NK, vv, LDV, 0, NK, alpha, NULL);
-                else pv_int8(oo, pp, vv, alpha, m);
-                __asm__ volatile("" ::: "memory");
-            }
-            t[m + 1] = (__rdtsc() - t0) / (double)IT / NK;
-        }
+        for (int m = -1; m < 3; m++)
+            PV_TICKS_PER_KEY(t[m + 1], 200000, NK, p, v, m < 0 ? o1 : o2,
+                             if (m < 0) attn_rows_pv_all(3, ATTN_KV_Q4_0, oo, 64, pp, NK, vv, LDV, 0, NK, alpha, NULL);
+                             else pv_int8(oo, pp, vv, alpha, m));
         printf("ticks a key: f32 %.2f | int8, scales from the rows %.2f, scales apart %.2f, dots only %.2f\n",
                t[0], t[1], t[2], t[3]);
     }
