@@ -1,6 +1,7 @@
 """Thread-count policy in one place: OMP_NUM_THREADS, else the CPUs this process may use."""
 from __future__ import annotations
 
+import collections
 import os
 
 _n_threads: int | None = None
@@ -68,29 +69,41 @@ class AdaptiveThreads:
     A decode step is a chain of short parallel regions; when another process holds a core,
     a region waits for a descheduled thread. Depending on the machine's load, one thread or
     all of them is faster, and that changes while a server runs. So decode steps time both:
-    the faster count (per batch-size bucket, exponential moving average) is used, and the
-    other one is re-measured now and then (the fresh time replaces its old mean): after
-    `explore_every` steps, and each time it loses again twice as many steps later (at most
-    `max_backoff` times `explore_every`), because on a busy machine an exploring step can
-    cost several normal ones. A re-measured count that wins resets the interval. More
-    threads are not tried at all while other processes' runnable threads fill every CPU
-    (`busy()`, default :func:`other_runnable`): such a step waits for descheduled threads, so
-    there one thread is the choice without paying for the measurement (the check runs only
-    when a measurement of `n_max` is due). With fewer competitors (one busy process on two
-    cores) two threads can win, since they get a larger share of the CPUs: measured.
+    the count with the lower mean step time over its last `window` steps (per batch-size
+    bucket) is used, and the other one is re-measured now and then (the fresh time replaces
+    its old steps): after `explore_every` steps, and each time it loses again twice as many
+    steps later (at most `max_backoff` times `explore_every`), because on a busy machine an
+    exploring step can cost several normal ones. A re-measured count that wins resets the
+    interval. More threads are not tried at all while other processes' runnable threads fill
+    every CPU (`busy()`, default :func:`other_runnable`): such a step waits for descheduled
+    threads, so there one thread is the choice without paying for the measurement (the check
+    runs only when a measurement of `n_max` is due). With fewer competitors (one busy process
+    on two cores) two threads can win, since they get a larger share of the CPUs: measured.
+
+    Means, not typical steps: with one competing process, two-thread steps are mostly as
+    fast as one-thread ones but now and then wait a scheduler slice for a descheduled
+    thread (SmolLM2, a busy loop beside it: medians 2.98 / 2.95 ms, means 3.08 / 2.99, the
+    99th percentile 6.3 / 3.5), and throughput is the mean. A few fresh steps of `n_max`
+    rarely include such a wait, so while its window holds fewer than `settled` steps its
+    mean counts `handicap` times more; one thread has no such tail. A single step is
+    counted at most `OUTLIER` times the window's mean, so one stall (a collection, a pool
+    growth) moves the mean by at most that over the window and cannot flip the choice alone.
     """
 
-    OUTLIER = 1.25  # a step's time counts at most this many times the mean so far
+    OUTLIER = 4.0
 
-    def __init__(self, n_max: int, explore_every: int = 32, alpha: float = 0.5, max_backoff: int = 8,
-                 busy=other_runnable, n_cpus: int | None = None):
+    def __init__(self, n_max: int, explore_every: int = 32, max_backoff: int = 8, window: int = 32,
+                 settled: int = 8, handicap: float = 1.1, busy=other_runnable, n_cpus: int | None = None):
         self.n_max = max(1, n_max)
         self.busy = busy
         self.n_cpus = available_cpus() if n_cpus is None else n_cpus
         self.explore_every = explore_every
         self.max_every = explore_every * max(1, max_backoff)
-        self.alpha = alpha
-        self._ema: dict[tuple[int, int], float] = {}
+        self.window = max(1, window)
+        self.settled = settled
+        self.handicap = handicap
+        self._win: dict[tuple[int, int], collections.deque] = {}  # (bucket, count) -> last step times
+        self._sum: dict[tuple[int, int], float] = {}
         self._steps: dict[int, int] = {}
         self._every: dict[int, int] = {}  # bucket -> current exploration interval
         self._next: dict[int, int] = {}  # bucket -> step of the next exploration
@@ -104,8 +117,15 @@ class AdaptiveThreads:
         others = self.busy() if self.busy is not None else None
         return others is not None and others >= self.n_cpus
 
+    def mean(self, b: int, n: int) -> float:
+        """Mean step time of count n in bucket b over its window (as the choice weighs it)."""
+        key = (b, n)
+        w = self._win[key]
+        m = self._sum[key] / len(w)
+        return m * self.handicap if n > 1 and len(w) < self.settled else m
+
     def _best(self, b: int) -> int:
-        return min((1, self.n_max), key=lambda n: self._ema[(b, n)])
+        return self.n_max if self.mean(b, self.n_max) < self.mean(b, 1) else 1
 
     def choose(self, n_tokens: int) -> int:
         if self.n_max == 1:
@@ -114,7 +134,7 @@ class AdaptiveThreads:
         step = self._steps.get(b, 0)
         self._steps[b] = step + 1
         cands = (1, self.n_max)
-        unmeasured = [n for n in cands if (b, n) not in self._ema]
+        unmeasured = [n for n in cands if (b, n) not in self._win]
         if unmeasured:
             n = unmeasured[0]
             return 1 if n == self.n_max and self._crowded() else n
@@ -132,16 +152,20 @@ class AdaptiveThreads:
     def record(self, n_tokens: int, n_threads: int, seconds: float) -> None:
         b = self.bucket(n_tokens)
         key = (b, n_threads)
-        old = self._ema.get(key)
+        w = self._win.get(key)
         count, step = self._exploring.pop(b, (0, 0))
         exploring = count == n_threads
-        # an exploring step's measurement replaces the count's stale mean; otherwise one
-        # slow step (a pool growth, a collection, another process's burst) moves the mean by
-        # at most OUTLIER - 1 of it, so it cannot flip the choice alone: sustained slowness
-        # still moves it within a few steps
-        if old is not None and not exploring:
-            seconds = min(seconds, old * self.OUTLIER)
-        self._ema[key] = seconds if old is None or exploring else old + self.alpha * (seconds - old)
+        if w is None or exploring:  # a re-measurement replaces the count's stale steps
+            w = self._win[key] = collections.deque(maxlen=self.window)
+            self._sum[key] = 0.0
+        elif w:
+            seconds = min(seconds, self.OUTLIER * self._sum[key] / len(w))
+        if len(w) == w.maxlen:
+            self._sum[key] -= w[0]
+        w.append(seconds)
+        self._sum[key] += seconds
+        if len(w) == 1:
+            self._sum[key] = seconds  # (no drift from the running sum's roundings)
         if exploring:
             if self._best(b) == n_threads:  # the re-measured count won: it is the choice now
                 self._every[b] = self.explore_every

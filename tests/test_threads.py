@@ -79,3 +79,38 @@ def test_adaptive_one_slow_step_does_not_flip_the_choice():
     assert _drive(at, {1: 1.3, 2: 1.0}, 6) == [2] * 6
     used = _drive(at, {1: 1.3, 2: 3.0}, 40)  # two threads stay slow
     assert used[-10:].count(1) >= 9
+
+
+def _drive_seq(at, cost, steps, n_tokens=1):
+    """_drive with per-count cost sequences, each advanced when its count runs."""
+    used, pos = [], {1: 0, 2: 0}
+    for _ in range(steps):
+        n = at.choose(n_tokens)
+        used.append(n)
+        at.record(n_tokens, n, cost[n][pos[n] % len(cost[n])])
+        pos[n] += 1
+    return used
+
+
+def test_adaptive_counts_the_tail_of_two_thread_steps():
+    """One competing process on two cores: two-thread steps are mostly a little faster than
+    one-thread ones, but one in ten waits for a descheduled thread (3x): their mean is 1.17
+    against 1.0, so one thread is the choice. A clamped average of typical steps saw 0.98 and
+    chose two threads."""
+    at = AdaptiveThreads(2, explore_every=8, busy=quiet, n_cpus=2)
+    tail = [0.97] * 9 + [3.0]
+    used = _drive_seq(at, {1: [1.0], 2: tail}, 600)
+    assert used[100:].count(1) >= 0.97 * 500
+    # while two threads without such waits (a quiet machine) are chosen over one
+    at = AdaptiveThreads(2, explore_every=8, busy=quiet, n_cpus=2)
+    used = _drive_seq(at, {1: [1.0], 2: [0.75] * 9 + [1.2]}, 600)
+    assert used[100:].count(2) >= 0.97 * 500
+
+
+def test_adaptive_one_long_stall_does_not_flip_the_choice():
+    """A single stall of 50x a step (a collection, a page-fault burst) counts at most
+    OUTLIER times the mean: two threads winning by 30% stay the choice."""
+    at = AdaptiveThreads(2, explore_every=8, busy=quiet, n_cpus=2)
+    _drive(at, {1: 1.3, 2: 1.0}, 64)
+    at.record(1, 2, 50.0)
+    assert _drive(at, {1: 1.3, 2: 1.0}, 6) == [2] * 6
