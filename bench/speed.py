@@ -15,6 +15,8 @@ runs throughout; each rep times tg at 1 thread and at -t threads (decode steps c
 their thread count by measured speed, as the server's engine does), for both engines
 (llama.cpp at 1 and -t threads, its own default wait policy). On a 2-core machine -t 2 must
 stay at least as fast as 1 thread: a thread descheduled at a barrier must not stall the step.
+llmcore also runs at -t threads forced on every step, and the decode step times of its three
+kinds of run are summarized (mean, median, 99th percentile): what the thread choice weighs.
 """
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ class LLMCore:
         self.path = path
         self.ub = ub
         self.steps_at: dict[int, int] = {}  # decode steps run at each thread count
+        self.step_times: list[float] = []  # seconds of each decode step of the last generate
 
     def prefill(self, toks) -> float:
         from llmcore import threads
@@ -132,6 +135,7 @@ class LLMCore:
         t = int(np.argmax(logits[0]))
         from llmcore import threads
 
+        self.step_times = []
         t0 = time.perf_counter()
         for _ in range(n):
             nt = self.adaptive.choose(1) if n_threads is None else n_threads
@@ -139,7 +143,9 @@ class LLMCore:
             threads.set_num_threads(nt)
             ts = time.perf_counter()
             logits = self.model.forward([(st, np.array([t], dtype=np.int32))])
-            self.adaptive.record(1, nt, time.perf_counter() - ts)
+            self.step_times.append(time.perf_counter() - ts)
+            if n_threads is None:  # the choice learns from its own steps only, as in the engine
+                self.adaptive.record(1, nt, self.step_times[-1])
             t = int(np.argmax(logits[0]))
         dt = time.perf_counter() - t0
         st.release()
@@ -220,17 +226,29 @@ def busy_main(a) -> int:
     why = "--no-peer" if a.no_peer else available()
     nts = sorted({1, a.threads})
     res = {(e, nt): [] for e in ("llmcore", "llama.cpp") for nt in nts}
+    # llmcore's runs: 1 thread, -t threads chosen per step (the engine's way), -t forced
+    kinds = [(1, 1), (a.threads, None)] + ([(a.threads, a.threads)] if a.threads > 1 else [])
+    forced: list[float] = []
+    steps: dict[str, list[float]] = {}
     mine.generate(short, 4)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
         for r in range(a.reps):
-            for nt in (nts if r % 2 == 0 else nts[::-1]):  # alternate the order: same load for both
-                res[("llmcore", nt)].append(a.tg / mine.generate(short, a.tg, None if nt == a.threads else nt))
+            for nt, fix in (kinds if r % 2 == 0 else kinds[::-1]):  # alternate the order: same load for all
+                tps = a.tg / mine.generate(short, a.tg, fix)
+                label = f"{nt} thread{'s' if nt > 1 else ''}" + (" forced" if nt > 1 and fix else "")
+                steps.setdefault(label, []).extend(mine.step_times)
+                if nt > 1 and fix:
+                    forced.append(tps)
+                    continue
+                res[("llmcore", nt)].append(tps)
+            for nt in (nts if r % 2 == 0 else nts[::-1]):
                 if why is None:
                     res[("llama.cpp", nt)] += measure_in_subprocess(path, nt, 16, a.tg)["tg"]
             print(f"rep {r + 1}/{a.reps}: " + ", ".join(
-                f"{e} {nt}t tg {v[-1]:.1f}" for (e, nt), v in res.items() if v), flush=True)
+                f"{e} {nt}t tg {v[-1]:.1f}" for (e, nt), v in res.items() if v)
+                + (f", llmcore {a.threads}t forced tg {forced[-1]:.1f}" if forced else ""), flush=True)
     finally:
         hog.terminate()
         hog.wait()
@@ -247,6 +265,17 @@ def busy_main(a) -> int:
             continue
         med = [statistics.median(res[(e, nt)]) for nt in nts]
         print(f"| {e} | " + " | ".join(f"{m:.1f}" for m in med) + f" | {med[-1] / med[0]:.2f}x |")
+    if forced:
+        one = statistics.median(res[("llmcore", 1)])
+        print(f"| llmcore, {a.threads} threads on every step | | {statistics.median(forced):.1f} "
+              f"| {statistics.median(forced) / one:.2f}x |")
+    print()
+    print("llmcore decode step times under the busy process, ms (all reps):")
+    print("| run | steps | mean | median | 99th percentile |")
+    print("|---|---:|---:|---:|---:|")
+    for label, v in steps.items():
+        ms = np.asarray(v) * 1e3
+        print(f"| {label} | {len(ms)} | {ms.mean():.3f} | {np.median(ms):.3f} | {np.percentile(ms, 99):.3f} |")
     return 0
 
 

@@ -93,7 +93,7 @@ class AdaptiveThreads:
     OUTLIER = 4.0
 
     def __init__(self, n_max: int, explore_every: int = 32, max_backoff: int = 8, window: int = 32,
-                 settled: int = 8, handicap: float = 1.1, busy=other_runnable, n_cpus: int | None = None):
+                 settled: int = 32, handicap: float = 1.1, busy=other_runnable, n_cpus: int | None = None):
         self.n_max = max(1, n_max)
         self.busy = busy
         self.n_cpus = available_cpus() if n_cpus is None else n_cpus
