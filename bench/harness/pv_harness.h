@@ -1,5 +1,5 @@
-/* What the P.V harnesses (pv_int8.c, pv_i16.c) share: a Q4_0 V read in place and the
- * difference of two outputs. Included after simd_attention.h (-Ipyx). */
+/* What the P.V harnesses (pv_int8.c, pv_i16.c, pv_bf16.c, pv_f32w.c) share: a Q4_0 V read
+ * in place and the difference of two outputs. Included after simd_attention.h (-Ipyx). */
 #ifndef PV_HARNESS_H
 #define PV_HARNESS_H
 
