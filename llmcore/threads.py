@@ -103,7 +103,6 @@ class AdaptiveThreads:
         self.settled = settled
         self.handicap = handicap
         self._win: dict[tuple[int, int], collections.deque] = {}  # (bucket, count) -> last step times
-        self._sum: dict[tuple[int, int], float] = {}
         self._steps: dict[int, int] = {}
         self._every: dict[int, int] = {}  # bucket -> current exploration interval
         self._next: dict[int, int] = {}  # bucket -> step of the next exploration
@@ -119,9 +118,8 @@ class AdaptiveThreads:
 
     def mean(self, b: int, n: int) -> float:
         """Mean step time of count n in bucket b over its window (as the choice weighs it)."""
-        key = (b, n)
-        w = self._win[key]
-        m = self._sum[key] / len(w)
+        w = self._win[(b, n)]
+        m = sum(w) / len(w)
         return m * self.handicap if n > 1 and len(w) < self.settled else m
 
     def _best(self, b: int) -> int:
@@ -157,15 +155,9 @@ class AdaptiveThreads:
         exploring = count == n_threads
         if w is None or exploring:  # a re-measurement replaces the count's stale steps
             w = self._win[key] = collections.deque(maxlen=self.window)
-            self._sum[key] = 0.0
-        elif w:
-            seconds = min(seconds, self.OUTLIER * self._sum[key] / len(w))
-        if len(w) == w.maxlen:
-            self._sum[key] -= w[0]
+        else:
+            seconds = min(seconds, self.OUTLIER * sum(w) / len(w))
         w.append(seconds)
-        self._sum[key] += seconds
-        if len(w) == 1:
-            self._sum[key] = seconds  # (no drift from the running sum's roundings)
         if exploring:
             if self._best(b) == n_threads:  # the re-measured count won: it is the choice now
                 self._every[b] = self.explore_every

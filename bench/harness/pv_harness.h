@@ -20,6 +20,15 @@ static void pv_fill_q4_0_rows(uint8_t *v, int n_keys, long ldv, int n_blocks, in
         }
 }
 
+/* the f16 scales of 32 keys' first two Q4_0 blocks (rows ldv bytes apart) as d[block][key]:
+ * the "scales from the rows" forms read them so, the "scales apart" ones find them so */
+static inline __attribute__((always_inline)) void pv_scales_of_rows(const uint8_t *v, long ldv, uint16_t d[2][32]) {
+    for (int j = 0; j < 32; j++) {
+        memcpy(&d[0][j], v + j * ldv, 2);
+        memcpy(&d[1][j], v + j * ldv + 18, 2);
+    }
+}
+
 /* |a - b| / |a| over n values (root mean squares) */
 static double pv_rel_rms(const float *a, const float *b, int n) {
     double e = 0, s = 0;

@@ -37,10 +37,7 @@ static inline __attribute__((always_inline)) void pv_int8(float *o, const float 
         uint16_t dh[2][32] __attribute__((aligned(64)));
         const uint16_t(*dsrc)[32] = d_apart;
         if (mode == SCALES_FROM_ROWS) {
-            for (int j = 0; j < NK; j++) {
-                memcpy(&dh[0][j], v + j * LDV, 2);
-                memcpy(&dh[1][j], v + j * LDV + 18, 2);
-            }
+            pv_scales_of_rows(v, LDV, dh);
             dsrc = (const uint16_t(*)[32])dh;
         }
         __m512 d[2][2];
@@ -101,8 +98,7 @@ int main(void) {
     uint8_t *v = aligned_alloc(64, 64 * LDV + 64);
     srand(1);
     pv_fill_q4_0_rows(v, 64, LDV, 2, 0);
-    for (int j = 0; j < NK; j++)
-        for (int b = 0; b < 2; b++) memcpy(&d_apart[b][j], v + j * LDV + 18 * b, 2);
+    pv_scales_of_rows(v, LDV, d_apart);
     float p[3 * NK], alpha[3] = {1, 1, 1}, o1[3 * 64] = {0}, o2[3 * 64] = {0};
     for (int i = 0; i < 3 * NK; i++) p[i] = (rand() % 1000) / 1000.f;
     attn_rows_pv_all(3, ATTN_KV_Q4_0, o1, 64, p, NK, v, LDV, 0, NK, alpha, NULL);
