@@ -15,7 +15,10 @@ one stream's) is taken within each round, then the median of the rounds (a share
 speed drifts between minutes, which a ratio of runs minutes apart would carry). The
 "int8 share" column: the step's weight multiply-adds (B x the model's matrix elements) per
 second over the int8 multiply-add probe (bench/int8peak.pyx) at the same thread count,
-measured in the same run: where batched decode stands against the compute bound.
+measured in the same run: where batched decode stands against the compute bound. Each round
+starts with the memory read probe (bench/membw.pyx, as speed.py's bound), and a table of the
+rounds puts one stream's step beside the time its weights take at that rate (how far the
+denominator of the ratios is from memory's limit that minute) and each round's ratios.
 
 llama.cpp (llama-cpp-python, bench/_peer_llamacpp.py ``LlamaCpp(n_seq=B).decode_parallel``):
 the same prompt lengths, B sequences in one unified KV cache, one ``llama_decode`` per
@@ -117,6 +120,43 @@ class Batched:
         return times
 
 
+def _membw_probe(a):
+    """The memory read probe (bench/membw.pyx, as speed.py's bound), or None (--no-probe, or
+    no Cython / compiler)."""
+    if a.no_probe:
+        return None
+    try:
+        from speed import membw_gbs
+
+        membw_gbs(a.threads, reps=1)  # compiled and paged in before the first round
+        return membw_gbs
+    except Exception as e:
+        print(f"memory read probe unavailable ({type(e).__name__}: {e})", flush=True)
+        return None
+
+
+def weight_bytes(path: str) -> int:
+    from speed import weight_bytes_per_token
+
+    return weight_bytes_per_token(path)
+
+
+def _round_lines(rounds: list[dict], round_bw: list[float], a, wbytes: int) -> list[str]:
+    """Per round: the memory probe, one stream's step against the time its weights take at
+    that bandwidth (the step also reads its K/V and runs the attention, the head and Python),
+    and each B's ratio to one stream."""
+    Bs = [B for B in a.batches if B != 1]
+    out = ["", f"Rounds ({a.threads} threads; one stream's bound: its {wbytes / 1e6:.1f} MB of weights at the "
+           "probe's rate, K/V not counted):", "",
+           "| round | memory probe GB/s | B=1 ms | B=1 / bound | " + " | ".join(f"B={B} / 1" for B in Bs) + " |",
+           "|---|---|---|---|" + "---|" * len(Bs)]
+    for i, (rd, bw) in enumerate(zip(rounds, round_bw)):
+        bound = wbytes / (bw * 1e9)
+        out.append(f"| {i + 1} | {bw:.1f} | {rd[1] * 1e3:.2f} | {bound / rd[1]:.2f} | "
+                   + " | ".join(f"{(B / rd[B]) / (1 / rd[1]):.2f}x" for B in Bs) + " |")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="smollm2")
@@ -131,7 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("-ctk", "--cache-type", default="f16", choices=("f16", "q8_0", "q4_0", "f32"),
                     help="K and V cache type of both engines (llama-server's -ctk / -ctv)")
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--no-probe", action="store_true", help="skip the int8 multiply-add probe")
+    ap.add_argument("--no-probe", action="store_true", help="skip the int8 multiply-add and memory read probes")
     ap.add_argument("--append-results", action="store_true", help="append the table to bench/RESULTS.md")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
@@ -153,8 +193,12 @@ def main(argv=None) -> int:
         rows.append({"B": B, "cpu1_min": min(cpu1), "cpu1_med": statistics.median(cpu1)})
     # the multi-thread runs, B after B in each round: a ratio within a round compares minutes
     # of the same host speed
-    rounds = [{B: statistics.median(eng.run(B, a.steps, a.threads)) for B in a.batches}
-              for _ in range(max(1, a.rounds))]
+    membw_gbs = _membw_probe(a)
+    rounds, round_bw = [], []
+    for _ in range(max(1, a.rounds)):
+        if membw_gbs is not None:  # what memory gives this minute (one stream is bound by it)
+            round_bw.append(membw_gbs(a.threads, reps=3))
+        rounds.append({B: statistics.median(eng.run(B, a.steps, a.threads)) for B in a.batches})
     for r in rows:
         B = r["B"]
         r["wall_med"] = statistics.median(rd[B] for rd in rounds)
@@ -205,6 +249,8 @@ def main(argv=None) -> int:
                      f"{'%.2fx' % (mine / peer) if peer else '-'} |")
     if peak:
         lines.append(f"\nint8 probe (bench/int8peak.pyx): {peak:.0f} GMAC/s at {a.threads} threads, same run")
+    if round_bw and 1 in a.batches:
+        lines += _round_lines(rounds, round_bw, a, weight_bytes(path))
     if why is not None:
         lines.append(f"\n(llama.cpp not measured: {why})")
     table = "\n".join(lines)

@@ -39,3 +39,18 @@ def test_int8_probe_counts_its_multiply_adds():
     assert int8peak.int8_macs(1000, 2) == 2 * one
     assert int8peak.int8_macs(3000, 1) == 3 * one
     assert int8_gmacs(1, reps=1, iters=10_000) > 0
+
+
+def test_batched_decode_round_table_divides_within_each_round():
+    from types import SimpleNamespace
+
+    from batched_decode import _round_lines
+
+    # two rounds of 2-thread step times (s) at B = 1, 8, 32, and the memory probe before each
+    rounds = [{1: 0.0025, 8: 0.0050, 32: 0.0125}, {1: 0.0040, 8: 0.0060, 32: 0.0160}]
+    lines = _round_lines(rounds, [40.0, 20.0], SimpleNamespace(threads=2, batches=[1, 8, 32]), 80_000_000)
+    rows = [ln for ln in lines if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
+    # round 1: 80 MB at 40 GB/s = 2.0 ms bound against a 2.5 ms step; 8 x 2.5 / 5.0; 32 x 2.5 / 12.5
+    assert rows[0] == "| 1 | 40.0 | 2.50 | 0.80 | 4.00x | 6.40x |"
+    # round 2: 4.0 ms bound against 4.0 ms; 8 x 4 / 6; 32 x 4 / 16
+    assert rows[1] == "| 2 | 20.0 | 4.00 | 1.00 | 5.33x | 8.00x |"
