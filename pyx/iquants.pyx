@@ -20,6 +20,7 @@ from llmcore._kernels.quants import aligned_buffer
 
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
+from weight_rows cimport dequantize_blocks, rows_of_blocks
 
 cdef extern from "simd_iquants.h" nogil:
     const char *iq_simd_name()
@@ -47,12 +48,8 @@ SIMD_LEVEL = iq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" 
 
 cdef enum:
     ROW_TILE = 16     # rows per work item of the GGUF-layout kernel
-    BLOCK_CHUNK = 64  # blocks per work item of dequantize
     TOK_CHUNK = 64    # tokens per work item of the repacked kernels
     MIN_WORK = 98304  # bytes of weight x 4-token tiles per thread: smaller calls use fewer threads
-    MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
-    MIN_PARALLEL_ROWS = 64       # get_rows: fewer rows run on one thread (a row is
-                                 # ~0.1-1 us; waking a sleeping team costs tens)
 
 
 cdef int64_t _cols(int ggml_type, int64_t row_bytes) except -1:
@@ -69,26 +66,10 @@ def dequantize(const uint8_t[:, ::1] raw, int ggml_type, float[:, ::1] out, int 
 
     raw : uint8 (rows, bytes_per_row), C-contiguous
     out : float32 (rows, cols)
-    n_threads : OpenMP threads over chunks of BLOCK_CHUNK blocks (small tensors run on one)
+    n_threads : OpenMP threads over chunks of blocks (small tensors run on one)
     """
-    cdef int64_t rows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1])
-    if out.shape[0] != rows or out.shape[1] != cols:
-        raise ValueError(f"iquants.dequantize: out {tuple(out.shape)[:2]}, expected {(rows, cols)}")
-    if rows == 0 or cols == 0:
-        return
-    cdef int t = ggml_type, ts = iq_type_size(ggml_type), bs = iq_block_size(ggml_type)
-    cdef int64_t nblocks = rows * cols // bs
-    cdef int64_t nchunks = (nblocks + BLOCK_CHUNK - 1) // BLOCK_CHUNK, c, b0
-    cdef const uint8_t *src = &raw[0, 0]
-    cdef float *dst = &out[0, 0]
-    cdef int nt = n_threads if rows * cols > MIN_PARALLEL_VALUES else 1
-    with nogil:
-        if nt > 1:
-            for c in prange(nchunks, num_threads=nt, schedule="static"):
-                b0 = c * BLOCK_CHUNK
-                iq_dequant_blocks(t, src + b0 * ts, min(b0 + BLOCK_CHUNK, nblocks) - b0, dst + b0 * bs)
-        else:
-            iq_dequant_blocks(t, src, nblocks, dst)
+    cdef int64_t cols = _cols(ggml_type, raw.shape[1])
+    dequantize_blocks("iquants", iq_dequant_blocks, ggml_type, iq_block_size(ggml_type), iq_type_size(ggml_type), raw, cols, out, n_threads)
 
 
 def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, float[:, ::1] out,
@@ -100,24 +81,8 @@ def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, f
     out : float32 (k, cols)
     n_threads : OpenMP threads over the ids (a few ids run on one)
     """
-    cdef int64_t nrows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1]), k = ids.shape[0], i
-    if out.shape[0] != k or out.shape[1] != cols:
-        raise ValueError(f"iquants.get_rows: out {tuple(out.shape)[:2]}, expected {(k, cols)}")
-    for i in range(k):
-        if ids[i] < 0 or ids[i] >= nrows:
-            raise IndexError(f"iquants.get_rows: row {ids[i]} out of range [0, {nrows})")
-    if k == 0 or cols == 0:
-        return
-    cdef int t = ggml_type
-    cdef int64_t nb = cols // iq_block_size(ggml_type)
-    cdef int nt = min(n_threads, k) if k > MIN_PARALLEL_ROWS else 1
-    with nogil:
-        if nt > 1:
-            for i in prange(k, num_threads=nt, schedule="static"):
-                iq_dequant_blocks(t, &raw[ids[i], 0], nb, &out[i, 0])
-        else:
-            for i in range(k):
-                iq_dequant_blocks(t, &raw[ids[i], 0], nb, &out[i, 0])
+    cdef int64_t cols = _cols(ggml_type, raw.shape[1])
+    rows_of_blocks("iquants", iq_dequant_blocks, ggml_type, iq_block_size(ggml_type), raw, cols, ids, out, n_threads)
 
 
 cdef class Packed:

@@ -18,6 +18,7 @@ from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from weight_rows cimport dequantize_blocks, rows_of_blocks
 
 cdef extern from "simd.h" nogil:
     int simd_pf_dist
@@ -72,9 +73,6 @@ AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 
 cdef enum:
     FLOAT_CHUNK = 16           # output rows per work item of the float kernels
-    MIN_PARALLEL_VALUES = 65536  # dequantize: smaller tensors run on one thread
-    MIN_PARALLEL_ROWS = 64     # get_rows: fewer rows run on one thread (a row is
-                               # ~0.1-1 us; waking a sleeping team costs tens)
 
 
 cdef int64_t _cols(int ggml_type, int64_t bpr) except -1:
@@ -361,27 +359,29 @@ def matmul_grouped(list packs, const int64_t[::1] offsets, const float[:, ::1] x
         PyMem_Free(ptrs)
 
 
+cdef inline int _block_values(int t) noexcept nogil:
+    """Values a block of type t holds (a float type: one)."""
+    return 1 if t == 0 or t == 1 or t == 30 else 32
+
+
+cdef inline int _block_bytes(int t) noexcept nogil:
+    return 4 if t == 0 else 2 if t == 1 or t == 30 else lq_block_bytes(t)
+
+
+cdef void _dequant_blocks(int t, const uint8_t *src, int64_t nblocks, float *dst) noexcept nogil:
+    """weight_rows' block function: a run of blocks is a row of their values."""
+    lq_dequant_row(src, t, nblocks * _block_values(t), dst)
+
+
 def dequantize(const uint8_t[:, ::1] raw, int ggml_type, float[:, ::1] out, int n_threads):
     """out = the dequantized rows, bit-exact with gguf.quants.dequantize.
 
     raw : uint8 (rows, bytes_per_row), C-contiguous
     out : float32 (rows, cols)
-    n_threads : OpenMP threads over rows (small tensors run on one)
+    n_threads : OpenMP threads over chunks of blocks (small tensors run on one)
     """
-    cdef int64_t rows = raw.shape[0], cols = _cols(ggml_type, raw.shape[1]), i
-    cdef int t = ggml_type
-    if out.shape[0] != rows or out.shape[1] != cols:
-        raise ValueError(f"dequantize: out {tuple(out.shape)[:2]}, expected {(rows, cols)}")
-    if rows == 0 or cols == 0:
-        return
-    cdef int nt = n_threads if rows * cols > MIN_PARALLEL_VALUES else 1
-    with nogil:
-        if nt > 1:
-            for i in prange(rows, num_threads=nt, schedule='static'):
-                lq_dequant_row(&raw[i, 0], t, cols, &out[i, 0])
-        else:
-            for i in range(rows):
-                lq_dequant_row(&raw[i, 0], t, cols, &out[i, 0])
+    cdef int64_t cols = _cols(ggml_type, raw.shape[1])
+    dequantize_blocks("quants", _dequant_blocks, ggml_type, _block_values(ggml_type), _block_bytes(ggml_type), raw, cols, out, n_threads)
 
 
 def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, float[:, ::1] out,
@@ -393,23 +393,8 @@ def get_rows(const uint8_t[:, ::1] raw, int ggml_type, const int64_t[::1] ids, f
     out : float32 (k, cols)
     n_threads : OpenMP threads over the ids (a few ids run on one)
     """
-    cdef int64_t k = ids.shape[0], cols = _cols(ggml_type, raw.shape[1]), i
-    cdef int t = ggml_type
-    if out.shape[0] != k or out.shape[1] != cols:
-        raise ValueError(f"get_rows: out {tuple(out.shape)[:2]}, expected {(k, cols)}")
-    for i in range(k):
-        if ids[i] < 0 or ids[i] >= raw.shape[0]:
-            raise IndexError(f"get_rows: row {ids[i]} out of range [0, {raw.shape[0]})")
-    if k == 0 or cols == 0:
-        return
-    cdef int nt = min(n_threads, k) if k > MIN_PARALLEL_ROWS else 1
-    with nogil:
-        if nt > 1:
-            for i in prange(k, num_threads=nt, schedule='static'):
-                lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])
-        else:
-            for i in range(k):
-                lq_dequant_row(&raw[ids[i], 0], t, cols, &out[i, 0])
+    cdef int64_t cols = _cols(ggml_type, raw.shape[1])
+    rows_of_blocks("quants", _dequant_blocks, ggml_type, _block_values(ggml_type), raw, cols, ids, out, n_threads)
 
 
 def _set_unpacked_min_tokens(int n):

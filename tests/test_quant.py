@@ -77,6 +77,26 @@ def test_dequantize_exact(qt, maker):
 
 @needs_kernels
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
+def test_dequantize_and_get_rows_on_two_threads(qt):
+    # past the one-thread sizes (65536 values, 64 ids): chunks of blocks over both threads,
+    # the float types' "blocks" one value each
+    rows, cols = 300, 512
+    raw = random_blocks(qt, rows, cols, seed=4)
+    ref = ref_dequant(raw, qt, rows, cols)
+    k = quant.kernel_for(qt)
+    out = np.empty((rows, cols), np.float32)
+    k.dequantize(raw.reshape(rows, -1), int(qt), out, 2)
+    np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+    ids = np.arange(rows - 1, -1, -3, dtype=np.int64)
+    got = np.empty((len(ids), cols), np.float32)
+    k.get_rows(raw.reshape(rows, -1), int(qt), ids, got, 2)
+    np.testing.assert_array_equal(got.view(np.uint32), ref[ids].view(np.uint32))
+    with pytest.raises(ValueError, match="dequantize: out"):
+        k.dequantize(raw.reshape(rows, -1), int(qt), np.empty((rows, cols - 1), np.float32), 2)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
 def test_get_rows(qt):
     rows, cols = 40, 96
     raw = random_blocks(qt, rows, cols, seed=3)
