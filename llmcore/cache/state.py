@@ -13,6 +13,7 @@ filled last block first copies that block (copy-on-write).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,14 @@ class BlockTableState(CacheState):
         held and shared with another state (copy-on-write)."""
         return bool(n > 0 and self.n_tokens % self.pool.block_size and self.n_blocks
                     and self.pool.refcount[self._table[self._n_blocks - 1]] > 1)
+
+    # ---- snapshots: a subclass's snapshot holds its blocks (reference counted) as ``blocks``
+    def release_snapshot(self, snap: Any) -> None:
+        self.pool.decref(snap.blocks)
+
+    def retain_snapshot(self, snap: Any) -> Any:
+        self.pool.incref(snap.blocks)
+        return snap
 
     # ---- memory ---------------------------------------------------------------------------
     def blocks_to_hold(self, n_tokens: int, chunk: int) -> int:
@@ -158,13 +167,6 @@ class KVCacheState(BlockTableState):
         self._set_blocks(snap.blocks)
         self.n_tokens = snap.n_tokens
         self.pool.decref(old)
-
-    def release_snapshot(self, snap: KVSnapshot) -> None:
-        self.pool.decref(snap.blocks)
-
-    def retain_snapshot(self, snap: KVSnapshot) -> KVSnapshot:
-        self.pool.incref(snap.blocks)
-        return snap
 
     # ---- records ------------------------------------------------------------------------
     record_kind = "kv"

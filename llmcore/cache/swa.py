@@ -192,13 +192,6 @@ class SWAKVCacheState(BlockTableState):
         self.n_tokens = snap.n_tokens
         self.pool.decref(old)
 
-    def release_snapshot(self, snap: SWASnapshot) -> None:
-        self.pool.decref(snap.blocks)
-
-    def retain_snapshot(self, snap: SWASnapshot) -> SWASnapshot:
-        self.pool.incref(snap.blocks)
-        return snap
-
     # ---- records ------------------------------------------------------------------------
     record_kind = "swa"
 
