@@ -135,12 +135,6 @@ def _membw_probe(a):
         return None
 
 
-def weight_bytes(path: str) -> int:
-    from speed import weight_bytes_per_token
-
-    return weight_bytes_per_token(path)
-
-
 def _round_lines(rounds: list[dict], round_bw: list[float], a, wbytes: int) -> list[str]:
     """Per round: the memory probe, one stream's step against the time its weights take at
     that bandwidth (the step also reads its K/V and runs the attention, the head and Python),
@@ -250,7 +244,9 @@ def main(argv=None) -> int:
     if peak:
         lines.append(f"\nint8 probe (bench/int8peak.pyx): {peak:.0f} GMAC/s at {a.threads} threads, same run")
     if round_bw and 1 in a.batches:
-        lines += _round_lines(rounds, round_bw, a, weight_bytes(path))
+        from speed import weight_bytes_per_token
+
+        lines += _round_lines(rounds, round_bw, a, weight_bytes_per_token(path))
     if why is not None:
         lines.append(f"\n(llama.cpp not measured: {why})")
     table = "\n".join(lines)

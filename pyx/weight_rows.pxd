@@ -26,7 +26,7 @@ cdef inline int dequantize_blocks(str who, dequant_blocks_fn f, int t, int bs, i
     if rows == 0 or cols == 0:
         return 0
     cdef int64_t nblocks = rows * cols // bs
-    cdef int64_t chunk = DEQUANT_CHUNK_VALUES // bs if DEQUANT_CHUNK_VALUES // bs > 64 else 64
+    cdef int64_t chunk = max(DEQUANT_CHUNK_VALUES // bs, 64)  # blocks a work item
     cdef int64_t nchunks = (nblocks + chunk - 1) // chunk, c, b0
     cdef const uint8_t *src = &raw[0, 0]
     cdef float *dst = &out[0, 0]

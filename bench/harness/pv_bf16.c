@@ -120,12 +120,8 @@ int main(void) {
             pair_idx[16 * k + 8 + 2 * m + 1] = 64 + 18 + 4 * k + m;
         }
     uint8_t *v = aligned_alloc(64, 64 * LDV + 64);
-    srand(1);
-    pv_fill_q4_0_rows(v, 64, LDV, 2, 1);
-    pv_scales_of_rows(v, LDV, d_apart);
-    float p[3 * NK], alpha[3] = {1, 1, 1}, o1[3 * 64] = {0}, o2[3 * 64] = {0}, o3[3 * 64] = {0};
-    for (int i = 0; i < 3 * NK; i++) p[i] = (rand() % 1000) / 1000.f;
-    attn_rows_pv_all(3, ATTN_KV_Q4_0, o1, 64, p, NK, v, LDV, 0, NK, alpha, NULL);
+    float p[3 * NK], alpha[3] = {1, 1, 1}, o1[3 * 64], o2[3 * 64] = {0}, o3[3 * 64] = {0};
+    pv_problem(v, LDV, 1, d_apart, p, NK, o1);
     pv_bf16(o2, p, v, alpha, 1, 0);
     pv_bf16(o3, p, v, alpha, 0, 0);
     printf("bf16 P.V: relative RMS difference from the f32 P.V: exact %.2e, offset %.2e\n", pv_rel_rms(o1, o2, 192),

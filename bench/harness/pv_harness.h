@@ -1,5 +1,6 @@
 /* What the P.V harnesses (pv_int8.c, pv_i16.c, pv_bf16.c, pv_f32w.c) share: a Q4_0 V read
- * in place and the difference of two outputs. Included after simd_attention.h (-Ipyx). */
+ * in place, the problem three of them time and the difference of two outputs. Included
+ * after simd_attention.h (-Ipyx). */
 #ifndef PV_HARNESS_H
 #define PV_HARNESS_H
 
@@ -27,6 +28,20 @@ static inline __attribute__((always_inline)) void pv_scales_of_rows(const uint8_
         memcpy(&d[0][j], v + j * ldv, 2);
         memcpy(&d[1][j], v + j * ldv + 18, 2);
     }
+}
+
+/* The problem the scale-folding harnesses (pv_int8.c, pv_bf16.c, pv_f32w.c) time: 64 keys of a
+ * Q4_0 V (rows ldv bytes apart, two blocks a key), the first 32 keys' scales apart in d,
+ * 3 rows x nk probabilities p in [0, 1), and into ref (3 x 64) the engine's f32 P.V of them
+ * from zero outputs, the harness's reference */
+static void pv_problem(uint8_t *v, long ldv, int signed_scales, uint16_t d[2][32], float *p, int nk, float *ref) {
+    const float alpha[3] = {1, 1, 1};
+    srand(1);
+    pv_fill_q4_0_rows(v, 64, ldv, 2, signed_scales);
+    pv_scales_of_rows(v, ldv, d);
+    for (int i = 0; i < 3 * nk; i++) p[i] = (rand() % 1000) / 1000.f;
+    memset(ref, 0, 3 * 64 * sizeof(float));
+    attn_rows_pv_all(3, ATTN_KV_Q4_0, ref, 64, p, nk, v, ldv, 0, nk, alpha, NULL);
 }
 
 /* |a - b| / |a| over n values (root mean squares) */

@@ -96,12 +96,8 @@ static inline __attribute__((always_inline)) void pv_int8(float *o, const float 
 
 int main(void) {
     uint8_t *v = aligned_alloc(64, 64 * LDV + 64);
-    srand(1);
-    pv_fill_q4_0_rows(v, 64, LDV, 2, 0);
-    pv_scales_of_rows(v, LDV, d_apart);
-    float p[3 * NK], alpha[3] = {1, 1, 1}, o1[3 * 64] = {0}, o2[3 * 64] = {0};
-    for (int i = 0; i < 3 * NK; i++) p[i] = (rand() % 1000) / 1000.f;
-    attn_rows_pv_all(3, ATTN_KV_Q4_0, o1, 64, p, NK, v, LDV, 0, NK, alpha, NULL);
+    float p[3 * NK], alpha[3] = {1, 1, 1}, o1[3 * 64], o2[3 * 64] = {0};
+    pv_problem(v, LDV, 0, d_apart, p, NK, o1);
     pv_int8(o2, p, v, alpha, SCALES_FROM_ROWS);
     printf("int8 P.V: relative RMS difference from the f32 P.V %.2e\n", pv_rel_rms(o1, o2, 192));
     for (int rep = 0; rep < 3; rep++) {
