@@ -135,20 +135,40 @@ def _membw_probe(a):
         return None
 
 
-def _round_lines(rounds: list[dict], round_bw: list[float], a, wbytes: int) -> list[str]:
-    """Per round: the memory probe, one stream's step against the time its weights take at
-    that bandwidth (the step also reads its K/V and runs the attention, the head and Python),
-    and each B's ratio to one stream."""
+def _round_lines(rounds: list[dict], round_bw: list[float], a, wbytes: int,
+                 round_rtt: list[float] | None = None) -> list[str]:
+    """Per round: the memory probe, the core-to-core probe (when measured: where the host put
+    the two threads' cores), one stream's step against the time its weights take at that
+    bandwidth (the step also reads its K/V and runs the attention, the head and Python), and
+    each B's ratio to one stream."""
     Bs = [B for B in a.batches if B != 1]
+    rtt = round_rtt if round_rtt and len(round_rtt) == len(rounds) else None
     out = ["", f"Rounds ({a.threads} threads; one stream's bound: its {wbytes / 1e6:.1f} MB of weights at the "
-           "probe's rate, K/V not counted):", "",
-           "| round | memory probe GB/s | B=1 ms | B=1 / bound | " + " | ".join(f"B={B} / 1" for B in Bs) + " |",
-           "|---|---|---|---|" + "---|" * len(Bs)]
+           "probe's rate, K/V not counted" + ("; core round trip: a cache line between the two threads' "
+                                              "cores and back" if rtt else "") + "):", "",
+           "| round | memory probe GB/s | " + ("core round trip ns | " if rtt else "") + "B=1 ms | B=1 / bound | "
+           + " | ".join(f"B={B} / 1" for B in Bs) + " |",
+           "|---|---|" + ("---|" if rtt else "") + "---|---|" + "---|" * len(Bs)]
     for i, (rd, bw) in enumerate(zip(rounds, round_bw)):
         bound = wbytes / (bw * 1e9)
-        out.append(f"| {i + 1} | {bw:.1f} | {rd[1] * 1e3:.2f} | {bound / rd[1]:.2f} | "
-                   + " | ".join(f"{(B / rd[B]) / (1 / rd[1]):.2f}x" for B in Bs) + " |")
+        out.append(f"| {i + 1} | {bw:.1f} | " + (f"{rtt[i]:.0f} | " if rtt else "") + f"{rd[1] * 1e3:.2f} | "
+                   f"{bound / rd[1]:.2f} | " + " | ".join(f"{(B / rd[B]) / (1 / rd[1]):.2f}x" for B in Bs) + " |")
     return out
+
+
+def _core_probe(a):
+    """The core-to-core round-trip probe (bench/membw.pyx), or None (--no-probe, one thread,
+    or no Cython / compiler)."""
+    if a.no_probe or a.threads < 2:
+        return None
+    try:
+        from speed import core_round_trip_ns
+
+        core_round_trip_ns(reps=1)
+        return core_round_trip_ns
+    except Exception as e:
+        print(f"core round-trip probe unavailable ({type(e).__name__}: {e})", flush=True)
+        return None
 
 
 def main(argv=None) -> int:
@@ -188,10 +208,13 @@ def main(argv=None) -> int:
     # the multi-thread runs, B after B in each round: a ratio within a round compares minutes
     # of the same host speed
     membw_gbs = _membw_probe(a)
-    rounds, round_bw = [], []
+    core_rtt = _core_probe(a)
+    rounds, round_bw, round_rtt = [], [], []
     for _ in range(max(1, a.rounds)):
         if membw_gbs is not None:  # what memory gives this minute (one stream is bound by it)
             round_bw.append(membw_gbs(a.threads, reps=3))
+        if core_rtt is not None:  # where the host put the two cores this minute (near / far)
+            round_rtt.append(core_rtt())
         rounds.append({B: statistics.median(eng.run(B, a.steps, a.threads)) for B in a.batches})
     for r in rows:
         B = r["B"]
@@ -246,7 +269,7 @@ def main(argv=None) -> int:
     if round_bw and 1 in a.batches:
         from speed import weight_bytes_per_token
 
-        lines += _round_lines(rounds, round_bw, a, weight_bytes_per_token(path))
+        lines += _round_lines(rounds, round_bw, a, weight_bytes_per_token(path), round_rtt)
     if why is not None:
         lines.append(f"\n(llama.cpp not measured: {why})")
     table = "\n".join(lines)

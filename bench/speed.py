@@ -65,6 +65,13 @@ def membw_gbs(n_threads: int, reps: int = 5) -> float:
     return buf.nbytes / best / 1e9
 
 
+def core_round_trip_ns(n: int = 20000, reps: int = 3) -> float:
+    """The core-to-core probe (bench/membw.pyx): a cache line's round trip between the two
+    threads' cores in ns, median of reps (-1.0 without two threads)."""
+    membw = load_membw()
+    return float(np.median([membw.core_round_trip_ns(n) for _ in range(reps)]))
+
+
 def int8_gmacs(n_threads: int, reps: int = 5, iters: int = 2_000_000) -> float:
     """The int8 multiply-add probe (bench/int8peak.pyx) at n_threads: GMAC/s, best of reps."""
     int8peak = load_probe("int8peak")

@@ -54,3 +54,32 @@ def test_batched_decode_round_table_divides_within_each_round():
     assert rows[0] == "| 1 | 40.0 | 2.50 | 0.80 | 4.00x | 6.40x |"
     # round 2: 4.0 ms bound against 4.0 ms; 8 x 4 / 6; 32 x 4 / 16
     assert rows[1] == "| 2 | 20.0 | 4.00 | 1.00 | 5.33x | 8.00x |"
+
+
+def test_batched_decode_round_table_shows_the_core_round_trip():
+    from types import SimpleNamespace
+
+    from batched_decode import _round_lines
+
+    rounds = [{1: 0.0025, 8: 0.0050}, {1: 0.0040, 8: 0.0080}]
+    a = SimpleNamespace(threads=2, batches=[1, 8])
+    lines = _round_lines(rounds, [40.0, 20.0], a, 80_000_000, [112.4, 431.6])
+    assert "| round | memory probe GB/s | core round trip ns | B=1 ms | B=1 / bound | B=8 / 1 |" in lines
+    rows = [ln for ln in lines if ln.startswith("| 1 ") or ln.startswith("| 2 ")]
+    assert rows == ["| 1 | 40.0 | 112 | 2.50 | 0.80 | 4.00x |", "| 2 | 20.0 | 432 | 4.00 | 1.00 | 4.00x |"]
+    # no probe (or not one a round): the table without the column
+    assert not any("core round trip" in ln for ln in _round_lines(rounds, [40.0, 20.0], a, 80_000_000, [112.4]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("Cython") is None,
+                    reason="the probe is built by pyximport, which needs Cython (pip install -e .[bench])")
+def test_core_round_trip_probe_times_a_hand_over_between_two_threads():
+    membw = load_probe("membw")
+    ns = membw.core_round_trip_ns(500)
+    # two OpenMP threads hand a line back and forth: tens of ns a round trip between two idle
+    # cores, up to a scheduler slice where both threads share one (allowed: a busy CI host)
+    assert ns == -1.0 or 10.0 < ns < 1e6
+    from speed import core_round_trip_ns
+
+    rtt = core_round_trip_ns(n=500, reps=1)
+    assert rtt == -1.0 or rtt > 10.0
