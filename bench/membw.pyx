@@ -64,14 +64,23 @@ cdef extern from *:
         const membw_pp_arg *a = (const membw_pp_arg *)p;
         membw_pin(a->cpu);
         for (int64_t i = 0; i < a->n; i++) {
-            while (__atomic_load_n(&membw_pp_flag[0], __ATOMIC_ACQUIRE) != 2 * i + 1) MEMBW_PAUSE();
+            int64_t v;
+            while ((v = __atomic_load_n(&membw_pp_flag[0], __ATOMIC_ACQUIRE)) != 2 * i + 1) {
+                if (v < 0) return NULL;  /* the other side stopped early */
+                MEMBW_PAUSE();
+            }
             __atomic_store_n(&membw_pp_flag[0], 2 * i + 2, __ATOMIC_RELEASE);
         }
         return NULL;
     }
     #endif
-    /* seconds for n round trips of the line between a thread on cpu0 and one on cpu1, or -1 */
-    static double membw_round_trip(int cpu0, int cpu1, int64_t n) {
+    static double membw_secs(const struct timespec *a, const struct timespec *b) {
+        return (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
+    }
+    /* seconds a round trip of the line between a thread on cpu0 and one on cpu1, over n of
+     * them or as many as fit in budget seconds (a CPU another process holds hands the line
+     * over once a scheduler slice), or -1 */
+    static double membw_round_trip(int cpu0, int cpu1, int64_t n, double budget) {
     #if defined(__linux__)
         pthread_t t;
         membw_pp_arg a = {cpu1, n};
@@ -84,28 +93,35 @@ cdef extern from *:
             return -1.0;
         }
         struct timespec t0, t1;
+        int64_t done = 0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int64_t i = 0; i < n; i++) {
             __atomic_store_n(&membw_pp_flag[0], 2 * i + 1, __ATOMIC_RELEASE);
             while (__atomic_load_n(&membw_pp_flag[0], __ATOMIC_ACQUIRE) != 2 * i + 2) MEMBW_PAUSE();
+            done = i + 1;
+            if ((i & 63) == 63) {
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                if (membw_secs(&t0, &t1) > budget) break;
+            }
         }
         clock_gettime(CLOCK_MONOTONIC, &t1);
+        __atomic_store_n(&membw_pp_flag[0], -1, __ATOMIC_RELEASE);  /* the other side may stop */
         pthread_join(t, NULL);
         pthread_setaffinity_np(pthread_self(), sizeof old, &old);
-        return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        return membw_secs(&t0, &t1) / (double)done;
     #else
-        (void)cpu0; (void)cpu1; (void)n;
+        (void)cpu0; (void)cpu1; (void)n; (void)budget;
         return -1.0;
     #endif
     }
     """
-    double membw_round_trip(int cpu0, int cpu1, long n) nogil
+    double membw_round_trip(int cpu0, int cpu1, long n, double budget) nogil
 
 
-def core_round_trip_ns(long n=20000):
+def core_round_trip_ns(long n=20000, double budget_s=0.1):
     """Nanoseconds for a cache line to go from one core to another and back: a thread on
-    each of the first two CPUs this process may use hands a counter to the other n times.
-    -1.0 with fewer than two CPUs, or off Linux.
+    each of the first two CPUs this process may use hands a counter to the other n times
+    (fewer if that takes over budget_s). -1.0 with fewer than two CPUs, or off Linux.
 
     A shared host places the two vCPUs of a 2-core VM near each other (~100-200 ns) or far
     apart (~400 ns, while the memory probe reads more): batched decode steps then take longer
@@ -121,5 +137,5 @@ def core_round_trip_ns(long n=20000):
     cdef int c0 = cpus[0], c1 = cpus[1]
     cdef double dt
     with nogil:
-        dt = membw_round_trip(c0, c1, n)
-    return dt / n * 1e9 if dt > 0 else -1.0
+        dt = membw_round_trip(c0, c1, n, budget_s)
+    return dt * 1e9 if dt > 0 else -1.0

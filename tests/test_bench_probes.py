@@ -83,3 +83,10 @@ def test_core_round_trip_probe_times_a_hand_over_between_two_threads():
 
     rtt = core_round_trip_ns(n=500, reps=1)
     assert rtt == -1.0 or rtt > 10.0
+    # a hand-over count it cannot finish in its time budget stops at the budget
+    import time
+
+    t0 = time.perf_counter()
+    ns = membw.core_round_trip_ns(10**12, 0.05)
+    assert time.perf_counter() - t0 < 5.0
+    assert ns == -1.0 or ns > 10.0
