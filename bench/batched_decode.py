@@ -120,18 +120,20 @@ class Batched:
         return times
 
 
-def _membw_probe(a):
-    """The memory read probe (bench/membw.pyx, as speed.py's bound), or None (--no-probe, or
-    no Cython / compiler)."""
+def _speed_probe(a, name: str, what: str, *warm_args):
+    """speed.py's probe `name` (built from bench/membw.pyx), called once with warm_args so
+    that it is compiled and paged in before the first round; None with --no-probe or without
+    Cython / a compiler."""
     if a.no_probe:
         return None
     try:
-        from speed import membw_gbs
+        import speed
 
-        membw_gbs(a.threads, reps=1)  # compiled and paged in before the first round
-        return membw_gbs
+        probe = getattr(speed, name)
+        probe(*warm_args)
+        return probe
     except Exception as e:
-        print(f"memory read probe unavailable ({type(e).__name__}: {e})", flush=True)
+        print(f"{what} unavailable ({type(e).__name__}: {e})", flush=True)
         return None
 
 
@@ -154,21 +156,6 @@ def _round_lines(rounds: list[dict], round_bw: list[float], a, wbytes: int,
         out.append(f"| {i + 1} | {bw:.1f} | " + (f"{rtt[i]:.0f} | " if rtt else "") + f"{rd[1] * 1e3:.2f} | "
                    f"{bound / rd[1]:.2f} | " + " | ".join(f"{(B / rd[B]) / (1 / rd[1]):.2f}x" for B in Bs) + " |")
     return out
-
-
-def _core_probe(a):
-    """The core-to-core round-trip probe (bench/membw.pyx), or None (--no-probe, one thread,
-    or no Cython / compiler)."""
-    if a.no_probe or a.threads < 2:
-        return None
-    try:
-        from speed import core_round_trip_ns
-
-        core_round_trip_ns(reps=1)
-        return core_round_trip_ns
-    except Exception as e:
-        print(f"core round-trip probe unavailable ({type(e).__name__}: {e})", flush=True)
-        return None
 
 
 def main(argv=None) -> int:
@@ -207,8 +194,9 @@ def main(argv=None) -> int:
         rows.append({"B": B, "cpu1_min": min(cpu1), "cpu1_med": statistics.median(cpu1)})
     # the multi-thread runs, B after B in each round: a ratio within a round compares minutes
     # of the same host speed
-    membw_gbs = _membw_probe(a)
-    core_rtt = _core_probe(a)
+    membw_gbs = _speed_probe(a, "membw_gbs", "memory read probe", a.threads, 1)
+    # where the host put the two cores (only a multi-thread run has two)
+    core_rtt = _speed_probe(a, "core_round_trip_ns", "core round-trip probe", 2000, 1) if a.threads > 1 else None
     rounds, round_bw, round_rtt = [], [], []
     for _ in range(max(1, a.rounds)):
         if membw_gbs is not None:  # what memory gives this minute (one stream is bound by it)

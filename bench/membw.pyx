@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Memory read bandwidth probe (the bound for memory-bound decode), for bench/speed.py.
+"""Memory read bandwidth probe (the bound for memory-bound decode) and a core-to-core
+round-trip probe (where the host put the cores), for bench/speed.py.
 
 Built on first use by pyximport (settings in membw.pyxbld); not part of the package.
 """
@@ -30,8 +31,6 @@ def read_xor(const uint64_t[::1] buf, int n_threads=1):
             acc = acc ^ buf[i]
         total ^= acc
     return total
-
-
 
 
 cdef extern from *:
@@ -73,10 +72,10 @@ cdef extern from *:
         }
         return NULL;
     }
-    #endif
     static double membw_secs(const struct timespec *a, const struct timespec *b) {
         return (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
     }
+    #endif
     /* seconds a round trip of the line between a thread on cpu0 and one on cpu1, over n of
      * them or as many as fit in budget seconds (a CPU another process holds hands the line
      * over once a scheduler slice), or -1 */

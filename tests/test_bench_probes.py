@@ -76,8 +76,8 @@ def test_batched_decode_round_table_shows_the_core_round_trip():
 def test_core_round_trip_probe_times_a_hand_over_between_two_threads():
     membw = load_probe("membw")
     ns = membw.core_round_trip_ns(500)
-    # two OpenMP threads hand a line back and forth: tens of ns a round trip between two idle
-    # cores, up to a scheduler slice where both threads share one (allowed: a busy CI host)
+    # two pinned threads hand a line back and forth: tens of ns a round trip between two idle
+    # cores, up to a scheduler slice where another process holds one (allowed: a busy CI host)
     assert ns == -1.0 or 10.0 < ns < 1e6
     from speed import core_round_trip_ns
 
