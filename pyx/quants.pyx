@@ -50,7 +50,7 @@ cdef extern from "simd_quants.h" nogil:
     void lq_u_set_min_tokens(int n)
     void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                        int64_t n, int64_t tt, float *y, int portable)
-    int LQ_REC
+    int64_t lq_tile_bytes(int64_t nb)
     void *lq_get_scratch(size_t nbytes)
     int lq_tiles_ok(const lq_packed *P, int64_t n, int portable)
     int64_t lq_quant_tile_tmp(int64_t K)
@@ -194,7 +194,7 @@ cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_thread
     if lq_tiles_ok(P, n, portable):
         # prefill: activations as token-tile records (simd_quants.h), quantized in parallel
         ntl = (n + LQ_TT - 1) // LQ_TT
-        rec = <uint8_t *>lq_get_scratch(ntl * nb * LQ_REC)
+        rec = <uint8_t *>lq_get_scratch(ntl * lq_tile_bytes(nb))
         if rec == NULL:
             raise MemoryError("matmul: scratch allocation failed")
         tmp = _tile_tmp(K, nt)
@@ -202,7 +202,7 @@ cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_thread
         with nogil, parallel(num_threads=nt):  # one region: quantize x, barrier, row groups
             for i in prange(ntl, schedule='static'):
                 lq_quant_tile(xp + i * LQ_TT * K, K, <int>min(<int64_t>LQ_TT, n - i * LQ_TT), P.moff,
-                              tmp + threadid() * tsz, rec + i * nb * LQ_REC)
+                              tmp + threadid() * tsz, rec + i * lq_tile_bytes(nb))
             for g in prange(ng, schedule='static'):
                 lq_group_tiles(P, g, rec, n, yp, R)
         free(tmp)
@@ -263,7 +263,7 @@ def matmul_glu(Packed packed, const float[:, ::1] x, float[:, ::1] out, int act_
                 act(&gu[i, 0], &gu[i, F], op + i * F, <int>F)
         return
     ntl = (n + LQ_TT - 1) // LQ_TT
-    rec = <uint8_t *>lq_get_scratch(ntl * nb * LQ_REC)
+    rec = <uint8_t *>lq_get_scratch(ntl * lq_tile_bytes(nb))
     if rec == NULL:
         raise MemoryError("matmul_glu: scratch allocation failed")
     tmp = _tile_tmp(K, nt)
@@ -271,7 +271,7 @@ def matmul_glu(Packed packed, const float[:, ::1] x, float[:, ::1] out, int act_
     with nogil, parallel(num_threads=nt):  # one region: quantize x, barrier, gate/up group pairs
         for i in prange(ntl, schedule='static'):
             lq_quant_tile(xp + i * LQ_TT * K, K, <int>min(<int64_t>LQ_TT, n - i * LQ_TT), P.moff,
-                          tmp + threadid() * tsz, rec + i * nb * LQ_REC)
+                          tmp + threadid() * tsz, rec + i * lq_tile_bytes(nb))
         for g in prange(F // LQ_G, schedule='static'):
             lq_group_tiles_glu(P, g, rec, n, op, F, F, act)
     free(tmp)

@@ -446,17 +446,35 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
 
 /* ---------------------------------------------------------------- prefill: token tiles */
 /* For a matmul of many tokens (prefill) the quantized activations are laid out by tiles of
- * LQ_TT tokens: per tile and 32-value block one record of LQ_REC bytes,
- *     int32 a[8][LQ_TT]  chunk c (4 int8) of token t at a[c][t]         (256 B)
- *     float d[LQ_TT]     the tokens' scales da                          (32 B)
- *     s[LQ_TT]           int32 moff * sum(q) (offset formats) or float s (Q4_1/Q5_1) (32 B)
- * tile tau, block b at rec + (tau * nb + b) * LQ_REC; tokens past n are zero. Every load of
- * the kernel is then at a fixed offset from one pointer (the row-major kernel needs a pointer
- * per token and spills), and the T tokens' dot products run as T independent dpbusd chains.
+ * LQ_TT tokens, the tokens in two halves (0-3, 4-7) whose bytes never share a cache line.
+ * A tile of nb 32-value blocks (lq_tile_bytes(nb) bytes):
+ *     nb records of LQ_REC bytes, block b at tile + b * LQ_REC:
+ *         int32 a[2][8][4]   chunk c (4 int8) of token t at a[t / 4][c][t % 4] (LQ_REC_A)
+ *     then per half h a scale area of lq_tile_ds_half(nb) bytes, block b's 32 B at b * 32:
+ *         float d[4]   the tokens' scales da
+ *         s[4]         int32 moff * sum(q) (offset formats) or float s (Q4_1/Q5_1)
+ * tile tau at rec + tau * lq_tile_bytes(nb); tokens past n are zero. A decode step quantizes
+ * its rows one by one on whichever thread takes each; with each thread's rows a half of every
+ * tile (the step's row shares) no line is written by both (8 tokens side by side in every
+ * line moved each line between the cores for every row: ~0.5 ms of an 8-sequence SmolLM2
+ * step while the two vCPUs sat on different CCDs). Every load of the kernel is at a fixed
+ * offset from one of three pointers (the row-major kernel needs a pointer per token and
+ * spills), and the T tokens' dot products run as T independent dpbusd chains.
  * Same arithmetic as lq_kernel_vnni, operation for operation (the integer offset term starts
  * the integer accumulator: |acc| < 2^21, so the float sum is exact either way): the same
  * output bits. */
-#define LQ_REC 320
+#define LQ_REC 256
+/* (the second half's chunks swap places in pairs, c ^ 2: the kernel reads chunk c of both
+ * halves together, and two loads of one cycle at the same offset in two lines may fall in the
+ * same L1 bank) */
+#define LQ_REC_A(c, t) (128 * ((t) >> 2) + 16 * ((c) ^ (((t) >> 2) << 1)) + 4 * ((t) & 3))
+static inline int64_t lq_tile_ds_half(int64_t nb) { return (nb * 32 + 63) & ~(int64_t)63; }
+static inline int64_t lq_tile_bytes(int64_t nb) { return nb * LQ_REC + 2 * lq_tile_ds_half(nb); }
+/* token t's scale and sum of block b in the tile at tile (nb blocks) */
+static inline uint8_t *lq_tile_d(uint8_t *tile, int64_t nb, int64_t b, int t) {
+    return tile + nb * LQ_REC + (t >> 2) * lq_tile_ds_half(nb) + b * 32 + 4 * (t & 3);
+}
+#define LQ_TILE_S 16 /* a sum's offset from its scale */
 
 /* an activation row function of simd_activations.h: y = act(g) * u over n values */
 typedef void (*lq_act_fn)(const float *g, const float *u, float *y, int n);
@@ -466,7 +484,7 @@ static inline int64_t lq_quant_tile_tmp(int64_t K) {
     return LQ_TT * (((K + 63) & ~(int64_t)63) + 2 * (K / LQ_QK) * 4) + 128;
 }
 
-/* Tokens [0, nt) of x (row stride K floats; nt <= LQ_TT) as tile records at rec (nb * LQ_REC
+/* Tokens [0, nt) of x (row stride K floats; nt <= LQ_TT) as the tile at rec (lq_tile_bytes(nb)
  * bytes); tmp: lq_quant_tile_tmp(K) bytes of scratch. The tokens' rows are quantized
  * (lq_quant_row_q8), then each block's 8 x 8 dwords transposed into the record. */
 static void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *tmp, uint8_t *rec) {
@@ -495,42 +513,57 @@ static void lq_quant_tile(const float *x, int64_t K, int nt, float moff, void *t
             v[t + 2] = _mm256_unpacklo_epi64(u[t + 1], u[t + 3]);
             v[t + 3] = _mm256_unpackhi_epi64(u[t + 1], u[t + 3]);
         }
-        for (int c = 0; c < 4; c++) {  /* chunk c of tokens 0..7, and chunk c + 4 */
-            _mm256_storeu_si256((__m256i *)(r + 32 * c), _mm256_permute2x128_si256(v[c], v[c + 4], 0x20));
-            _mm256_storeu_si256((__m256i *)(r + 32 * (c + 4)), _mm256_permute2x128_si256(v[c], v[c + 4], 0x31));
+        /* v[c]: chunk c of tokens 0-3 (low lane) and chunk c + 4 of tokens 0-3 (high lane);
+         * v[c + 4]: the same of tokens 4-7 */
+        for (int c = 0; c < 4; c++) {
+            _mm_storeu_si128((__m128i *)(r + LQ_REC_A(c, 0)), _mm256_castsi256_si128(v[c]));
+            _mm_storeu_si128((__m128i *)(r + LQ_REC_A(c + 4, 0)), _mm256_extracti128_si256(v[c], 1));
+            _mm_storeu_si128((__m128i *)(r + LQ_REC_A(c, 4)), _mm256_castsi256_si128(v[c + 4]));
+            _mm_storeu_si128((__m128i *)(r + LQ_REC_A(c + 4, 4)), _mm256_extracti128_si256(v[c + 4], 1));
         }
 #else
         for (int t = 0; t < LQ_TT; t++)
-            for (int c = 0; c < 8; c++) memcpy(r + 4 * (c * LQ_TT + t), q + t * qs + b * LQ_QK + 4 * c, 4);
+            for (int c = 0; c < 8; c++) memcpy(r + LQ_REC_A(c, t), q + t * qs + b * LQ_QK + 4 * c, 4);
 #endif
         for (int t = 0; t < LQ_TT; t++) {
-            memcpy(r + 256 + 4 * t, &d[t * nb + b], 4);
-            if (moff == 1.f) memcpy(r + 288 + 4 * t, &s[t * nb + b], 4);
-            else { const int32_t si = (int32_t)s[t * nb + b]; memcpy(r + 288 + 4 * t, &si, 4); }
+            uint8_t *dt = lq_tile_d(rec, nb, b, t);
+            memcpy(dt, &d[t * nb + b], 4);
+            if (moff == 1.f) memcpy(dt + LQ_TILE_S, &s[t * nb + b], 4);
+            else { const int32_t si = (int32_t)s[t * nb + b]; memcpy(dt + LQ_TILE_S, &si, 4); }
         }
     }
 }
 
-/* Row x (K values) quantized exactly as lq_quant_row_q8 quantizes it (16 blocks at a time
- * from the row's start, as it does), written as token t (< LQ_TT) of the tile records rec
- * (lq_quant_tile's layout): the fused decode step quantizes its rows one by one, on whichever
- * thread takes each, into the records lq_group_tiles reads. A partial tile's missing tokens
- * are left as they are (the kernel stores none of them). */
-static inline void lq_quant_row_tile(const float *x, int64_t K, int t, float moff, uint8_t *rec) {
+/* A block quantized by lq_quant_row_q8 (q: its 32 values, d, s) stored as block b of token t
+ * (< LQ_TT) of the tile at rec (nb blocks; lq_quant_tile's layout). */
+static inline void lq_tile_put_block(const int8_t *q, float d, float s, float moff, uint8_t *rec, int64_t nb,
+                                     int64_t b, int t) {
+    uint8_t *r = rec + b * LQ_REC, *dt = lq_tile_d(rec, nb, b, t);
+    for (int c = 0; c < 8; c++) memcpy(r + LQ_REC_A(c, t), q + 4 * c, 4);
+    memcpy(dt, &d, 4);
+    if (moff == 1.f) memcpy(dt + LQ_TILE_S, &s, 4);
+    else { const int32_t si = (int32_t)s; memcpy(dt + LQ_TILE_S, &si, 4); }
+}
+
+/* Blocks [b0, b0 + m) of a row (x: their m * 32 values) quantized exactly as lq_quant_row_q8
+ * quantizes them (each block's values are its own: the same bits whichever blocks go
+ * together), written as token t (< LQ_TT) of the tile at rec (nb blocks). A partial tile's
+ * missing tokens are left as they are (the kernel stores none of them). */
+static inline void lq_quant_blocks_tile(const float *x, int64_t b0, int64_t m, int64_t nb, int t, float moff,
+                                        uint8_t *rec) {
     int8_t q[16 * LQ_QK] __attribute__((aligned(64)));
     float d[16], s[16];
-    const int64_t nb = K / LQ_QK;
-    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
-        const int64_t m = nb - b0 < 16 ? nb - b0 : 16;
-        lq_quant_row_q8(x + b0 * LQ_QK, m * LQ_QK, q, d, s, moff);
-        for (int64_t j = 0; j < m; j++) {
-            uint8_t *r = rec + (b0 + j) * LQ_REC;
-            for (int c = 0; c < 8; c++) memcpy(r + 4 * (c * LQ_TT + t), q + j * LQ_QK + 4 * c, 4);
-            memcpy(r + 256 + 4 * t, &d[j], 4);
-            if (moff == 1.f) memcpy(r + 288 + 4 * t, &s[j], 4);
-            else { const int32_t si = (int32_t)s[j]; memcpy(r + 288 + 4 * t, &si, 4); }
-        }
+    for (int64_t i0 = 0; i0 < m; i0 += 16) {
+        const int64_t k = m - i0 < 16 ? m - i0 : 16;
+        lq_quant_row_q8(x + i0 * LQ_QK, k * LQ_QK, q, d, s, moff);
+        for (int64_t j = 0; j < k; j++) lq_tile_put_block(q + j * LQ_QK, d[j], s[j], moff, rec, nb, b0 + i0 + j, t);
     }
+}
+
+/* Row x (K values) as token t of the tile at rec: the fused decode step quantizes its rows one
+ * by one, on whichever thread takes each, into the records lq_group_tiles reads. */
+static inline void lq_quant_row_tile(const float *x, int64_t K, int t, float moff, uint8_t *rec) {
+    lq_quant_blocks_tile(x, 0, K / LQ_QK, K / LQ_QK, t, moff, rec);
 }
 
 #if LQ_VNNI
@@ -582,7 +615,9 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile_nt(const l
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
-    for (int64_t b = 0; b < nb; b++, blk += bb, rec += LQ_REC) {
+    const uint8_t *ds0 = rec + nb * LQ_REC, *ds1 = ds0 + lq_tile_ds_half(nb);
+#define LQ_DS(t) ((const void *)(((t) < 4 ? ds0 : ds1) + 4 * ((t) & 3)))
+    for (int64_t b = 0; b < nb; b++, blk += bb, rec += LQ_REC, ds0 += 32, ds1 += 32) {
         __m512i w[8];
         if (FMT != 8 && wu) {
             for (int c = 0; c < 8; c++) w[c] = _mm512_load_si512((const void *)(wu + b * 512 + 64 * c));
@@ -592,27 +627,27 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile_nt(const l
             simd_prefetch_at(blk, pfd, bb, 0);
             lq_unpack_vnni(blk, FMT, w);
         }
-        const int32_t *a = (const int32_t *)rec;
-        const float *dA = (const float *)(rec + 256);
         __m512i acc[LQ_TT];
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
-            acc[t] = HAS_M ? _mm512_setzero_si512() : _mm512_set1_epi32(((const int32_t *)(rec + 288))[t]);
+            acc[t] = HAS_M ? _mm512_setzero_si512() : _mm512_set1_epi32(*(const int32_t *)((const uint8_t *)LQ_DS(t) + LQ_TILE_S));
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) acc[t] = _mm512_dpbusd_epi32(acc[t], w[c], _mm512_set1_epi32(a[c * LQ_TT + t]));
+            for (int t = 0; t < NT; t++)
+                acc[t] = _mm512_dpbusd_epi32(acc[t], w[c], _mm512_set1_epi32(*(const int32_t *)(rec + LQ_REC_A(c, t))));
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
-            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(dv, _mm512_set1_ps(dA[t])), f[t]);
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]),
+                                   _mm512_mul_ps(dv, _mm512_set1_ps(*(const float *)LQ_DS(t))), f[t]);
         if (HAS_M) {
             const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32)));
-            const float *sA = (const float *)(rec + 288);
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sA[t]), f[t]);
+            for (int t = 0; t < NT; t++) f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(*(const float *)((const uint8_t *)LQ_DS(t) + LQ_TILE_S)), f[t]);
         }
     }
+#undef LQ_DS
     const __mmask16 mask = (__mmask16)((1u << nv) - 1u);
     for (int t = 0; t < NT && t < nst; t++) _mm512_mask_storeu_ps(y + t * ys, mask, f[t]);
 }
@@ -652,7 +687,7 @@ static inline int64_t lq_tile_pfd(const lq_packed *P, int64_t n, int64_t t0) {
 static inline __attribute__((always_inline)) void lq_group_tiles_fmt(const lq_packed *P, int64_t g, const uint8_t *rec,
                                                                       int64_t n, float *y, int64_t ys, int nv,
                                                                       const int FMT, const int HAS_M) {
-    const int64_t tile = P->nb * LQ_REC;
+    const int64_t tile = lq_tile_bytes(P->nb);
     uint8_t *wu = FMT != 8 && n > LQ_UNPACK_MIN ? lq_unpack_buffer((size_t)P->nb * 512) : NULL;
     if (wu) lq_unpack_group(P, g, FMT, wu);
     for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
@@ -671,7 +706,7 @@ static inline __attribute__((always_inline)) void lq_group_tiles_glu_fmt(
         const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo, int64_t F,
         lq_act_fn act, const int FMT, const int HAS_M) {
     __attribute__((aligned(64))) float buf[2 * LQ_TT * LQ_G];
-    const int64_t tile = P->nb * LQ_REC, gu = g + F / LQ_G;
+    const int64_t tile = lq_tile_bytes(P->nb), gu = g + F / LQ_G;
     uint8_t *wu = FMT != 8 && n > LQ_UNPACK_MIN ? lq_unpack_buffer((size_t)P->nb * 1024) : NULL;
     if (wu) {
         lq_unpack_group(P, g, FMT, wu);

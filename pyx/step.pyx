@@ -53,7 +53,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
-from attn_plan cimport (attn_ctx, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
+from attn_plan cimport (attn_ctx, attn_item, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
                         attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows)
 from kv_rows cimport T_Q4_0, T_Q4_0_TILES, kv_tiles_ok, store_slot
 from norms cimport rms_row
@@ -89,8 +89,9 @@ cdef extern from "simd_quants.h" nogil:
     int64_t lq_init_packed(lq_packed *p, int type, int64_t rows, int64_t cols, const uint8_t *data)
     void lq_quant_row_q8(const float *x, int64_t K, int8_t *q, float *d, float *s, float moff)
     int LQ_TT
-    int LQ_REC
+    int64_t lq_tile_bytes(int64_t nb)
     void lq_quant_row_tile(const float *x, int64_t K, int t, float moff, uint8_t *rec)
+    void lq_quant_blocks_tile(const float *x, int64_t b0, int64_t m, int64_t nb, int t, float moff, uint8_t *rec)
     int lq_step_tiles_ok(const lq_packed *P, int64_t n)
     void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
     void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n,
@@ -156,6 +157,48 @@ def _set_lanes_min_rows(int n):
     return attn_set_lanes_min_rows(n)
 
 
+# without token shares, a step's row phases still give each thread a share of half tiles
+# (LQ_TT / 2 tokens: their tile-record lines are their own) when there are two or more
+cdef int _row_shares_on = int(os.environ.get("LLMCORE_STEP_ROW_SHARES", "1"))
+
+
+# attention items quantize their output rows' blocks for the output projection themselves
+# (no row phase between attention and wo) where no row is split over items
+cdef int _wo_fuse_on = int(os.environ.get("LLMCORE_STEP_WO_FUSE", "1"))
+
+
+def _set_wo_fuse(int on):
+    """Whether attention items quantize their rows for wo (_attn_item_out) where the step
+    allows it (benchmarks compare the two). Returns the previous value."""
+    global _wo_fuse_on
+    cdef int old = _wo_fuse_on
+    _wo_fuse_on = on
+    return old
+
+
+# ... and the attention items go by the same shares (a thread quantizes for wo the rows it
+# attended)
+cdef int _attn_row_shares_on = int(os.environ.get("LLMCORE_STEP_ATTN_ROW_SHARES", "1"))
+
+
+def _set_attn_row_shares(int on):
+    """Whether the attention items of a step with row shares but no token shares go to the
+    threads by the same half tiles (benchmarks compare the two). Returns the previous value."""
+    global _attn_row_shares_on
+    cdef int old = _attn_row_shares_on
+    _attn_row_shares_on = on
+    return old
+
+
+def _set_row_shares(int on):
+    """Whether the row phases of a step without token shares go by half-tile shares
+    (benchmarks compare the two). Returns the previous value."""
+    global _row_shares_on
+    cdef int old = _row_shares_on
+    _row_shares_on = on
+    return old
+
+
 def set_share_min(int tokens):
     """Tokens per thread from which a step's row and matmul items go by token shares
     (team_share_take; 0: never). Returns the previous value (benchmarks compare the two)."""
@@ -211,6 +254,7 @@ cdef struct layer_t:
     linear_t qkv, wo, gate_up, down
     int act               # 0 SiLU, 1 GELU
     int64_t n_ff
+    int wo_ok             # attention items may quantize their rows for wo themselves
     int H, KVH, D, Dv, n_rot, neox, rope_id, plan_id
     const float *q_norm
     const float *k_norm
@@ -274,8 +318,10 @@ cdef inline void _item_rows(const weight_t *w, int64_t it, int64_t *r0, int64_t 
 cdef inline int64_t _act_bytes(const weight_t *w, int64_t n) noexcept nogil:
     """Bytes of one part's quantized input for n rows (64-byte multiples)."""
     cdef int64_t K = w.cols
-    if w.kind == W_LQ:
-        return ((n * K + 63) // 64) * 64 + 2 * (((n * (K // QK8) * 4) + 63) // 64) * 64
+    cdef int64_t b
+    if w.kind == W_LQ:  # row-major, or (lq_step_tiles_ok) tile records
+        b = ((n * K + 63) // 64) * 64 + 2 * (((n * (K // QK8) * 4) + 63) // 64) * 64
+        return max(b, ((n + LQ_TT - 1) // LQ_TT) * lq_tile_bytes(K // QK8))
     if w.kind == W_KQ or w.kind == W_KQRAW:
         return ((n * (K // QK_K) * sizeof(kq_q8k) + 63) // 64) * 64
     return 0
@@ -292,7 +338,7 @@ cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, const floa
     a.q8k = NULL
     a.xf = x
     if w.kind == W_LQ and lq_step_tiles_ok(&w.lq, n):
-        a.rec = buf  # ceil(n / LQ_TT) tiles of nb records: no more than the row-major layout
+        a.rec = buf  # ceil(n / LQ_TT) tiles of nb records
     elif w.kind == W_LQ:
         a.qa = <int8_t *>buf
         a.da = <float *>(buf + ((n * K + 63) // 64) * 64)
@@ -308,7 +354,7 @@ cdef inline void _acts_at(const weight_t *w, int64_t n, uint8_t *buf, const floa
 
 cdef inline uint8_t *_tile_rec(const weight_t *w, uint8_t *rec, int64_t r) noexcept nogil:
     """The tile records (lq_quant_tile's layout) of the tile holding input row r."""
-    return rec + (r // LQ_TT) * (w.cols // QK8) * LQ_REC
+    return rec + (r // LQ_TT) * lq_tile_bytes(w.cols // QK8)
 
 
 cdef inline void _quant_rows(const weight_t *w, const float *x, int64_t r0, int64_t r1, acts_t *a) noexcept nogil:
@@ -391,6 +437,26 @@ cdef inline int _token_shares(const step_t *S, int nt, int64_t *tlo) noexcept no
     return nt
 
 
+cdef inline int _row_shares(const step_t *S, int nt, int nsh, const int64_t *tlo, int64_t *rlo) noexcept nogil:
+    """Shares of the row phases (team_share_take): the token shares (nsh > 0), else (more than
+    one half tile of rows and logits for every one) half tiles dealt out in order, so that a
+    thread quantizes into tile-record lines no other thread writes (lq_quant_row_tile);
+    returns the number of shares, or 0 (rows go one at a time)."""
+    cdef int64_t nhalf = (S.n + LQ_TT // 2 - 1) // (LQ_TT // 2)
+    cdef int s
+    if nsh > 0:
+        for s in range(nsh + 1):
+            rlo[s] = tlo[s]
+        return nsh
+    if not _row_shares_on or nt < 2 or nt > TEAM_MAX_SHARES or nhalf < 2 or S.n_logits != S.n:
+        return 0
+    for s in range(nt + 1):
+        rlo[s] = (LQ_TT // 2) * ((s * nhalf) // nt)
+        if rlo[s] > S.n:
+            rlo[s] = S.n
+    return nt
+
+
 cdef int _attn_shares(const attn_plan *pl, int nsh, const int64_t *tlo, int64_t *alo, int32_t *perm) noexcept nogil:
     """perm: a plan's items in share order (an item's share: its first token's), the plan's
     order (costlier first) kept within a share; alo[0..nsh]: the shares' bounds. Returns 0
@@ -429,18 +495,24 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef int64_t r, it, i0, i1, total, chunk, F, ldq, pos, blk, c0, c1
     cdef int64_t tlo[TEAM_MAX_SHARES + 1]  # (shares) token share bounds, whole tiles
     cdef int nsh = _token_shares(S, nt, tlo)
+    cdef int64_t rlo[TEAM_MAX_SHARES + 1]  # (row shares) the row phases' share bounds
+    cdef int rsh = _row_shares(S, nt, nsh, tlo, rlo)
+    cdef int ash = nsh if nsh > 0 else (rsh if _attn_row_shares_on else 0)  # attention's shares
+    cdef const int64_t *atlo = &rlo[0] if nsh == 0 else &tlo[0]
     # (shares) each plan's items by share, in this thread's scratch at aoff[plan] (-1: a plan
     # no layer uses), the share bounds, and whether they are set (-1: not yet; 0: plan order)
     cdef int64_t aoff[MAX_PLANS]
     cdef int32_t *aperm[MAX_PLANS]
     cdef int64_t alo[MAX_PLANS][TEAM_MAX_SHARES + 1]
     cdef int ashared[MAX_PLANS]
+    cdef int awhole[MAX_PLANS]  # (per plan) _items_whole_blocks, -1 until asked
     cdef int64_t nperm = 0
     cdef bint by_share
     for i in range(MAX_PLANS):
         aoff[i] = -1
         ashared[i] = -1
-    if nsh > 0:
+        awhole[i] = -1
+    if ash > 0:
         for l in range(S.n_layers):
             if aoff[layers[l].plan_id] < 0:
                 aoff[layers[l].plan_id] = nperm
@@ -449,6 +521,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef int64_t mine = 0  # items this thread did in the current phase (team_phase_done)
     cdef team_phase_t *ph
     cdef acts_t acts[3]
+    cdef bint wq
     cdef const layer_t *L
     cdef const layer_t *Ln
     cdef const linear_t *lin
@@ -482,7 +555,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             ph = &S.ph[k]
             k += 1
             _lay_acts(&L.qkv, n, S, S.h, acts)
-            while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+            while _take_rows(ph, n, rsh, rlo, tid, &c0, &c1):
                 for i0 in range(c0, c1):
                     rms_row(S.x + i0 * d, NULL, L.attn_norm, L.attn_eps, S.h + i0 * d, d)
                     _rows_item(&L.qkv, S.h, i0, acts)
@@ -499,7 +572,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ldq = L.qkv.out_features
         ph = &S.ph[k]
         k += 1
-        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+        while _take_rows(ph, n, rsh, rlo, tid, &c0, &c1):
             for it in range(c0, c1):
                 i = <int>it
                 src = S.y_qkv + i * ldq
@@ -541,18 +614,27 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         pl = &S.pl[L.plan_id]
         ph = &S.ph[k]
         k += 1
-        if nsh > 0 and ashared[L.plan_id] < 0:
-            ashared[L.plan_id] = _attn_shares(pl, nsh, tlo, &alo[L.plan_id][0], aperm[L.plan_id])
-        by_share = nsh > 0 and ashared[L.plan_id] == 1
-        while by_share and team_share_take(ph, &alo[L.plan_id][0], nsh, tid, 0, &c0, &c1):
+        if ash > 0 and ashared[L.plan_id] < 0:
+            ashared[L.plan_id] = _attn_shares(pl, ash, atlo, &alo[L.plan_id][0], aperm[L.plan_id])
+        by_share = ash > 0 and ashared[L.plan_id] == 1
+        if L.wo_ok and _wo_fuse_on and awhole[L.plan_id] < 0:
+            awhole[L.plan_id] = _items_whole_blocks(pl, Dv)
+        wq = L.wo_ok and _wo_fuse_on and awhole[L.plan_id] == 1
+        if wq:  # each item quantizes its rows for wo
+            _lay_acts(&L.wo, n, S, S.o, acts)
+        while by_share and team_share_take(ph, &alo[L.plan_id][0], ash, tid, 0, &c0, &c1):
             for it in range(c0, c1):
                 attn_run_item(&c, &pl.items[aperm[L.plan_id][it]], abuf)
+                if wq:
+                    _attn_item_out(L, pl, &pl.items[aperm[L.plan_id][it]], S.o, acts)
             mine += c1 - c0
         while not by_share:
             it = team_phase_take(ph, 1)
             if it >= pl.n_items:
                 break
             attn_run_item(&c, &pl.items[it], abuf)
+            if wq:
+                _attn_item_out(L, pl, &pl.items[it], S.o, acts)
             mine += 1
         team_phase_done(ph, &mine, pl.n_items)
         team_phase_wait(&S.team, ph, pl.n_items)
@@ -570,16 +652,17 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         team_phase_done(ph, &mine, total)
         team_phase_wait(&S.team, ph, total)
         _mark(S, tid, P_ATTN, &t_mark)
-        # ---- output projection
-        ph = &S.ph[k]
-        k += 1
-        _lay_acts(&L.wo, n, S, S.o, acts)
-        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
-            for i0 in range(c0, c1):
-                _rows_item(&L.wo, S.o, i0, acts)
-            mine += c1 - c0
-        team_phase_done(ph, &mine, n)
-        team_phase_wait(&S.team, ph, n)
+        # ---- output projection (its input quantized by the attention items, or here)
+        if not wq:
+            ph = &S.ph[k]
+            k += 1
+            _lay_acts(&L.wo, n, S, S.o, acts)
+            while _take_rows(ph, n, rsh, rlo, tid, &c0, &c1):
+                for i0 in range(c0, c1):
+                    _rows_item(&L.wo, S.o, i0, acts)
+                mine += c1 - c0
+            team_phase_done(ph, &mine, n)
+            team_phase_wait(&S.team, ph, n)
         _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt, nsh, tlo, tid)
         k += 1
         _mark(S, tid, P_WO, &t_mark)
@@ -587,7 +670,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ph = &S.ph[k]
         k += 1
         _lay_acts(&L.gate_up, n, S, S.h, acts)
-        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+        while _take_rows(ph, n, rsh, rlo, tid, &c0, &c1):
             for r in range(c0, c1):
                 yr = S.y_wo + r * d
                 if L.has_attn_post:
@@ -605,7 +688,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ph = &S.ph[k]
         k += 1
         _lay_acts(&L.down, n, S, S.act, acts)
-        while _take_rows(ph, n, nsh, tlo, tid, &c0, &c1):
+        while _take_rows(ph, n, rsh, rlo, tid, &c0, &c1):
             for r in range(c0, c1):
                 if L.act == 0:
                     act_silu_row(S.y_gu + r * 2 * F, S.y_gu + r * 2 * F + F, S.act + r * F, <int>F)
@@ -635,7 +718,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ph = &S.ph[k]
         k += 1
         _lay_acts(lin, total, S, S.h, acts)
-        while _take_rows(ph, total, nsh, tlo, tid, &c0, &c1):
+        while _take_rows(ph, total, rsh, rlo, tid, &c0, &c1):
             for i0 in range(c0, c1):
                 r = i0 if l + 1 < S.n_layers else S.logit_rows[i0]
                 yr = S.y_down + r * d
@@ -671,6 +754,36 @@ cdef inline void _linear_item(const linear_t *L, const acts_t *acts, int64_t n, 
         for t in range(n):
             for r in range(r0, r1):
                 yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
+
+
+cdef int _items_whole_blocks(const attn_plan *pl, int Dv) noexcept nogil:
+    """Whether every item of pl writes whole 32-value blocks of whole rows (no row split over
+    key chunks; its heads' columns start and end on block bounds): _attn_item_out's case."""
+    cdef long i
+    if pl.n_merge:
+        return 0
+    for i in range(pl.n_items):
+        if (<int64_t>pl.items[i].h0 * Dv) % QK8 or (<int64_t>pl.items[i].h1 * Dv) % QK8:
+            return 0
+    return 1
+
+
+cdef inline void _attn_item_out(const layer_t *L, const attn_plan *pl, const attn_item *item, const float *o,
+                                acts_t *wacts) noexcept nogil:
+    """The rows an attention item wrote (its tokens' heads h0..h1 of o), quantized as their
+    blocks of wo's input: a block's quantization is its own, so the same bits as the row
+    phase's (the rows are whole: no token is split over items)."""
+    cdef const weight_t *w = &L.wo.part[0]
+    cdef int64_t K = w.cols, nb = K // QK8, c0 = <int64_t>item.h0 * L.Dv, b0 = c0 // QK8
+    cdef int64_t m = (<int64_t>(item.h1 - item.h0) * L.Dv) // QK8, r
+    cdef int i
+    for i in range(item.tok0, item.tok1):
+        r = pl.toks[i]
+        if wacts.rec != NULL:
+            lq_quant_blocks_tile(o + r * K + c0, b0, m, nb, <int>(r % LQ_TT), w.lq.moff, _tile_rec(w, wacts.rec, r))
+        else:
+            lq_quant_row_q8(o + r * K + c0, m * QK8, wacts.qa + r * K + c0, wacts.da + r * nb + b0,
+                            wacts.sa + r * nb + b0, w.lq.moff)
 
 
 cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L, const acts_t *acts, int64_t n,
@@ -835,6 +948,10 @@ cdef class Program:
         self.max_k = max(self.max_k, in_features)
         return 0
 
+    def wo_layers(self):
+        """How many layers' attention items quantize their rows for wo themselves."""
+        return sum(self.layers[i].wo_ok for i in range(self.n_layers))
+
     def set_pools(self, list kv_pools):
         """Each layer's K/V pool storage: kv_pools[i] = (k, v), uint8 (n_blocks, block
         bytes) views (call again whenever a pool has grown: growth moves the arrays)."""
@@ -932,6 +1049,7 @@ cdef class Program:
         if L.down.out_features != d or L.gate_up.out_features != 2 * L.n_ff:
             raise ValueError("Program: the feed-forward's sizes do not match")
         L.act = act
+        L.wo_ok = L.wo.n_parts == 1 and L.wo.part[0].kind == W_LQ
         if not (0 <= plan_id < self.n_plans and 0 <= rope_id < self.n_ropes):
             raise ValueError("Program: unknown plan or rope id")
         g = self.plans[plan_id]

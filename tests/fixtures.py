@@ -355,8 +355,10 @@ def build_tiny(path, arch: str = "llama", wtype: str = "f32", seed: int = 0, con
 GEMMA3 = dict(n_layer=6, n_head=4, n_head_kv=2, head_dim=32, n_ff=128, window=8)  # layers 0-4 local
 
 
-def build_gemma3(path, seed: int = 0, window: int | None = None, tokenizer: bool = False) -> Path:
-    """6 layers (layers 0-4 local with ``window``, default 8; layer 5 global), F32 weights."""
+def build_gemma3(path, seed: int = 0, window: int | None = None, tokenizer: bool = False,
+                 proj_type: QT = QT.F32) -> Path:
+    """6 layers (layers 0-4 local with ``window``, default 8; layer 5 global), F32 weights
+    (the attention output and feed-forward projections stored as ``proj_type``)."""
     c = GEMMA3
     window = window or c["window"]
     nl, H, Hkv, hd, n_ff = c["n_layer"], c["n_head"], c["n_head_kv"], c["head_dim"], c["n_ff"]
@@ -384,14 +386,14 @@ def build_gemma3(path, seed: int = 0, window: int | None = None, tokenizer: bool
         w.add_tensor(p + "attn_q.weight", linear(N_EMBD, H * hd))
         w.add_tensor(p + "attn_k.weight", linear(N_EMBD, Hkv * hd))
         w.add_tensor(p + "attn_v.weight", linear(N_EMBD, Hkv * hd))
-        w.add_tensor(p + "attn_output.weight", linear(H * hd, N_EMBD))
+        add_tensor(w, p + "attn_output.weight", linear(H * hd, N_EMBD), proj_type)
         w.add_tensor(p + "attn_q_norm.weight", norm_w(hd, 1.0))
         w.add_tensor(p + "attn_k_norm.weight", norm_w(hd, 1.0))
         w.add_tensor(p + "post_attention_norm.weight", norm_w(N_EMBD, 0.5))
         w.add_tensor(p + "ffn_norm.weight", norm_w(N_EMBD))
-        w.add_tensor(p + "ffn_gate.weight", linear(N_EMBD, n_ff))
-        w.add_tensor(p + "ffn_up.weight", linear(N_EMBD, n_ff))
-        w.add_tensor(p + "ffn_down.weight", linear(n_ff, N_EMBD))
+        add_tensor(w, p + "ffn_gate.weight", linear(N_EMBD, n_ff), proj_type)
+        add_tensor(w, p + "ffn_up.weight", linear(N_EMBD, n_ff), proj_type)
+        add_tensor(w, p + "ffn_down.weight", linear(n_ff, N_EMBD), proj_type)
         w.add_tensor(p + "post_ffw_norm.weight", norm_w(N_EMBD, 0.5))
     return finish_gguf(w, path)
 

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as QT
 from llmcore import _kernels, threads
 from llmcore.models import load_model
 
-from fixtures import add_tensor, finish_gguf, rand_tokens, weight_makers
+from fixtures import add_tensor, build_gemma3, finish_gguf, rand_tokens, weight_makers
 from test_kquants import rand_blocks
 
 pytestmark = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: no fused step")
@@ -70,6 +70,7 @@ def build_kquant_llama(path, seed: int = 0):
 def models(tiny_models, built_model, tmp_path_factory):
     paths = dict(tiny_models)
     paths["gemma3"] = built_model("gemma3")
+    paths["gemma3-q8_0"] = build_gemma3(tmp_path_factory.mktemp("gemma3q") / "tiny-gemma3-q8_0.gguf", proj_type=QT.Q8_0)
     paths["kquant"] = build_kquant_llama(tmp_path_factory.mktemp("kquant") / "tiny-kquant.gguf")
     cache = {}
 
@@ -211,6 +212,51 @@ def test_token_shares_give_the_same_bits(models, name, kv_type):
                 got = many_sequences(m)
         finally:
             step.set_share_min(old)
+        for r, g in zip(ref, got):
+            assert np.isfinite(g).all()
+            np.testing.assert_array_equal(r, g)
+
+
+@pytest.mark.parametrize("n_seq", [6, 8, 9])
+def test_row_shares_give_the_same_bits(models, n_seq):
+    """Below the token-share size a step's row phases give each thread half tiles of rows
+    (their tile-record lines its own): the same logits with them off, at 2 and 3 threads
+    (a thread with an empty share takes the others' rows) and at 1 thread."""
+    step = _kernels.load("step")
+    m = models("qwen3-q4_0", "q4_0")
+    with n_threads(1):
+        ref = many_sequences(m, n_seq)
+    for nt in (2, 3):
+        for on in (1, 0):
+            old = step._set_row_shares(on)
+            try:
+                with n_threads(nt):
+                    got = many_sequences(m, n_seq)
+            finally:
+                step._set_row_shares(old)
+            for r, g in zip(ref, got):
+                assert np.isfinite(g).all()
+                np.testing.assert_array_equal(r, g)
+
+
+@pytest.mark.parametrize("name,kv_type", [("llama-q4_0", "f16"), ("qwen3-q8_0", "f16"), ("gemma3-q8_0", "f16")])
+def test_attention_items_quantizing_their_rows_for_wo_give_the_same_bits(models, name, kv_type):
+    """Where the output projection is a 32-block quant format and no row is split over key
+    chunks, no row phase sits between attention and wo: each attention item quantizes its
+    rows' blocks for wo. The same logits as with the row phase, at 1, 2 and 3 threads (rows
+    split over key chunks keep the row phase: test_long_context_attention_split_over_key_chunks)."""
+    step = _kernels.load("step")
+    m = models(name, kv_type)
+    assert m.decode_step().prog.wo_layers() > 0
+    old = step._set_wo_fuse(0)
+    try:
+        with n_threads(2):
+            ref = scenario(m)
+    finally:
+        step._set_wo_fuse(old)
+    for nt in (1, 2, 3):
+        with n_threads(nt):
+            got = scenario(m)
         for r, g in zip(ref, got):
             assert np.isfinite(g).all()
             np.testing.assert_array_equal(r, g)
