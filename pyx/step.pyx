@@ -422,19 +422,25 @@ cdef inline void _rows_item(const linear_t *L, const float *x, int64_t r, acts_t
     _quant_linear(L, x, r, r + 1, acts)
 
 
+cdef inline int _deal_shares(int64_t n, int64_t unit, int nt, int64_t *lo) noexcept nogil:
+    """lo[0..nt]: n tokens dealt to nt shares in whole units of `unit` tokens, in order;
+    returns nt."""
+    cdef int64_t nunit = (n + unit - 1) // unit
+    cdef int s
+    for s in range(nt + 1):
+        lo[s] = unit * ((s * nunit) // nt)
+        if lo[s] > n:
+            lo[s] = n
+    return nt
+
+
 cdef inline int _token_shares(const step_t *S, int nt, int64_t *tlo) noexcept nogil:
     """Token shares of the step (team_share_take): tlo[0..nt] bounds in whole tiles, one share
     a thread; returns nt, or 0 (no shares: too few tokens, or logits for only some rows, whose
     head rows are numbered otherwise)."""
-    cdef int64_t ntile = (S.n + LQ_TT - 1) // LQ_TT
-    cdef int s
     if _share_min <= 0 or nt < 2 or nt > TEAM_MAX_SHARES or S.n < <int64_t>_share_min * nt or S.n_logits != S.n:
         return 0
-    for s in range(nt + 1):
-        tlo[s] = LQ_TT * ((s * ntile) // nt)
-        if tlo[s] > S.n:
-            tlo[s] = S.n
-    return nt
+    return _deal_shares(S.n, LQ_TT, nt, tlo)
 
 
 cdef inline int _row_shares(const step_t *S, int nt, int nsh, const int64_t *tlo, int64_t *rlo) noexcept nogil:
@@ -442,19 +448,14 @@ cdef inline int _row_shares(const step_t *S, int nt, int nsh, const int64_t *tlo
     one half tile of rows and logits for every one) half tiles dealt out in order, so that a
     thread quantizes into tile-record lines no other thread writes (lq_quant_row_tile);
     returns the number of shares, or 0 (rows go one at a time)."""
-    cdef int64_t nhalf = (S.n + LQ_TT // 2 - 1) // (LQ_TT // 2)
     cdef int s
     if nsh > 0:
         for s in range(nsh + 1):
             rlo[s] = tlo[s]
         return nsh
-    if not _row_shares_on or nt < 2 or nt > TEAM_MAX_SHARES or nhalf < 2 or S.n_logits != S.n:
+    if not _row_shares_on or nt < 2 or nt > TEAM_MAX_SHARES or S.n <= LQ_TT // 2 or S.n_logits != S.n:
         return 0
-    for s in range(nt + 1):
-        rlo[s] = (LQ_TT // 2) * ((s * nhalf) // nt)
-        if rlo[s] > S.n:
-            rlo[s] = S.n
-    return nt
+    return _deal_shares(S.n, LQ_TT // 2, nt, rlo)
 
 
 cdef int _attn_shares(const attn_plan *pl, int nsh, const int64_t *tlo, int64_t *alo, int32_t *perm) noexcept nogil:
@@ -497,8 +498,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     cdef int nsh = _token_shares(S, nt, tlo)
     cdef int64_t rlo[TEAM_MAX_SHARES + 1]  # (row shares) the row phases' share bounds
     cdef int rsh = _row_shares(S, nt, nsh, tlo, rlo)
-    cdef int ash = nsh if nsh > 0 else (rsh if _attn_row_shares_on else 0)  # attention's shares
-    cdef const int64_t *atlo = &rlo[0] if nsh == 0 else &tlo[0]
+    cdef int ash = rsh if nsh > 0 or _attn_row_shares_on else 0  # attention's shares (rlo)
     # (shares) each plan's items by share, in this thread's scratch at aoff[plan] (-1: a plan
     # no layer uses), the share bounds, and whether they are set (-1: not yet; 0: plan order)
     cdef int64_t aoff[MAX_PLANS]
@@ -615,7 +615,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         ph = &S.ph[k]
         k += 1
         if ash > 0 and ashared[L.plan_id] < 0:
-            ashared[L.plan_id] = _attn_shares(pl, ash, atlo, &alo[L.plan_id][0], aperm[L.plan_id])
+            ashared[L.plan_id] = _attn_shares(pl, ash, rlo, &alo[L.plan_id][0], aperm[L.plan_id])
         by_share = ash > 0 and ashared[L.plan_id] == 1
         if L.wo_ok and _wo_fuse_on and awhole[L.plan_id] < 0:
             awhole[L.plan_id] = _items_whole_blocks(pl, Dv)
