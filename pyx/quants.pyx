@@ -71,6 +71,13 @@ SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
 # bits either way; see simd_quants.h)
 AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 
+
+def _set_amx(int on):
+    """Benchmarks: whether this module's matmuls run whole 16-token tiles on AMX (on: where the
+    CPU and the kernel allow it). Returns whether they now do."""
+    return bool(lq_amx_init(on))
+
+
 cdef enum:
     FLOAT_CHUNK = 16           # output rows per work item of the float kernels
 

@@ -814,16 +814,14 @@ typedef struct {
     uint8_t rows[16];
 } lq_tilecfg;
 
-/* tiles 0/3: C (16 tokens x 16 int32), 1/4: A (16 x 32 int8), 2/5: B (8 x 64 bytes) */
+/* tiles 0-3: C (16 tokens x 16 int32), 4/5: A (16 x 32 int8), 6/7: B (8 x 64 bytes) */
 static inline void lq_amx_config(void) {
     lq_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
-    for (int i = 0; i < 2; i++) {
-        cfg.rows[3 * i] = 16; cfg.colsb[3 * i] = 64;
-        cfg.rows[3 * i + 1] = 16; cfg.colsb[3 * i + 1] = 32;
-        cfg.rows[3 * i + 2] = 8; cfg.colsb[3 * i + 2] = 64;
-    }
+    for (int i = 0; i < 4; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    for (int i = 4; i < 6; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 32; }
+    for (int i = 6; i < 8; i++) { cfg.rows[i] = 8; cfg.colsb[i] = 64; }
     _tile_loadconfig(&cfg);
 }
 
@@ -851,6 +849,7 @@ static inline __attribute__((always_inline)) const uint8_t *lq_amx_unpack(const 
 static inline __attribute__((always_inline)) void lq_amx_accumulate(__m512 *f, const int32_t *cb, __m512 dv, __m512 mv,
                                                                    const float *da, const float *sa, int64_t nb,
                                                                    int64_t b, int HAS_M) {
+#pragma GCC unroll 16
     for (int t = 0; t < 16; t++) {
         const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * t)));
         if (HAS_M) {
@@ -876,28 +875,41 @@ static inline __attribute__((always_inline)) void lq_kernel_amx(const lq_packed 
     const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes, QB = P->qbytes;
     __attribute__((aligned(64))) int32_t cb[LQ_AMX_CHUNK][256];
     __m512 f[16];
+#pragma GCC unroll 16
     for (int t = 0; t < 16; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *g0 = P->data + g * nb * bb;
     for (int64_t b0 = 0; b0 < nb; b0 += LQ_AMX_CHUNK) {
         const int nc = (int)(nb - b0 < LQ_AMX_CHUNK ? nb - b0 : LQ_AMX_CHUNK);
         int j = 0;
-        for (; j + 2 <= nc; j += 2) {
+        /* four blocks' products in flight (four C tiles, two A/B pairs) before their stores:
+         * a store waits for its product, so two in flight left the tile unit idle */
+        for (; j + 4 <= nc; j += 4) {
             _tile_zero(0);
-            _tile_loadd(1, qa + (b0 + j) * LQ_QK, K);
-            _tile_loadd(2, W + (b0 + j) * ws, 64);
-            _tile_dpbsud(0, 1, 2);
+            _tile_loadd(4, qa + (b0 + j) * LQ_QK, K);
+            _tile_loadd(6, W + (b0 + j) * ws, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_zero(1);
+            _tile_loadd(5, qa + (b0 + j + 1) * LQ_QK, K);
+            _tile_loadd(7, W + (b0 + j + 1) * ws, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_zero(2);
+            _tile_loadd(4, qa + (b0 + j + 2) * LQ_QK, K);
+            _tile_loadd(6, W + (b0 + j + 2) * ws, 64);
+            _tile_dpbsud(2, 4, 6);
             _tile_zero(3);
-            _tile_loadd(4, qa + (b0 + j + 1) * LQ_QK, K);
-            _tile_loadd(5, W + (b0 + j + 1) * ws, 64);
-            _tile_dpbsud(3, 4, 5);
+            _tile_loadd(5, qa + (b0 + j + 3) * LQ_QK, K);
+            _tile_loadd(7, W + (b0 + j + 3) * ws, 64);
+            _tile_dpbsud(3, 5, 7);
             _tile_stored(0, cb[j], 64);
-            _tile_stored(3, cb[j + 1], 64);
+            _tile_stored(1, cb[j + 1], 64);
+            _tile_stored(2, cb[j + 2], 64);
+            _tile_stored(3, cb[j + 3], 64);
         }
-        if (j < nc) {
+        for (; j < nc; j++) {
             _tile_zero(0);
-            _tile_loadd(1, qa + (b0 + j) * LQ_QK, K);
-            _tile_loadd(2, W + (b0 + j) * ws, 64);
-            _tile_dpbsud(0, 1, 2);
+            _tile_loadd(4, qa + (b0 + j) * LQ_QK, K);
+            _tile_loadd(6, W + (b0 + j) * ws, 64);
+            _tile_dpbsud(0, 4, 6);
             _tile_stored(0, cb[j], 64);
         }
         for (j = 0; j < nc; j++) {
@@ -908,6 +920,7 @@ static inline __attribute__((always_inline)) void lq_kernel_amx(const lq_packed 
         }
     }
     const __mmask16 mask = (__mmask16)((1u << nv) - 1u);
+#pragma GCC unroll 16
     for (int t = 0; t < 16; t++) {
         if (nv == LQ_G) _mm512_storeu_ps(y + t * ys, f[t]);
         else _mm512_mask_storeu_ps(y + t * ys, mask, f[t]);

@@ -159,6 +159,31 @@ def test_matmul_rows_do_not_depend_on_the_batch(qt):
 
 
 @needs_kernels
+@pytest.mark.skipif(not kq.AMX, reason="the AMX tile kernel is not in use on this machine")
+@pytest.mark.parametrize("cols", [576, 160, 128])
+@pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
+def test_amx_tiles_give_the_vnni_bits(qt, cols):
+    """Whole 16-token tiles on AMX (blocks four at a time, then a remainder of 1-3: 18, 5 and
+    4 blocks a row) give the VNNI kernels' bits, with a masked last row group, at 1 and 2
+    threads."""
+    rows = 37
+    raw = random_blocks(qt, rows, cols, seed=21)
+    pk = kq.pack(raw, int(qt))
+    x = np.random.default_rng(22).standard_normal((40, cols)).astype(np.float32)
+    try:
+        assert not kq._set_amx(0)
+        ref = np.empty((len(x), rows), np.float32)
+        kq.matmul(pk, x, ref, 1)
+        assert kq._set_amx(1)
+        for nt in (1, 2):
+            y = np.empty_like(ref)
+            kq.matmul(pk, x, y, nt)
+            np.testing.assert_array_equal(y, ref)
+    finally:
+        kq._set_amx(1)
+
+
+@needs_kernels
 @pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
 def test_unpacked_groups_give_the_pair_loop_bits(qt):
     """AVX2 builds run work items of many Q4_0 / Q4_1 tokens on a group unpacked once: the
