@@ -140,11 +140,36 @@ cdef enum:
     # take a descheduled thread's share
     MM_CHUNKS = 2
 
+def _cpu_vendor():
+    """The CPU's vendor string (/proc/cpuinfo's vendor_id), or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def default_share_min(vendor=None):
+    """The default of set_share_min for a CPU vendor (default: this machine's).
+
+    Token shares keep a thread's rows in its core at the price of every thread streaming
+    every weight of the step's matmuls for its own tokens. Measured (SmolLM2, 600-token
+    contexts, 2 threads, alternated in one process): on a Zen 5 (AMD; each core's L3 reads
+    fast, cross-CCD line transfers slow) 32 sequences' steps 0.94x the time with shares from
+    8 tokens a thread, 16 sequences' 0.98x; on a Xeon with AMX (Intel; a mesh L3 that a core
+    reads slowly) 1.04-1.05x the time with shares at 16 and 32 sequences, the head and
+    gate/up matmuls longer: there (and on other vendors' CPUs, unmeasured) a step goes
+    without token shares; its row phases and attention still go by half-tile row shares."""
+    return 8 if (_cpu_vendor() if vendor is None else vendor) == "AuthenticAMD" else 0
+
+
 # a step of this many tokens or more per thread (and logits for every one) gives each
-# thread a share of the tokens (team_share_take); 0 turns shares off. Measured (SmolLM2,
-# 600-token contexts, 2 threads, alternated in one process): 32 sequences' steps 0.94x the
-# time, 16 sequences' 0.98x at 8 tokens a thread, 8 sequences even at 4.
-cdef int _share_min = int(os.environ.get("LLMCORE_STEP_SHARE_MIN", "8"))
+# thread a share of the tokens (team_share_take); 0 turns shares off ($LLMCORE_STEP_SHARE_MIN
+# overrides default_share_min's choice)
+cdef int _share_min = int(os.environ.get("LLMCORE_STEP_SHARE_MIN", default_share_min()))
 
 # a waiting thread spins this long before it sleeps (team.h)
 cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1000)

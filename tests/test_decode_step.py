@@ -8,6 +8,7 @@ barrier's sleeping path."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import gguf
 import numpy as np
@@ -215,6 +216,19 @@ def test_token_shares_give_the_same_bits(models, name, kv_type):
         for r, g in zip(ref, got):
             assert np.isfinite(g).all()
             np.testing.assert_array_equal(r, g)
+
+
+def test_token_shares_by_default_on_amd_cpus_only():
+    """Token shares are the default where they were measured faster (a Zen 5) and not where
+    they were measured slower (a Xeon) or never measured; $LLMCORE_STEP_SHARE_MIN overrides."""
+    step = _kernels.load("step")
+    assert step.default_share_min("AuthenticAMD") == 8
+    assert step.default_share_min("GenuineIntel") == 0
+    assert step.default_share_min("") == 0
+    if "LLMCORE_STEP_SHARE_MIN" not in os.environ:
+        old = step.set_share_min(0)
+        step.set_share_min(old)
+        assert old == step.default_share_min()
 
 
 @pytest.mark.parametrize("n_seq", [6, 8, 9])
