@@ -79,14 +79,6 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 # when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
 # bits as the VNNI kernel's)
 AMX = bool(kq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
-
-
-def _set_amx(int on):
-    """Benchmarks: whether this module's matmuls run whole 16-token tiles on AMX (on: where the
-    CPU and the kernel allow it). Returns whether they now do."""
-    return bool(kq_amx_init(on))
-
-
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
 SIMD_LEVEL = kq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
 # the ggml types this build repacks into 16-row tiles (VNNI: Q4_K, Q5_K, Q6_K, MXFP4; AVX2:

@@ -140,6 +140,7 @@ cdef enum:
     # take a descheduled thread's share
     MM_CHUNKS = 2
 
+
 def _cpu_vendor():
     """The CPU's vendor string (/proc/cpuinfo's vendor_id), or "" where it cannot be read."""
     try:
