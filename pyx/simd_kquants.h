@@ -1034,17 +1034,14 @@ static void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows
 }
 
 #if SIMD_AVX512_VNNI
-/* one 16-row group x NT tokens (NT compile-time after inlining), K-quants */
+/* super-block b of one 16-row group (its tile) x NT tokens (A[u]: token u's q8_K row),
+ * added to acc[u] */
 static inline __attribute__((always_inline)) void
-kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q8k *const *A,
-             float *const *Y, __mmask16 store_mask) {
+kq_rp_tile(const int t, const int NT, const uint8_t *tile, int64_t b, const kq_q8k *const *A, __m512 *acc) {
     const int64_t tb = kq_rp_tile_bytes(t);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int six = t == KQ_Q6_K;
-    __m512 acc[4];
-    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *tile = G + b * tb;
+    {
         /* into L2 (simd.h): on Zen 4 from memory 0.62-0.86 of the time at 1-2 tokens, 0.51-0.76
          * at 3-4, in cache 0.90-0.95 */
         simd_prefetch_range_l2(tile, (int)tb);
@@ -1131,7 +1128,31 @@ kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q
         for (int u = 0; u < NT; u++)
             acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[u]), _mm512_mul_ps(dv, _mm512_set1_ps(ab[u]->d)), acc[u]);
     }
+}
+
+/* one 16-row group x NT tokens (NT compile-time after inlining), K-quants */
+static inline __attribute__((always_inline)) void
+kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q8k *const *A,
+             float *const *Y, __mmask16 store_mask) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    __m512 acc[4];
+    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) kq_rp_tile(t, NT, G + b * tb, b, A, acc);
     for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(Y[u], store_mask, acc[u]);
+}
+
+/* One token, two 16-row groups G[0] and G[1] (of one weight or of two of the same type and
+ * columns) in lockstep, super-block by super-block, each with kq_rp_kernel(NT = 1)'s
+ * operations in its order (the same bits): a core streams two weight regions faster than
+ * one (lq_kernel_vnni_pair's note in simd_quants.h). */
+static inline __attribute__((always_inline)) void
+kq_rp_kernel_pair(const int t, const uint8_t *const *G, int64_t nb, const kq_q8k *const *A, float *const *Y,
+                  const __mmask16 *store_mask) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++)
+        for (int s = 0; s < 2; s++) kq_rp_tile(t, 1, G[s] + b * tb, b, &A[s], &acc[s]);
+    for (int s = 0; s < 2; s++) _mm512_mask_storeu_ps(Y[s], store_mask[s], acc[s]);
 }
 
 /* MXFP4 group x NT tokens. A[u]: int8 row (k), DA[u]: nblk scales, AS[u]: nblk int sums */
@@ -1936,6 +1957,34 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
 #else
     (void)t; (void)P; (void)k; (void)rows; (void)g; (void)act; (void)tok0; (void)n; (void)Y; (void)ldy;
 #endif
+}
+
+/* One token (act's token tok0): kq_rp_group of group g0 of weight P0 (outputs Y0) and of
+ * group g1 of P1 (outputs Y1), both of type t with k columns (rows0 / rows1 valid rows),
+ * read side by side (kq_rp_kernel_pair) where the AVX-512 kernels take one token, else one
+ * after the other. */
+static void kq_rp_group_pair_1(int t, int64_t k, const uint8_t *P0, int64_t rows0, int64_t g0, const kq_act *act0,
+                               float *Y0, const uint8_t *P1, int64_t rows1, int64_t g1, const kq_act *act1,
+                               float *Y1, int64_t tok0) {
+#if SIMD_AVX512_VNNI
+    if ((t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K) && !(kq_u_min(t) > 0 && 1 >= kq_u_min(t))) {
+        const int64_t gb = kq_rp_group_bytes(t, k), nb = k / KQ_QK;
+        const uint8_t *G[2] = {P0 + g0 * gb, P1 + g1 * gb};
+        const kq_q8k *A[2] = {act0->q8k + tok0 * nb, act1->q8k + tok0 * nb};
+        float *Y[2] = {Y0 + g0 * KQ_RP, Y1 + g1 * KQ_RP};
+        __mmask16 m[2];
+        for (int s = 0; s < 2; s++) {
+            const int64_t nvalid = (s ? rows1 - g1 * KQ_RP : rows0 - g0 * KQ_RP);
+            m[s] = nvalid >= KQ_RP ? (__mmask16)0xFFFF : (__mmask16)((1u << nvalid) - 1);
+        }
+        if (t == KQ_Q4_K) kq_rp_kernel_pair(KQ_Q4_K, G, nb, A, Y, m);
+        else if (t == KQ_Q5_K) kq_rp_kernel_pair(KQ_Q5_K, G, nb, A, Y, m);
+        else kq_rp_kernel_pair(KQ_Q6_K, G, nb, A, Y, m);
+        return;
+    }
+#endif
+    kq_rp_group(t, P0, k, rows0, g0, act0, tok0, 1, Y0, 0);
+    kq_rp_group(t, P1, k, rows1, g1, act1, tok0, 1, Y1, 0);
 }
 
 /* kq_rp_group for groups g0 .. g0 + ngr - 1 (ngr 1 or 2) of one call: the unpacked-tile

@@ -99,6 +99,10 @@ cdef extern from "simd_quants.h" nogil:
     int64_t lq_tile_tokens(const lq_packed *P, int portable)
     void lq_group_rows_ld(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                           int64_t n, int64_t tt, float *y, int64_t R, int portable)
+    int lq_pair_ok(const lq_packed *P0, const lq_packed *P1)
+    void lq_group_pair_1(const lq_packed *P0, int64_t g0, const int8_t *qa0, const float *da0, const float *sa0,
+                         float *y0, int64_t R0, const lq_packed *P1, int64_t g1, const int8_t *qa1,
+                         const float *da1, const float *sa1, float *y1, int64_t R1)
 
 cdef extern from "simd_kquants.h" nogil:
     ctypedef struct kq_q8k:
@@ -115,6 +119,9 @@ cdef extern from "simd_kquants.h" nogil:
     void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y)
     void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g, const kq_act *act,
                      int64_t tok0, int64_t n, float *Y, int64_t ldy)
+    void kq_rp_group_pair_1(int t, int64_t k, const uint8_t *P0, int64_t rows0, int64_t g0, const kq_act *act0,
+                            float *Y0, const uint8_t *P1, int64_t rows1, int64_t g1, const kq_act *act1,
+                            float *Y1, int64_t tok0)
     void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
                         int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy)
 
@@ -782,6 +789,59 @@ cdef inline void _linear_item(const linear_t *L, const acts_t *acts, int64_t n, 
                 yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
 
 
+cdef bint _pair_on = 1  # A/B switch (_set_pair): one-token chunks read as two streams
+
+
+def _set_pair(bint on):
+    """Benchmarks and tests: one-token matmul chunks read as two weight streams (default) or
+    one (the same bits). Returns the previous setting."""
+    global _pair_on
+    cdef bint old = _pair_on
+    _pair_on = on
+    return old
+
+
+cdef inline void _linear_items_paired(const linear_t *L, const acts_t *acts, float *y, int64_t i0,
+                                      int64_t i1) noexcept nogil:
+    """Items [i0, i1) of a one-token matmul, the first half's item j beside the second half's
+    item j where both are row groups of repacked weights of one format and width (one part
+    or two: lq_group_pair_1, kq_rp_group_pair_1; a core reads two weight streams faster
+    than one), else one by one (_linear_item). The same bits either way."""
+    cdef int64_t h = (i1 - i0) // 2, j, a, b, r0, r1, c
+    cdef int p, q, r
+    cdef const weight_t *wa
+    cdef const weight_t *wb
+    for j in range(h):
+        a = i0 + j
+        b = i0 + h + j
+        p = 0
+        while a >= L.item0[p + 1]:
+            p += 1
+        q = p
+        while b >= L.item0[q + 1]:
+            q += 1
+        wa = &L.part[p]
+        wb = &L.part[q]
+        if (wa.kind == W_LQ and wb.kind == W_LQ and acts[p].rec == NULL and acts[q].rec == NULL
+                and lq_pair_ok(&wa.lq, &wb.lq)):
+            lq_group_pair_1(&wa.lq, a - L.item0[p], acts[p].qa, acts[p].da, acts[p].sa, y + L.col0[p], wa.rows,
+                            &wb.lq, b - L.item0[q], acts[q].qa, acts[q].da, acts[q].sa, y + L.col0[q], wb.rows)
+        elif wa.kind == W_KQ and wb.kind == W_KQ and wa.type == wb.type and wa.cols == wb.cols:
+            kq_rp_group_pair_1(wa.type, wa.cols, wa.data, wa.rows, a - L.item0[p], &acts[p].kact, y + L.col0[p],
+                               wb.data, wb.rows, b - L.item0[q], &acts[q].kact, y + L.col0[q], 0)
+        else:
+            _linear_item(L, acts, 1, y, a)
+            _linear_item(L, acts, 1, y, b)
+            continue
+        if L.bias != NULL:
+            for r in range(2):
+                _item_rows(wa if r == 0 else wb, (a - L.item0[p]) if r == 0 else (b - L.item0[q]), &r0, &r1)
+                for c in range(r0, r1):
+                    y[L.col0[p if r == 0 else q] + c] += L.bias[L.col0[p if r == 0 else q] + c]
+    if (i1 - i0) % 2:
+        _linear_item(L, acts, 1, y, i1 - 1)
+
+
 cdef int _items_whole_blocks(const attn_plan *pl, int Dv) noexcept nogil:
     """Whether every item of pl writes whole 32-value blocks of whole rows (no row split over
     key chunks; its heads' columns start and end on block bounds): _attn_item_out's case."""
@@ -851,8 +911,11 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
         if i0 >= total:
             break
         i1 = i0 + chunk if i0 + chunk < total else total
-        for it in range(i0, i1):
-            _linear_item(L, acts, n, y, it)
+        if n == 1 and _pair_on:
+            _linear_items_paired(L, acts, y, i0, i1)
+        else:
+            for it in range(i0, i1):
+                _linear_item(L, acts, n, y, it)
         mine += i1 - i0
     team_phase_done(ph, &mine, total)
     team_phase_wait(team, ph, total)

@@ -67,12 +67,52 @@ def build_kquant_llama(path, seed: int = 0):
     return finish_gguf(w, path)
 
 
+def build_legacy_llama(path, seed: int = 1):
+    """2 llama layers 256 wide (head_dim 64, 4 heads / 2 kv heads, FFN 512) in every legacy
+    quant format: q/k Q4_1 and v Q5_0 (two parts of one type side by side), attn_output
+    Q5_1, gate/up Q5_0, down Q4_1 / Q8_0, output Q4_0 over 264 rows (a last row group of 8);
+    v and attn_output biases on layer 0. Wide enough that one-token chunks hold several row
+    groups (the step reads a chunk's halves side by side)."""
+    rng = np.random.default_rng(seed)
+    normal, linear, norm_w = weight_makers(rng)
+    d, H, KVH, hd, F, V = 256, 4, 2, 64, 512, 264
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-llama-legacy")
+    w.add_context_length(2048)
+    w.add_embedding_length(d)
+    w.add_block_count(2)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(KVH)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-5)
+    add_tensor(w, "token_embd.weight", normal((V, d), 1.0), QT.Q8_0)
+    add_tensor(w, "output_norm.weight", norm_w(d))
+    add_tensor(w, "output.weight", linear(d, V), QT.Q4_0)
+    for i, down_t in enumerate((QT.Q4_1, QT.Q8_0)):
+        p = f"blk.{i}."
+        add_tensor(w, p + "attn_norm.weight", norm_w(d))
+        add_tensor(w, p + "attn_q.weight", linear(d, H * hd), QT.Q4_1)
+        add_tensor(w, p + "attn_k.weight", linear(d, KVH * hd), QT.Q4_1)
+        add_tensor(w, p + "attn_v.weight", linear(d, KVH * hd), QT.Q5_0)
+        add_tensor(w, p + "attn_output.weight", linear(H * hd, d), QT.Q5_1)
+        if i == 0:
+            add_tensor(w, p + "attn_v.bias", normal((KVH * hd,), 0.1))
+            add_tensor(w, p + "attn_output.bias", normal((d,), 0.1))
+        add_tensor(w, p + "ffn_norm.weight", norm_w(d))
+        add_tensor(w, p + "ffn_gate.weight", linear(d, F), QT.Q5_0)
+        add_tensor(w, p + "ffn_up.weight", linear(d, F), QT.Q5_0)
+        add_tensor(w, p + "ffn_down.weight", linear(F, d), down_t)
+    return finish_gguf(w, path)
+
+
 @pytest.fixture(scope="module")
 def models(tiny_models, built_model, tmp_path_factory):
     paths = dict(tiny_models)
     paths["gemma3"] = built_model("gemma3")
     paths["gemma3-q8_0"] = build_gemma3(tmp_path_factory.mktemp("gemma3q") / "tiny-gemma3-q8_0.gguf", proj_type=QT.Q8_0)
     paths["kquant"] = build_kquant_llama(tmp_path_factory.mktemp("kquant") / "tiny-kquant.gguf")
+    paths["legacy"] = build_legacy_llama(tmp_path_factory.mktemp("legacy") / "tiny-legacy.gguf")
     cache = {}
 
     def get(name, kv_type="f16"):
@@ -135,7 +175,7 @@ def scenario(m, long_prompt: int = 0):
 
 
 MODELS = [("llama-q4_0", "f16"), ("llama-f16", "f16"), ("qwen3-q8_0", "f16"), ("qwen3-f32", "q8_0"),
-          ("qwen3-q4_0", "q4_0"), ("gemma3", "f16"), ("kquant", "f16"), ("kquant", "q8_0")]
+          ("qwen3-q4_0", "q4_0"), ("gemma3", "f16"), ("kquant", "f16"), ("kquant", "q8_0"), ("legacy", "f16")]
 
 
 @pytest.mark.parametrize("name,kv_type", MODELS)
@@ -178,6 +218,35 @@ def test_barrier_sleeping_path(models):
             step.set_spin_us(old)
     for r, s in zip(ref, slept):
         np.testing.assert_array_equal(r, s)
+
+
+@pytest.mark.parametrize("name", ["legacy", "kquant", "gemma3-q8_0"])
+def test_one_token_chunks_read_as_two_streams_give_the_same_bits(models, name):
+    """A one-sequence step reads each thread's matmul chunk as two weight streams side by
+    side (its halves' row groups in lockstep, of one part or of two of one format): the
+    same logits as one group after the other, at 1, 2 and 3 threads (chunks of odd and
+    even sizes, pairs across parts, a masked last row group, biases)."""
+    step = _kernels.load("step")
+    m = models(name)
+
+    def decode():
+        s = m.new_state()
+        m.forward([(s, rand_tokens(30, 5, m.n_vocab))])
+        out = [m.forward([(s, [(11 * k + 3) % m.n_vocab])]) for k in range(4)]
+        s.release()
+        return out
+
+    for nt in (1, 2, 3):
+        with n_threads(nt):
+            old = step._set_pair(0)
+            try:
+                ref = decode()
+            finally:
+                step._set_pair(old)
+            got = decode()
+        for r, g in zip(ref, got):
+            assert np.isfinite(g).all()
+            np.testing.assert_array_equal(r, g)
 
 
 def many_sequences(m, n_seq: int = 20):
