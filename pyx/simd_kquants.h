@@ -1141,18 +1141,22 @@ kq_rp_kernel(const int t, const int NT, const uint8_t *G, int64_t nb, const kq_q
     for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(Y[u], store_mask, acc[u]);
 }
 
-/* One token, two 16-row groups G[0] and G[1] (of one weight or of two of the same type and
- * columns) in lockstep, super-block by super-block, each with kq_rp_kernel(NT = 1)'s
+/* NT tokens (1 to 4), two 16-row groups G[0] and G[1] (of one weight or of two of the same
+ * type and columns) in lockstep, super-block by super-block, each with kq_rp_kernel's
  * operations in its order (the same bits): a core streams two weight regions faster than
- * one (lq_kernel_vnni_pair's note in simd_quants.h). */
+ * one (lq_kernel_vnni_pair's note in simd_quants.h). A[s][u]: token u's q8_K row for group
+ * s; Y[s][u]: its outputs. */
 static inline __attribute__((always_inline)) void
-kq_rp_kernel_pair(const int t, const uint8_t *const *G, int64_t nb, const kq_q8k *const *A, float *const *Y,
-                  const __mmask16 *store_mask) {
+kq_rp_kernel_pair(const int t, const int NT, const uint8_t *const *G, int64_t nb, const kq_q8k *const (*A)[4],
+                  float *const (*Y)[4], const __mmask16 *store_mask) {
     const int64_t tb = kq_rp_tile_bytes(t);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc[2][4];
+    for (int s = 0; s < 2; s++)
+        for (int u = 0; u < NT; u++) acc[s][u] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++)
-        for (int s = 0; s < 2; s++) kq_rp_tile(t, 1, G[s] + b * tb, b, &A[s], &acc[s]);
-    for (int s = 0; s < 2; s++) _mm512_mask_storeu_ps(Y[s], store_mask[s], acc[s]);
+        for (int s = 0; s < 2; s++) kq_rp_tile(t, NT, G[s] + b * tb, b, A[s], acc[s]);
+    for (int s = 0; s < 2; s++)
+        for (int u = 0; u < NT; u++) _mm512_mask_storeu_ps(Y[s][u], store_mask[s], acc[s][u]);
 }
 
 /* MXFP4 group x NT tokens. A[u]: int8 row (k), DA[u]: nblk scales, AS[u]: nblk int sums */
@@ -1959,32 +1963,51 @@ static void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_
 #endif
 }
 
-/* One token (act's token tok0): kq_rp_group of group g0 of weight P0 (outputs Y0) and of
- * group g1 of P1 (outputs Y1), both of type t with k columns (rows0 / rows1 valid rows),
- * read side by side (kq_rp_kernel_pair) where the AVX-512 kernels take one token, else one
- * after the other. */
-static void kq_rp_group_pair_1(int t, int64_t k, const uint8_t *P0, int64_t rows0, int64_t g0, const kq_act *act0,
-                               float *Y0, const uint8_t *P1, int64_t rows1, int64_t g1, const kq_act *act1,
-                               float *Y1, int64_t tok0) {
+/* Tokens tok0 + [0, n) of the activations: kq_rp_group of group g0 of weight P0 (act0,
+ * outputs Y0) and of group g1 of P1 (act1, outputs Y1), both of type t with k columns
+ * (rows0 / rows1 valid rows; ldy the outputs' row stride), read side by side, 4 tokens a
+ * pass (kq_rp_kernel_pair), where the AVX-512 kernels take that many tokens a group, else
+ * one after the other. */
+static void kq_rp_group_pair(int t, int64_t k, const uint8_t *P0, int64_t rows0, int64_t g0, const kq_act *act0,
+                             float *Y0, const uint8_t *P1, int64_t rows1, int64_t g1, const kq_act *act1, float *Y1,
+                             int64_t tok0, int64_t n, int64_t ldy) {
 #if SIMD_AVX512_VNNI
-    if ((t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K) && !(kq_u_min(t) > 0 && 1 >= kq_u_min(t))) {
+    /* (under 8 tokens kq_rp_group's AMX tiles take none: they start at 10) */
+    if ((t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K) && !(kq_u_min(t) > 0 && n >= kq_u_min(t)) && n < 8) {
         const int64_t gb = kq_rp_group_bytes(t, k), nb = k / KQ_QK;
         const uint8_t *G[2] = {P0 + g0 * gb, P1 + g1 * gb};
-        const kq_q8k *A[2] = {act0->q8k + tok0 * nb, act1->q8k + tok0 * nb};
-        float *Y[2] = {Y0 + g0 * KQ_RP, Y1 + g1 * KQ_RP};
         __mmask16 m[2];
         for (int s = 0; s < 2; s++) {
             const int64_t nvalid = (s ? rows1 - g1 * KQ_RP : rows0 - g0 * KQ_RP);
             m[s] = nvalid >= KQ_RP ? (__mmask16)0xFFFF : (__mmask16)((1u << nvalid) - 1);
         }
-        if (t == KQ_Q4_K) kq_rp_kernel_pair(KQ_Q4_K, G, nb, A, Y, m);
-        else if (t == KQ_Q5_K) kq_rp_kernel_pair(KQ_Q5_K, G, nb, A, Y, m);
-        else kq_rp_kernel_pair(KQ_Q6_K, G, nb, A, Y, m);
+        for (int64_t j = 0; j < n; j += 4) {
+            const int nt = (int)(n - j < 4 ? n - j : 4);
+            const kq_q8k *A[2][4];
+            float *Y[2][4];
+            for (int u = 0; u < nt; u++) {
+                A[0][u] = act0->q8k + (tok0 + j + u) * nb;
+                A[1][u] = act1->q8k + (tok0 + j + u) * nb;
+                Y[0][u] = Y0 + (j + u) * ldy + g0 * KQ_RP;
+                Y[1][u] = Y1 + (j + u) * ldy + g1 * KQ_RP;
+            }
+#define KQ_PAIR_CASE(T)                                                                     \
+            switch (nt) {                                                                   \
+            case 1: kq_rp_kernel_pair(T, 1, G, nb, A, Y, m); break;                         \
+            case 2: kq_rp_kernel_pair(T, 2, G, nb, A, Y, m); break;                         \
+            case 3: kq_rp_kernel_pair(T, 3, G, nb, A, Y, m); break;                         \
+            default: kq_rp_kernel_pair(T, 4, G, nb, A, Y, m); break;                        \
+            }
+            if (t == KQ_Q4_K) { KQ_PAIR_CASE(KQ_Q4_K) }
+            else if (t == KQ_Q5_K) { KQ_PAIR_CASE(KQ_Q5_K) }
+            else { KQ_PAIR_CASE(KQ_Q6_K) }
+#undef KQ_PAIR_CASE
+        }
         return;
     }
 #endif
-    kq_rp_group(t, P0, k, rows0, g0, act0, tok0, 1, Y0, 0);
-    kq_rp_group(t, P1, k, rows1, g1, act1, tok0, 1, Y1, 0);
+    kq_rp_group(t, P0, k, rows0, g0, act0, tok0, n, Y0, ldy);
+    kq_rp_group(t, P1, k, rows1, g1, act1, tok0, n, Y1, ldy);
 }
 
 /* kq_rp_group for groups g0 .. g0 + ngr - 1 (ngr 1 or 2) of one call: the unpacked-tile

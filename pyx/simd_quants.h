@@ -443,15 +443,17 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
     else { LQ_T_SWITCH(8, 0) }
 }
 
-/* One token, two row groups in lockstep, block by block: group g0 of P0 (activations qa0,
- * da0, sa0; outputs y0, nv0 valid) beside group g1 of P1 (the same format and columns: two
- * groups of one weight, or of two parts of a fused one), each with the operations of
- * lq_kernel_vnni(T = 1) in the same order (the same output bits).
+/* T tokens (1 to 4), two row groups in lockstep, block by block: stream s is a group of a
+ * weight (first block blk; token t's activations at qa + t * K, da / sa + t * nb; outputs
+ * at y + t * ys, nv valid), the two of one format and width (groups of one weight, or of
+ * two parts of a fused one), each with lq_kernel_vnni's operations in their order (the
+ * same output bits).
  * Why: a one-token matvec streams its weights from memory, and one stream of reads with
  * arithmetic between them kept a core at ~0.76 of the bandwidth a plain read loop gets
- * (Xeon with AMX, Q4_1: 12.2 against 16.0 GB/s; the hardware prefetcher keeps too few lines
- * in flight for one stream, and software prefetch did not change that); two streams far
- * apart (the two halves of a thread's chunk) reach the plain read loop's rate (16.4 GB/s). */
+ * (Xeon with AMX, Q4_1: 12.2 against 16.0 GB/s, the kernel's in-cache rate 56 GB/s: the
+ * times added as if nothing overlapped; the software prefetch distance or hint did not
+ * change it); two streams far apart (the two halves of a thread's chunk) reach the plain
+ * read loop's rate (16.4 GB/s). */
 typedef struct {
     const uint8_t *blk;  /* the group's first block */
     const int8_t *qa;
@@ -460,16 +462,22 @@ typedef struct {
     int nv;
 } lq_stream;
 
-static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(lq_stream *st, int64_t nb, int64_t bb,
-                                                                       const int FMT, const int HAS_M) {
+#define LQ_PAIR_T 4  /* the most tokens of a pair pass (2 x T accumulators stay in registers) */
+
+static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(const lq_stream *st, int64_t nb, int64_t bb,
+                                                                       const int FMT, const int HAS_M, const int T,
+                                                                       int64_t K, int64_t ys) {
     const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
     const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
-    __m512 f[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 f[2][LQ_PAIR_T];
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < T; t++) f[s][t] = _mm512_setzero_ps();
     const uint8_t *blk[2] = {st[0].blk, st[1].blk};
     for (int64_t b = 0; b < nb; b++) {
         for (int s = 0; s < 2; s++) {
             const uint8_t *p = blk[s];
-            simd_prefetch_range_l2(p, (int)bb);
+            if (T <= 2) simd_prefetch_range_l2(p, (int)bb);
+            else simd_prefetch_range(p, (int)bb);
             __m512i w[8];
             if (FMT == 8) {
                 for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(p + 64 * c));
@@ -489,25 +497,29 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(lq_stream 
                     }
                 }
             }
-            const int32_t *aw = (const int32_t *)(st[s].qa + b * LQ_QK);
             const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB)));
-            __m512i acc = _mm512_setzero_si512();
-            for (int c = 0; c < 8; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32(aw[c]));
-            if (HAS_M) {
-                const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB + 32)));
-                f[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(st[s].da[b])), f[s]);
-                f[s] = _mm512_fmadd_ps(mv, _mm512_set1_ps(st[s].sa[b]), f[s]);
-            } else {
-                f[s] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(st[s].sa[b])),
-                                       _mm512_mul_ps(dv, _mm512_set1_ps(st[s].da[b])), f[s]);
+            const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB + 32))) : dv;
+            for (int t = 0; t < T; t++) {
+                const int32_t *aw = (const int32_t *)(st[s].qa + t * K + b * LQ_QK);
+                const float da = st[s].da[t * nb + b], sa = st[s].sa[t * nb + b];
+                __m512i acc = _mm512_setzero_si512();
+                for (int c = 0; c < 8; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32(aw[c]));
+                if (HAS_M) {
+                    f[s][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(da)), f[s][t]);
+                    f[s][t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa), f[s][t]);
+                } else {
+                    f[s][t] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sa)),
+                                              _mm512_mul_ps(dv, _mm512_set1_ps(da)), f[s][t]);
+                }
             }
             blk[s] = p + bb;
         }
     }
-    for (int s = 0; s < 2; s++) {
-        if (st[s].nv == LQ_G) _mm512_storeu_ps(st[s].y, f[s]);
-        else _mm512_mask_storeu_ps(st[s].y, (__mmask16)((1u << st[s].nv) - 1u), f[s]);
-    }
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < T; t++) {
+            if (st[s].nv == LQ_G) _mm512_storeu_ps(st[s].y + t * ys, f[s][t]);
+            else _mm512_mask_storeu_ps(st[s].y + t * ys, (__mmask16)((1u << st[s].nv) - 1u), f[s][t]);
+        }
 }
 #endif
 
@@ -819,12 +831,14 @@ static inline int lq_tiles_ok(const lq_packed *P, int64_t n, int portable) {
 #ifndef LQ_STEP_TILES_MIN
 /* tokens from which the fused decode step's matmuls read tile records (lq_quant_row_tile)
  * instead of row-major activations (the row-major kernel keeps a pointer per token and
- * spills: an 8-sequence SmolLM2 step's matmuls 5.8 -> 4.6 ms at 1 thread; 4 tokens in a tile
- * of 8 lose: 3.5 -> 4.1 ms) */
+ * spills: an 8-sequence SmolLM2 step's matmuls 5.8 -> 4.6 ms at 1 thread; on a Zen, 4 tokens
+ * in a tile of 8 lost: 3.5 -> 4.1 ms; on a Xeon they won, from 2 tokens: step.pyx sets
+ * lq_step_tiles_min by the CPU) */
 #define LQ_STEP_TILES_MIN 8
 #endif
+static int lq_step_tiles_min = LQ_STEP_TILES_MIN;
 static inline int lq_step_tiles_ok(const lq_packed *P, int64_t n) {
-    return LQ_VNNI && !lq_amx_on_get() && n >= LQ_STEP_TILES_MIN
+    return LQ_VNNI && !lq_amx_on_get() && n >= lq_step_tiles_min
         && (P->fmt == LQ_FMT4 || P->fmt == LQ_FMT5 || P->fmt == LQ_FMT8);
 }
 
@@ -1636,39 +1650,53 @@ static void lq_group_rows(const lq_packed *P, int64_t g, const int8_t *qa, const
     lq_group_rows_ld(P, g, qa, da, sa, n, tt, y, P->rows, portable);
 }
 
-/* Whether lq_group_pair_1 can read groups of P0 and P1 side by side (same format and
+/* Whether lq_group_pair can read groups of P0 and P1 side by side (same format and
  * columns). */
 static inline int lq_pair_ok(const lq_packed *P0, const lq_packed *P1) {
     return P0->fmt == P1->fmt && P0->has_m == P1->has_m && P0->cols == P1->cols &&
            (P0->fmt == LQ_FMT4 || P0->fmt == LQ_FMT5 || P0->fmt == LQ_FMT8);
 }
 
-/* One token: lq_group_rows_ld(n = 1) of group g0 of P0 (activations qa0/da0/sa0, outputs y0
- * with R0 the output row length) and of group g1 of P1 (lq_pair_ok), the two weight streams
- * read side by side where the AVX-512 kernels are built (lq_kernel_vnni_pair's note), else
- * one after the other. */
-static void lq_group_pair_1(const lq_packed *P0, int64_t g0, const int8_t *qa0, const float *da0, const float *sa0,
-                            float *y0, int64_t R0, const lq_packed *P1, int64_t g1, const int8_t *qa1,
-                            const float *da1, const float *sa1, float *y1, int64_t R1) {
+/* n tokens (row-major activations of row stride P0->cols, outputs of row stride ldy):
+ * lq_group_rows_ld of group g0 of P0 (activations qa0 / da0 / sa0, outputs y0, rows0 valid
+ * output rows) and of group g1 of P1 (lq_pair_ok), the two weight streams read side by side
+ * (LQ_PAIR_T tokens a pass) where the AVX-512 kernels are built (lq_kernel_vnni_pair's
+ * note), else one after the other. */
+static void lq_group_pair(const lq_packed *P0, int64_t g0, const int8_t *qa0, const float *da0, const float *sa0,
+                          float *y0, int64_t rows0, const lq_packed *P1, int64_t g1, const int8_t *qa1,
+                          const float *da1, const float *sa1, float *y1, int64_t rows1, int64_t n, int64_t ldy) {
 #if LQ_VNNI
-    const int64_t nb = P0->nb, bb = P0->blk_bytes;
-    lq_stream st[2] = {
-        {P0->data + g0 * nb * bb, qa0, da0, sa0, y0 + g0 * LQ_G, (int)(R0 - g0 * LQ_G < LQ_G ? R0 - g0 * LQ_G : LQ_G)},
-        {P1->data + g1 * nb * bb, qa1, da1, sa1, y1 + g1 * LQ_G, (int)(R1 - g1 * LQ_G < LQ_G ? R1 - g1 * LQ_G : LQ_G)},
-    };
-    if (P0->has_m) {
-        if (P0->fmt == LQ_FMT4) lq_kernel_vnni_pair(st, nb, bb, 4, 1);
-        else lq_kernel_vnni_pair(st, nb, bb, 5, 1);
-    } else if (P0->fmt == LQ_FMT4) {
-        lq_kernel_vnni_pair(st, nb, bb, 4, 0);
-    } else if (P0->fmt == LQ_FMT5) {
-        lq_kernel_vnni_pair(st, nb, bb, 5, 0);
-    } else {
-        lq_kernel_vnni_pair(st, nb, bb, 8, 0);
+    const int64_t nb = P0->nb, bb = P0->blk_bytes, K = P0->cols;
+    for (int64_t t0 = 0; t0 < n; t0 += LQ_PAIR_T) {
+        const int T = (int)(n - t0 < LQ_PAIR_T ? n - t0 : LQ_PAIR_T);
+        const lq_stream st[2] = {
+            {P0->data + g0 * nb * bb, qa0 + t0 * K, da0 + t0 * nb, sa0 + t0 * nb, y0 + t0 * ldy + g0 * LQ_G,
+             (int)(rows0 - g0 * LQ_G < LQ_G ? rows0 - g0 * LQ_G : LQ_G)},
+            {P1->data + g1 * nb * bb, qa1 + t0 * K, da1 + t0 * nb, sa1 + t0 * nb, y1 + t0 * ldy + g1 * LQ_G,
+             (int)(rows1 - g1 * LQ_G < LQ_G ? rows1 - g1 * LQ_G : LQ_G)},
+        };
+#define LQ_PAIR_CASE(FMT, HM)                                                          \
+        switch (T) {                                                                   \
+        case 1: lq_kernel_vnni_pair(st, nb, bb, FMT, HM, 1, K, ldy); break;            \
+        case 2: lq_kernel_vnni_pair(st, nb, bb, FMT, HM, 2, K, ldy); break;            \
+        case 3: lq_kernel_vnni_pair(st, nb, bb, FMT, HM, 3, K, ldy); break;            \
+        default: lq_kernel_vnni_pair(st, nb, bb, FMT, HM, 4, K, ldy); break;           \
+        }
+        if (P0->has_m) {
+            if (P0->fmt == LQ_FMT4) { LQ_PAIR_CASE(4, 1) }
+            else { LQ_PAIR_CASE(5, 1) }
+        } else if (P0->fmt == LQ_FMT4) {
+            LQ_PAIR_CASE(4, 0)
+        } else if (P0->fmt == LQ_FMT5) {
+            LQ_PAIR_CASE(5, 0)
+        } else {
+            LQ_PAIR_CASE(8, 0)
+        }
+#undef LQ_PAIR_CASE
     }
 #else
-    lq_group_rows_ld(P0, g0, qa0, da0, sa0, 1, LQ_TT, y0, R0, 0);
-    lq_group_rows_ld(P1, g1, qa1, da1, sa1, 1, LQ_TT, y1, R1, 0);
+    lq_group_rows_ld(P0, g0, qa0, da0, sa0, n, LQ_TT, y0, ldy, 0);
+    lq_group_rows_ld(P1, g1, qa1, da1, sa1, n, LQ_TT, y1, ldy, 0);
 #endif
 }
 

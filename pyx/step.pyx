@@ -93,6 +93,7 @@ cdef extern from "simd_quants.h" nogil:
     void lq_quant_row_tile(const float *x, int64_t K, int t, float moff, uint8_t *rec)
     void lq_quant_blocks_tile(const float *x, int64_t b0, int64_t m, int64_t nb, int t, float moff, uint8_t *rec)
     int lq_step_tiles_ok(const lq_packed *P, int64_t n)
+    int lq_step_tiles_min
     void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
     void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n,
                           int64_t ldy)
@@ -100,9 +101,9 @@ cdef extern from "simd_quants.h" nogil:
     void lq_group_rows_ld(const lq_packed *P, int64_t g, const int8_t *qa, const float *da, const float *sa,
                           int64_t n, int64_t tt, float *y, int64_t R, int portable)
     int lq_pair_ok(const lq_packed *P0, const lq_packed *P1)
-    void lq_group_pair_1(const lq_packed *P0, int64_t g0, const int8_t *qa0, const float *da0, const float *sa0,
-                         float *y0, int64_t R0, const lq_packed *P1, int64_t g1, const int8_t *qa1,
-                         const float *da1, const float *sa1, float *y1, int64_t R1)
+    void lq_group_pair(const lq_packed *P0, int64_t g0, const int8_t *qa0, const float *da0, const float *sa0,
+                       float *y0, int64_t rows0, const lq_packed *P1, int64_t g1, const int8_t *qa1,
+                       const float *da1, const float *sa1, float *y1, int64_t rows1, int64_t n, int64_t ldy)
 
 cdef extern from "simd_kquants.h" nogil:
     ctypedef struct kq_q8k:
@@ -119,9 +120,9 @@ cdef extern from "simd_kquants.h" nogil:
     void kq_quantize_q8k(const float *x, int64_t k, kq_q8k *y)
     void kq_rp_group(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g, const kq_act *act,
                      int64_t tok0, int64_t n, float *Y, int64_t ldy)
-    void kq_rp_group_pair_1(int t, int64_t k, const uint8_t *P0, int64_t rows0, int64_t g0, const kq_act *act0,
-                            float *Y0, const uint8_t *P1, int64_t rows1, int64_t g1, const kq_act *act1,
-                            float *Y1, int64_t tok0)
+    void kq_rp_group_pair(int t, int64_t k, const uint8_t *P0, int64_t rows0, int64_t g0, const kq_act *act0,
+                          float *Y0, const uint8_t *P1, int64_t rows1, int64_t g1, const kq_act *act1, float *Y1,
+                          int64_t tok0, int64_t n, int64_t ldy)
     void kq_matmul_rows(int t, const uint8_t *W, int64_t row_stride, int64_t r0, int64_t r1,
                         int64_t nb, const kq_q8k *A, int64_t n, float *Y, int64_t ldy)
 
@@ -146,6 +147,9 @@ cdef enum:
     # 1-2 per thread beat 4 on an idle machine), more than one lets the other threads
     # take a descheduled thread's share
     MM_CHUNKS = 2
+    # steps of fewer tokens read a matmul chunk as two weight streams (_linear_items_paired;
+    # from 8 tokens the tile records' kernels run, bound by their arithmetic)
+    PAIR_MAX_TOKENS = 8
 
 
 def _cpu_vendor():
@@ -173,6 +177,30 @@ def default_share_min(vendor=None):
     without token shares; its row phases and attention still go by half-tile row shares."""
     return 8 if (_cpu_vendor() if vendor is None else vendor) == "AuthenticAMD" else 0
 
+
+def default_tiles_min(vendor=None):
+    """The default of set_tiles_min for a CPU vendor (default: this machine's).
+
+    A step's legacy-quant matmuls read their inputs as row-major rows (a pointer per token)
+    or as 8-token tile records (one pointer; a partial tile computes its tokens rounded up to
+    2, 4 or 8). Measured (SmolLM2, 600-token contexts, 2 threads): on a Zen, 4 tokens were
+    slower in a tile (3.5 -> 4.1 ms), so tiles start at 8 tokens there; on a Xeon with AMX
+    tiles were faster from 2 tokens (2 sequences' steps 4.9 -> 4.2 ms, 3: 6.6 -> 5.7, 4:
+    8.2 -> 5.6; one token reads two weight streams side by side, which a tile does not), so
+    they start at 2 there and on other vendors' CPUs (unmeasured)."""
+    return 8 if (_cpu_vendor() if vendor is None else vendor) == "AuthenticAMD" else 2
+
+
+def set_tiles_min(int n):
+    """Steps of n tokens or more read tile records in their legacy-quant matmuls (the same
+    bits either way; benchmarks and tests). Returns the previous value."""
+    global lq_step_tiles_min
+    cdef int old = lq_step_tiles_min
+    lq_step_tiles_min = max(1, n)
+    return old
+
+
+set_tiles_min(int(os.environ.get("LLMCORE_STEP_TILES_MIN", default_tiles_min())))
 
 # a step of this many tokens or more per thread (and logits for every one) gives each
 # thread a share of the tokens (team_share_take); 0 turns shares off ($LLMCORE_STEP_SHARE_MIN
@@ -801,13 +829,14 @@ def _set_pair(bint on):
     return old
 
 
-cdef inline void _linear_items_paired(const linear_t *L, const acts_t *acts, float *y, int64_t i0,
+cdef inline void _linear_items_paired(const linear_t *L, const acts_t *acts, int64_t n, float *y, int64_t i0,
                                       int64_t i1) noexcept nogil:
-    """Items [i0, i1) of a one-token matmul, the first half's item j beside the second half's
-    item j where both are row groups of repacked weights of one format and width (one part
-    or two: lq_group_pair_1, kq_rp_group_pair_1; a core reads two weight streams faster
-    than one), else one by one (_linear_item). The same bits either way."""
-    cdef int64_t h = (i1 - i0) // 2, j, a, b, r0, r1, c
+    """Items [i0, i1) of a matmul of n row-major rows (a step of 1 to 7 tokens): the first
+    half's item j beside the second half's item j where both are row groups of repacked
+    weights of one format and width (one part or two: lq_group_pair, kq_rp_group_pair; a core
+    reads two weight streams faster than one), else one by one (_linear_item). The same bits
+    either way."""
+    cdef int64_t h = (i1 - i0) // 2, j, a, b, r0, r1, c, t
     cdef int p, q, r
     cdef const weight_t *wa
     cdef const weight_t *wb
@@ -824,22 +853,24 @@ cdef inline void _linear_items_paired(const linear_t *L, const acts_t *acts, flo
         wb = &L.part[q]
         if (wa.kind == W_LQ and wb.kind == W_LQ and acts[p].rec == NULL and acts[q].rec == NULL
                 and lq_pair_ok(&wa.lq, &wb.lq)):
-            lq_group_pair_1(&wa.lq, a - L.item0[p], acts[p].qa, acts[p].da, acts[p].sa, y + L.col0[p], wa.rows,
-                            &wb.lq, b - L.item0[q], acts[q].qa, acts[q].da, acts[q].sa, y + L.col0[q], wb.rows)
+            lq_group_pair(&wa.lq, a - L.item0[p], acts[p].qa, acts[p].da, acts[p].sa, y + L.col0[p], wa.rows,
+                          &wb.lq, b - L.item0[q], acts[q].qa, acts[q].da, acts[q].sa, y + L.col0[q], wb.rows,
+                          n, L.out_features)
         elif wa.kind == W_KQ and wb.kind == W_KQ and wa.type == wb.type and wa.cols == wb.cols:
-            kq_rp_group_pair_1(wa.type, wa.cols, wa.data, wa.rows, a - L.item0[p], &acts[p].kact, y + L.col0[p],
-                               wb.data, wb.rows, b - L.item0[q], &acts[q].kact, y + L.col0[q], 0)
+            kq_rp_group_pair(wa.type, wa.cols, wa.data, wa.rows, a - L.item0[p], &acts[p].kact, y + L.col0[p],
+                             wb.data, wb.rows, b - L.item0[q], &acts[q].kact, y + L.col0[q], 0, n, L.out_features)
         else:
-            _linear_item(L, acts, 1, y, a)
-            _linear_item(L, acts, 1, y, b)
+            _linear_item(L, acts, n, y, a)
+            _linear_item(L, acts, n, y, b)
             continue
         if L.bias != NULL:
             for r in range(2):
                 _item_rows(wa if r == 0 else wb, (a - L.item0[p]) if r == 0 else (b - L.item0[q]), &r0, &r1)
-                for c in range(r0, r1):
-                    y[L.col0[p if r == 0 else q] + c] += L.bias[L.col0[p if r == 0 else q] + c]
+                for t in range(n):
+                    for c in range(r0, r1):
+                        y[t * L.out_features + L.col0[p if r == 0 else q] + c] += L.bias[L.col0[p if r == 0 else q] + c]
     if (i1 - i0) % 2:
-        _linear_item(L, acts, 1, y, i1 - 1)
+        _linear_item(L, acts, n, y, i1 - 1)
 
 
 cdef int _items_whole_blocks(const attn_plan *pl, int Dv) noexcept nogil:
@@ -911,8 +942,8 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
         if i0 >= total:
             break
         i1 = i0 + chunk if i0 + chunk < total else total
-        if n == 1 and _pair_on:
-            _linear_items_paired(L, acts, y, i0, i1)
+        if n < PAIR_MAX_TOKENS and _pair_on:
+            _linear_items_paired(L, acts, n, y, i0, i1)
         else:
             for it in range(i0, i1):
                 _linear_item(L, acts, n, y, it)

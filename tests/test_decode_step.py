@@ -221,29 +221,37 @@ def test_barrier_sleeping_path(models):
 
 
 @pytest.mark.parametrize("name", ["legacy", "kquant", "gemma3-q8_0"])
-def test_one_token_chunks_read_as_two_streams_give_the_same_bits(models, name):
-    """A one-sequence step reads each thread's matmul chunk as two weight streams side by
-    side (its halves' row groups in lockstep, of one part or of two of one format): the
-    same logits as one group after the other, at 1, 2 and 3 threads (chunks of odd and
-    even sizes, pairs across parts, a masked last row group, biases)."""
+def test_few_token_chunks_read_as_two_streams_give_the_same_bits(models, name):
+    """A step of 1 to 7 tokens reads each thread's matmul chunk as two weight streams side by
+    side (its halves' row groups in lockstep, of one part or of two of one format, 4 tokens
+    a pass): the same logits as one group after the other, at 1, 2 and 3 threads (chunks of
+    odd and even sizes, pairs across parts, a masked last row group, biases), for decode
+    steps of 1, 3 and 7 sequences and a verify segment of 6 tokens."""
     step = _kernels.load("step")
     m = models(name)
+    V = m.n_vocab
 
-    def decode():
-        s = m.new_state()
-        m.forward([(s, rand_tokens(30, 5, m.n_vocab))])
-        out = [m.forward([(s, [(11 * k + 3) % m.n_vocab])]) for k in range(4)]
-        s.release()
+    def steps():
+        seqs = [m.new_state() for _ in range(7)]
+        for i, s in enumerate(seqs):
+            m.forward([(s, rand_tokens(20 + 3 * i, 5 + i, V))])
+        out = []
+        for k in range(2):
+            for b in (1, 3, 7):
+                out.append(m.forward([(s, [(11 * k + 3 * i + b) % V]) for i, s in enumerate(seqs[:b])]))
+        out.append(m.forward([(seqs[0], rand_tokens(6, 40, V))], n_logits=[6]))
+        for s in seqs:
+            s.release()
         return out
 
     for nt in (1, 2, 3):
         with n_threads(nt):
             old = step._set_pair(0)
             try:
-                ref = decode()
+                ref = steps()
             finally:
                 step._set_pair(old)
-            got = decode()
+            got = steps()
         for r, g in zip(ref, got):
             assert np.isfinite(g).all()
             np.testing.assert_array_equal(r, g)
@@ -298,6 +306,52 @@ def test_token_shares_by_default_on_amd_cpus_only():
         old = step.set_share_min(0)
         step.set_share_min(old)
         assert old == step.default_share_min()
+
+
+@pytest.mark.parametrize("name", ["legacy", "qwen3-q4_0"])
+def test_tile_records_from_two_tokens_give_the_same_bits(models, name):
+    """Steps of 2 to 9 tokens read tile records or row-major rows in their legacy-quant
+    matmuls by the CPU's threshold (set_tiles_min): the same logits with tiles from 2 tokens
+    (a Xeon's default) as from 8 (a Zen's), at 1 and 2 threads (partial tiles of 2, 3 and 4
+    tokens; rows split over the threads' half-tile shares)."""
+    step = _kernels.load("step")
+    m = models(name)
+    V = m.n_vocab
+
+    def steps():
+        seqs = [m.new_state() for _ in range(9)]
+        for i, s in enumerate(seqs):
+            m.forward([(s, rand_tokens(10 + 7 * i, 60 + i, V))])
+        out = [m.forward([(s, [(5 * b + i) % V]) for i, s in enumerate(seqs[:b])]) for b in (2, 3, 4, 5, 8, 9)]
+        out.append(m.forward([(seqs[1], rand_tokens(3, 80, V))], n_logits=[3]))
+        for s in seqs:
+            s.release()
+        return out
+
+    for nt in (1, 2):
+        with n_threads(nt):
+            old = step.set_tiles_min(8)
+            try:
+                ref = steps()
+                step.set_tiles_min(2)
+                got = steps()
+            finally:
+                step.set_tiles_min(old)
+        for r, g in zip(ref, got):
+            assert np.isfinite(g).all()
+            np.testing.assert_array_equal(r, g)
+
+
+def test_tile_records_from_two_tokens_by_default_on_intel_cpus():
+    """Tile records start at 8 tokens on AMD CPUs (measured slower below) and at 2 elsewhere
+    (measured faster on a Xeon); $LLMCORE_STEP_TILES_MIN overrides."""
+    step = _kernels.load("step")
+    assert step.default_tiles_min("AuthenticAMD") == 8
+    assert step.default_tiles_min("GenuineIntel") == 2
+    if "LLMCORE_STEP_TILES_MIN" not in os.environ:
+        old = step.set_tiles_min(5)
+        step.set_tiles_min(old)
+        assert old == step.default_tiles_min()
 
 
 @pytest.mark.parametrize("n_seq", [6, 8, 9])
