@@ -443,84 +443,6 @@ static void lq_group_vnni(const lq_packed *P, int64_t g, const int8_t *qa, const
     else { LQ_T_SWITCH(8, 0) }
 }
 
-/* T tokens (1 to 4), two row groups in lockstep, block by block: stream s is a group of a
- * weight (first block blk; token t's activations at qa + t * K, da / sa + t * nb; outputs
- * at y + t * ys, nv valid), the two of one format and width (groups of one weight, or of
- * two parts of a fused one), each with lq_kernel_vnni's operations in their order (the
- * same output bits).
- * Why: a one-token matvec streams its weights from memory, and one stream of reads with
- * arithmetic between them kept a core at ~0.76 of the bandwidth a plain read loop gets
- * (Xeon with AMX, Q4_1: 12.2 against 16.0 GB/s, the kernel's in-cache rate 56 GB/s: the
- * times added as if nothing overlapped; the software prefetch distance or hint did not
- * change it); two streams far apart (the two halves of a thread's chunk) reach the plain
- * read loop's rate (16.4 GB/s). */
-typedef struct {
-    const uint8_t *blk;  /* the group's first block */
-    const int8_t *qa;
-    const float *da, *sa;
-    float *y;
-    int nv;
-} lq_stream;
-
-#define LQ_PAIR_T 4  /* the most tokens of a pair pass (2 x T accumulators stay in registers) */
-
-static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(const lq_stream *st, int64_t nb, int64_t bb,
-                                                                       const int FMT, const int HAS_M, const int T,
-                                                                       int64_t K, int64_t ys) {
-    const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
-    __m512 f[2][LQ_PAIR_T];
-    for (int s = 0; s < 2; s++)
-        for (int t = 0; t < T; t++) f[s][t] = _mm512_setzero_ps();
-    const uint8_t *blk[2] = {st[0].blk, st[1].blk};
-    for (int64_t b = 0; b < nb; b++) {
-        for (int s = 0; s < 2; s++) {
-            const uint8_t *p = blk[s];
-            if (T <= 2) simd_prefetch_range_l2(p, (int)bb);
-            else simd_prefetch_range(p, (int)bb);
-            __m512i w[8];
-            if (FMT == 8) {
-                for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(p + 64 * c));
-            } else {
-                for (int c = 0; c < 4; c++) {
-                    __m512i v = _mm512_loadu_si512((const void *)(p + 64 * c));
-                    w[c] = _mm512_and_si512(v, m4);
-                    w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                }
-                if (FMT == 5) {
-                    __m512i h = _mm512_loadu_si512((const void *)(p + 256));
-                    for (int c = 0; c < 4; c++) {
-                        __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
-                        __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
-                        w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
-                        w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
-                    }
-                }
-            }
-            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB)));
-            const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB + 32))) : dv;
-            for (int t = 0; t < T; t++) {
-                const int32_t *aw = (const int32_t *)(st[s].qa + t * K + b * LQ_QK);
-                const float da = st[s].da[t * nb + b], sa = st[s].sa[t * nb + b];
-                __m512i acc = _mm512_setzero_si512();
-                for (int c = 0; c < 8; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32(aw[c]));
-                if (HAS_M) {
-                    f[s][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(da)), f[s][t]);
-                    f[s][t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa), f[s][t]);
-                } else {
-                    f[s][t] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sa)),
-                                              _mm512_mul_ps(dv, _mm512_set1_ps(da)), f[s][t]);
-                }
-            }
-            blk[s] = p + bb;
-        }
-    }
-    for (int s = 0; s < 2; s++)
-        for (int t = 0; t < T; t++) {
-            if (st[s].nv == LQ_G) _mm512_storeu_ps(st[s].y + t * ys, f[s][t]);
-            else _mm512_mask_storeu_ps(st[s].y + t * ys, (__mmask16)((1u << st[s].nv) - 1u), f[s][t]);
-        }
-}
 #endif
 
 /* ---------------------------------------------------------------- prefill: token tiles */
@@ -666,6 +588,67 @@ static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *
             w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
         }
     }
+}
+
+/* T tokens (1 to 4), two row groups in lockstep, block by block: stream s is a group of a
+ * weight (first block blk; token t's activations at qa + t * K, da / sa + t * nb; outputs
+ * at y + t * ys, nv valid), the two of one format and width (groups of one weight, or of
+ * two parts of a fused one), each with lq_kernel_vnni's operations in their order (the
+ * same output bits).
+ * Why: a one-token matvec streams its weights from memory, and one stream of reads with
+ * arithmetic between them kept a core at ~0.76 of the bandwidth a plain read loop gets
+ * (Xeon with AMX, Q4_1: 12.2 against 16.0 GB/s, the kernel's in-cache rate 56 GB/s: the
+ * times added as if nothing overlapped; the software prefetch distance or hint did not
+ * change it); two streams far apart (the two halves of a thread's chunk) reach the plain
+ * read loop's rate (16.4 GB/s). */
+typedef struct {
+    const uint8_t *blk;  /* the group's first block */
+    const int8_t *qa;
+    const float *da, *sa;
+    float *y;
+    int nv;
+} lq_stream;
+
+#define LQ_PAIR_T 4  /* the most tokens of a pair pass (2 x T accumulators stay in registers) */
+
+static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(const lq_stream *st, int64_t nb, int64_t bb,
+                                                                       const int FMT, const int HAS_M, const int T,
+                                                                       int64_t K, int64_t ys) {
+    const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
+    __m512 f[2][LQ_PAIR_T];
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < T; t++) f[s][t] = _mm512_setzero_ps();
+    const uint8_t *blk[2] = {st[0].blk, st[1].blk};
+    for (int64_t b = 0; b < nb; b++) {
+        for (int s = 0; s < 2; s++) {
+            const uint8_t *p = blk[s];
+            if (T <= 2) simd_prefetch_range_l2(p, (int)bb);
+            else simd_prefetch_range(p, (int)bb);
+            __m512i w[8];
+            lq_unpack_vnni(p, FMT, w);
+            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB)));
+            const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB + 32))) : dv;
+            for (int t = 0; t < T; t++) {
+                const int32_t *aw = (const int32_t *)(st[s].qa + t * K + b * LQ_QK);
+                const float da = st[s].da[t * nb + b], sa = st[s].sa[t * nb + b];
+                __m512i acc = _mm512_setzero_si512();
+                for (int c = 0; c < 8; c++) acc = _mm512_dpbusd_epi32(acc, w[c], _mm512_set1_epi32(aw[c]));
+                if (HAS_M) {
+                    f[s][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(da)), f[s][t]);
+                    f[s][t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa), f[s][t]);
+                } else {
+                    f[s][t] = _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sa)),
+                                              _mm512_mul_ps(dv, _mm512_set1_ps(da)), f[s][t]);
+                }
+            }
+            blk[s] = p + bb;
+        }
+    }
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < T; t++) {
+            if (st[s].nv == LQ_G) _mm512_storeu_ps(st[s].y + t * ys, f[s][t]);
+            else _mm512_mask_storeu_ps(st[s].y + t * ys, (__mmask16)((1u << st[s].nv) - 1u), f[s][t]);
+        }
 }
 
 /* The nb blocks of group g as VNNI chunks (lq_unpack_vnni's w[0..7], 512 B a block) into wu:

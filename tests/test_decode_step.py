@@ -24,16 +24,10 @@ from test_kquants import rand_blocks
 pytestmark = pytest.mark.skipif(not _kernels.ENABLED, reason="LLMCORE_NO_KERNELS=1: no fused step")
 
 
-def build_kquant_llama(path, seed: int = 0):
-    """2 llama layers 256 wide (head_dim 64, 4 heads / 2 kv heads, FFN 512) with K-quant
-    weights of random valid blocks: q/k Q4_K and v Q6_K (three projections of two types,
-    so three parts side by side), attn_output Q3_K and Q2_K (no repacked layout: the GGUF
-    layout's kernel), gate/up Q4_K, down Q5_K / Q6_K, output Q6_K; q/k/v/o biases on layer 0."""
-    rng = np.random.default_rng(seed)
-    normal, linear, norm_w = weight_makers(rng)
-    d, H, KVH, hd, F, V = 256, 4, 2, 64, 512, 256
+def llama_writer(path, name: str, d: int, H: int, KVH: int, hd: int, F: int) -> gguf.GGUFWriter:
+    """A GGUF writer for a 2-layer llama of these sizes, its metadata written."""
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama-kquant")
+    w.add_name(name)
     w.add_context_length(2048)
     w.add_embedding_length(d)
     w.add_block_count(2)
@@ -42,6 +36,18 @@ def build_kquant_llama(path, seed: int = 0):
     w.add_head_count_kv(KVH)
     w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(1e-5)
+    return w
+
+
+def build_kquant_llama(path, seed: int = 0):
+    """2 llama layers 256 wide (head_dim 64, 4 heads / 2 kv heads, FFN 512) with K-quant
+    weights of random valid blocks: q/k Q4_K and v Q6_K (three projections of two types,
+    so three parts side by side), attn_output Q3_K and Q2_K (no repacked layout: the GGUF
+    layout's kernel), gate/up Q4_K, down Q5_K / Q6_K, output Q6_K; q/k/v/o biases on layer 0."""
+    rng = np.random.default_rng(seed)
+    normal, linear, norm_w = weight_makers(rng)
+    d, H, KVH, hd, F, V = 256, 4, 2, 64, 512, 256
+    w = llama_writer(path, "tiny-llama-kquant", d, H, KVH, hd, F)
 
     def kq(name, qt, rows, cols, scale):
         bs, _ = gguf.GGML_QUANT_SIZES[qt]
@@ -76,16 +82,7 @@ def build_legacy_llama(path, seed: int = 1):
     rng = np.random.default_rng(seed)
     normal, linear, norm_w = weight_makers(rng)
     d, H, KVH, hd, F, V = 256, 4, 2, 64, 512, 264
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama-legacy")
-    w.add_context_length(2048)
-    w.add_embedding_length(d)
-    w.add_block_count(2)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(KVH)
-    w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(1e-5)
+    w = llama_writer(path, "tiny-llama-legacy", d, H, KVH, hd, F)
     add_tensor(w, "token_embd.weight", normal((V, d), 1.0), QT.Q8_0)
     add_tensor(w, "output_norm.weight", norm_w(d))
     add_tensor(w, "output.weight", linear(d, V), QT.Q4_0)
@@ -220,38 +217,65 @@ def test_barrier_sleeping_path(models):
         np.testing.assert_array_equal(r, s)
 
 
+def decode_steps(m, sizes, verify: int, seed: int):
+    """Logits of decode steps of each of `sizes` sequences (twice over), then of a verify
+    segment of `verify` tokens of the first sequence."""
+    V = m.n_vocab
+    seqs = [m.new_state() for _ in range(max(sizes))]
+    for i, s in enumerate(seqs):
+        m.forward([(s, rand_tokens(10 + 7 * i, seed + i, V))])
+    out = [m.forward([(s, [(11 * k + 3 * i + b) % V]) for i, s in enumerate(seqs[:b])])
+           for k in range(2) for b in sizes]
+    out.append(m.forward([(seqs[0], rand_tokens(verify, seed + 40, V))], n_logits=[verify]))
+    for s in seqs:
+        s.release()
+    return out
+
+
 @pytest.mark.parametrize("name", ["legacy", "kquant", "gemma3-q8_0"])
 def test_few_token_chunks_read_as_two_streams_give_the_same_bits(models, name):
-    """A step of 1 to 7 tokens reads each thread's matmul chunk as two weight streams side by
-    side (its halves' row groups in lockstep, of one part or of two of one format, 4 tokens
-    a pass): the same logits as one group after the other, at 1, 2 and 3 threads (chunks of
-    odd and even sizes, pairs across parts, a masked last row group, biases), for decode
-    steps of 1, 3 and 7 sequences and a verify segment of 6 tokens."""
+    """A step of 1 to 7 row-major tokens reads each thread's matmul chunk as two weight
+    streams side by side (its halves' row groups in lockstep, of one part or of two of one
+    format, 4 tokens a pass): the same logits as one group after the other, at 1, 2 and 3
+    threads (chunks of odd and even sizes, pairs across parts, a masked last row group,
+    biases), for decode steps of 1, 3 and 7 sequences and a verify segment of 6 tokens (row-
+    major up to 7 tokens: tile records from 8, as on AMD CPUs)."""
     step = _kernels.load("step")
     m = models(name)
-    V = m.n_vocab
+    old_tiles = step.set_tiles_min(8)
+    try:
+        for nt in (1, 2, 3):
+            with n_threads(nt):
+                old = step._set_pair(0)
+                try:
+                    ref = decode_steps(m, (1, 3, 7), 6, 5)
+                finally:
+                    step._set_pair(old)
+                got = decode_steps(m, (1, 3, 7), 6, 5)
+            for r, g in zip(ref, got):
+                assert np.isfinite(g).all()
+                np.testing.assert_array_equal(r, g)
+    finally:
+        step.set_tiles_min(old_tiles)
 
-    def steps():
-        seqs = [m.new_state() for _ in range(7)]
-        for i, s in enumerate(seqs):
-            m.forward([(s, rand_tokens(20 + 3 * i, 5 + i, V))])
-        out = []
-        for k in range(2):
-            for b in (1, 3, 7):
-                out.append(m.forward([(s, [(11 * k + 3 * i + b) % V]) for i, s in enumerate(seqs[:b])]))
-        out.append(m.forward([(seqs[0], rand_tokens(6, 40, V))], n_logits=[6]))
-        for s in seqs:
-            s.release()
-        return out
 
-    for nt in (1, 2, 3):
+@pytest.mark.parametrize("name", ["legacy", "qwen3-q4_0"])
+def test_tile_records_from_two_tokens_give_the_same_bits(models, name):
+    """Steps of 2 to 9 tokens read tile records or row-major rows in their legacy-quant
+    matmuls by the CPU's threshold (set_tiles_min): the same logits with tiles from 2 tokens
+    (a Xeon's default) as from 8 (a Zen's), at 1 and 2 threads (partial tiles of 2, 3 and 4
+    tokens; rows split over the threads' half-tile shares)."""
+    step = _kernels.load("step")
+    m = models(name)
+    for nt in (1, 2):
         with n_threads(nt):
-            old = step._set_pair(0)
+            old = step.set_tiles_min(8)
             try:
-                ref = steps()
+                ref = decode_steps(m, (2, 3, 4, 5, 8, 9), 3, 60)
+                step.set_tiles_min(2)
+                got = decode_steps(m, (2, 3, 4, 5, 8, 9), 3, 60)
             finally:
-                step._set_pair(old)
-            got = steps()
+                step.set_tiles_min(old)
         for r, g in zip(ref, got):
             assert np.isfinite(g).all()
             np.testing.assert_array_equal(r, g)
@@ -306,40 +330,6 @@ def test_token_shares_by_default_on_amd_cpus_only():
         old = step.set_share_min(0)
         step.set_share_min(old)
         assert old == step.default_share_min()
-
-
-@pytest.mark.parametrize("name", ["legacy", "qwen3-q4_0"])
-def test_tile_records_from_two_tokens_give_the_same_bits(models, name):
-    """Steps of 2 to 9 tokens read tile records or row-major rows in their legacy-quant
-    matmuls by the CPU's threshold (set_tiles_min): the same logits with tiles from 2 tokens
-    (a Xeon's default) as from 8 (a Zen's), at 1 and 2 threads (partial tiles of 2, 3 and 4
-    tokens; rows split over the threads' half-tile shares)."""
-    step = _kernels.load("step")
-    m = models(name)
-    V = m.n_vocab
-
-    def steps():
-        seqs = [m.new_state() for _ in range(9)]
-        for i, s in enumerate(seqs):
-            m.forward([(s, rand_tokens(10 + 7 * i, 60 + i, V))])
-        out = [m.forward([(s, [(5 * b + i) % V]) for i, s in enumerate(seqs[:b])]) for b in (2, 3, 4, 5, 8, 9)]
-        out.append(m.forward([(seqs[1], rand_tokens(3, 80, V))], n_logits=[3]))
-        for s in seqs:
-            s.release()
-        return out
-
-    for nt in (1, 2):
-        with n_threads(nt):
-            old = step.set_tiles_min(8)
-            try:
-                ref = steps()
-                step.set_tiles_min(2)
-                got = steps()
-            finally:
-                step.set_tiles_min(old)
-        for r, g in zip(ref, got):
-            assert np.isfinite(g).all()
-            np.testing.assert_array_equal(r, g)
 
 
 def test_tile_records_from_two_tokens_by_default_on_intel_cpus():
