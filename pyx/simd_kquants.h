@@ -1041,93 +1041,91 @@ kq_rp_tile(const int t, const int NT, const uint8_t *tile, int64_t b, const kq_q
     const int64_t tb = kq_rp_tile_bytes(t);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int six = t == KQ_Q6_K;
-    {
-        /* into L2 (simd.h): on Zen 4 from memory 0.62-0.86 of the time at 1-2 tokens, 0.51-0.76
-         * at 3-4, in cache 0.90-0.95 */
-        simd_prefetch_range_l2(tile, (int)tb);
-        const uint8_t *qs = tile + 320, *qh = tile + 2368;
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
-        __m512i isum[4];
-        const kq_q8k *ab[4];
+    /* into L2 (simd.h): on Zen 4 from memory 0.62-0.86 of the time at 1-2 tokens, 0.51-0.76
+     * at 3-4, in cache 0.90-0.95 */
+    simd_prefetch_range_l2(tile, (int)tb);
+    const uint8_t *qs = tile + 320, *qh = tile + 2368;
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+    __m512i isum[4];
+    const kq_q8k *ab[4];
+    for (int u = 0; u < NT; u++) {
+        ab[u] = A[u] + b;
+        isum[u] = _mm512_setzero_si512();
+    }
+    if (!six) { /* mins: acc -= dmin*da * sum_G mn(G,G+4) . bs32(G,G+4) */
+        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+        int32_t bp[4][4];
         for (int u = 0; u < NT; u++) {
-            ab[u] = A[u] + b;
-            isum[u] = _mm512_setzero_si512();
+            __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)ab[u]->bsums),
+                                       _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8)));
+            _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(v, _mm_srli_si128(v, 8)));
         }
-        if (!six) { /* mins: acc -= dmin*da * sum_G mn(G,G+4) . bs32(G,G+4) */
-            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
-            int32_t bp[4][4];
-            for (int u = 0; u < NT; u++) {
-                __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)ab[u]->bsums),
-                                           _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8)));
-                _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(v, _mm_srli_si128(v, 8)));
-            }
-            __m512i ms[4];
-            for (int u = 0; u < NT; u++) ms[u] = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++) {
-                const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64 + 32)));
-                for (int u = 0; u < NT; u++) ms[u] = _mm512_dpwssd_epi32(ms[u], mn, _mm512_set1_epi32(bp[u][p]));
-            }
-            for (int u = 0; u < NT; u++)
-                acc[u] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[u]), _mm512_mul_ps(dmv, _mm512_set1_ps(ab[u]->d)), acc[u]);
-        } else { /* Q6_K offset 32: isum -= 32 * sum_g sc(g,g+8) . bsum(g,g+8) */
-            int32_t bp[4][8];
-            for (int u = 0; u < NT; u++) {
-                __m128i lo = _mm_loadu_si128((const __m128i *)ab[u]->bsums);
-                __m128i hi = _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8));
-                _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(lo, hi));
-                _mm_storeu_si128((__m128i *)(bp[u] + 4), _mm_unpackhi_epi16(lo, hi));
-            }
-            for (int p = 0; p < 8; p++) {
-                const __m512i sc = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)));
-                for (int u = 0; u < NT; u++) isum[u] = _mm512_dpwssd_epi32(isum[u], sc, _mm512_set1_epi32(bp[u][p]));
-            }
-            for (int u = 0; u < NT; u++) isum[u] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[u], 5));
-        }
-        const int np = six ? 8 : 4, cpp = 32 / np;
-        for (int p = 0; p < np; p++) {
-            const __m512i sc = six
-                ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)))
-                : _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64)));
-            const __m512i sc_lo = _mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16), sc_hi = _mm512_srai_epi32(sc, 16);
-            __m512i lo[4], hi[4];
-            for (int u = 0; u < NT; u++) lo[u] = hi[u] = _mm512_setzero_si512();
-            for (int c = 0; c < cpp; c++) {
-                const int j = p * cpp + c;
-                const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
-                __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-                if (t == KQ_Q5_K) {
-                    const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
-                    const int kl = j >> 3; /* bit kl -> low part, bit kl+4 -> high part */
-                    const __m512i b4 = _mm512_set1_epi8(0x10);
-                    wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
-                    wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
-                } else if (six) {
-                    const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
-                    const __m512i b45 = _mm512_set1_epi8(0x30);
-                    /* j < 16: fields 0 (low part) and 2 (high part); else fields 1 and 3 */
-                    if (j < 16) {
-                        wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
-                        wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
-                    } else {
-                        wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
-                        wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
-                    }
-                }
-                for (int u = 0; u < NT; u++) {
-                    int32_t a0, a1;
-                    memcpy(&a0, ab[u]->qs + 4 * j, 4);
-                    memcpy(&a1, ab[u]->qs + 128 + 4 * j, 4);
-                    lo[u] = _mm512_dpbusd_epi32(lo[u], wl, _mm512_set1_epi32(a0));
-                    hi[u] = _mm512_dpbusd_epi32(hi[u], wh, _mm512_set1_epi32(a1));
-                }
-            }
-            for (int u = 0; u < NT; u++)
-                isum[u] = _mm512_add_epi32(isum[u], _mm512_add_epi32(_mm512_mullo_epi32(lo[u], sc_lo),
-                                                                     _mm512_mullo_epi32(hi[u], sc_hi)));
+        __m512i ms[4];
+        for (int u = 0; u < NT; u++) ms[u] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64 + 32)));
+            for (int u = 0; u < NT; u++) ms[u] = _mm512_dpwssd_epi32(ms[u], mn, _mm512_set1_epi32(bp[u][p]));
         }
         for (int u = 0; u < NT; u++)
-            acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[u]), _mm512_mul_ps(dv, _mm512_set1_ps(ab[u]->d)), acc[u]);
+            acc[u] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[u]), _mm512_mul_ps(dmv, _mm512_set1_ps(ab[u]->d)), acc[u]);
+    } else { /* Q6_K offset 32: isum -= 32 * sum_g sc(g,g+8) . bsum(g,g+8) */
+        int32_t bp[4][8];
+        for (int u = 0; u < NT; u++) {
+            __m128i lo = _mm_loadu_si128((const __m128i *)ab[u]->bsums);
+            __m128i hi = _mm_loadu_si128((const __m128i *)(ab[u]->bsums + 8));
+            _mm_storeu_si128((__m128i *)bp[u], _mm_unpacklo_epi16(lo, hi));
+            _mm_storeu_si128((__m128i *)(bp[u] + 4), _mm_unpackhi_epi16(lo, hi));
+        }
+        for (int p = 0; p < 8; p++) {
+            const __m512i sc = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)));
+            for (int u = 0; u < NT; u++) isum[u] = _mm512_dpwssd_epi32(isum[u], sc, _mm512_set1_epi32(bp[u][p]));
+        }
+        for (int u = 0; u < NT; u++) isum[u] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[u], 5));
     }
+    const int np = six ? 8 : 4, cpp = 32 / np;
+    for (int p = 0; p < np; p++) {
+        const __m512i sc = six
+            ? _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)))
+            : _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64)));
+        const __m512i sc_lo = _mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16), sc_hi = _mm512_srai_epi32(sc, 16);
+        __m512i lo[4], hi[4];
+        for (int u = 0; u < NT; u++) lo[u] = hi[u] = _mm512_setzero_si512();
+        for (int c = 0; c < cpp; c++) {
+            const int j = p * cpp + c;
+            const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
+            __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            if (t == KQ_Q5_K) {
+                const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
+                const int kl = j >> 3; /* bit kl -> low part, bit kl+4 -> high part */
+                const __m512i b4 = _mm512_set1_epi8(0x10);
+                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
+                wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
+            } else if (six) {
+                const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
+                const __m512i b45 = _mm512_set1_epi8(0x30);
+                /* j < 16: fields 0 (low part) and 2 (high part); else fields 1 and 3 */
+                if (j < 16) {
+                    wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
+                    wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
+                } else {
+                    wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
+                    wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
+                }
+            }
+            for (int u = 0; u < NT; u++) {
+                int32_t a0, a1;
+                memcpy(&a0, ab[u]->qs + 4 * j, 4);
+                memcpy(&a1, ab[u]->qs + 128 + 4 * j, 4);
+                lo[u] = _mm512_dpbusd_epi32(lo[u], wl, _mm512_set1_epi32(a0));
+                hi[u] = _mm512_dpbusd_epi32(hi[u], wh, _mm512_set1_epi32(a1));
+            }
+        }
+        for (int u = 0; u < NT; u++)
+            isum[u] = _mm512_add_epi32(isum[u], _mm512_add_epi32(_mm512_mullo_epi32(lo[u], sc_lo),
+                                                                 _mm512_mullo_epi32(hi[u], sc_hi)));
+    }
+    for (int u = 0; u < NT; u++)
+        acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[u]), _mm512_mul_ps(dv, _mm512_set1_ps(ab[u]->d)), acc[u]);
 }
 
 /* one 16-row group x NT tokens (NT compile-time after inlining), K-quants */

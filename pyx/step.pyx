@@ -799,30 +799,38 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
     free(abuf)
 
 
-cdef inline void _linear_item(const linear_t *L, const acts_t *acts, int64_t n, float *y, int64_t it) noexcept nogil:
-    """Work item `it` (over all parts) of y (n, out_features) = x @ W.T (+ bias)."""
+cdef inline int _part_of(const linear_t *L, int64_t it) noexcept nogil:
+    """The part of L holding work item `it` (over all parts)."""
     cdef int p = 0
-    cdef int64_t r0, r1, t, r
-    cdef const weight_t *w
-    cdef float *yp
     while it >= L.item0[p + 1]:
         p += 1
-    w = &L.part[p]
-    yp = y + L.col0[p]
-    _mm_item(w, it - L.item0[p], &acts[p], n, yp, L.out_features)
+    return p
+
+
+cdef inline void _add_bias(const linear_t *L, int p, int64_t it, int64_t n, float *y) noexcept nogil:
+    """y (n, out_features) += L's bias over the output rows of item `it` of part p."""
+    cdef int64_t r0, r1, t, r
+    cdef float *yp = y + L.col0[p]
+    _item_rows(&L.part[p], it - L.item0[p], &r0, &r1)
+    for t in range(n):
+        for r in range(r0, r1):
+            yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
+
+
+cdef inline void _linear_item(const linear_t *L, const acts_t *acts, int64_t n, float *y, int64_t it) noexcept nogil:
+    """Work item `it` (over all parts) of y (n, out_features) = x @ W.T (+ bias)."""
+    cdef int p = _part_of(L, it)
+    _mm_item(&L.part[p], it - L.item0[p], &acts[p], n, y + L.col0[p], L.out_features)
     if L.bias != NULL:
-        _item_rows(w, it - L.item0[p], &r0, &r1)
-        for t in range(n):
-            for r in range(r0, r1):
-                yp[t * L.out_features + r] += L.bias[L.col0[p] + r]
+        _add_bias(L, p, it, n, y)
 
 
-cdef bint _pair_on = 1  # A/B switch (_set_pair): one-token chunks read as two streams
+cdef bint _pair_on = 1  # A/B switch (_set_pair): few-token chunks read as two streams
 
 
 def _set_pair(bint on):
-    """Benchmarks and tests: one-token matmul chunks read as two weight streams (default) or
-    one (the same bits). Returns the previous setting."""
+    """Benchmarks and tests: matmul chunks of row-major steps (1 to 7 tokens) read as two
+    weight streams (default) or one (the same bits). Returns the previous setting."""
     global _pair_on
     cdef bint old = _pair_on
     _pair_on = on
@@ -836,19 +844,15 @@ cdef inline void _linear_items_paired(const linear_t *L, const acts_t *acts, int
     weights of one format and width (one part or two: lq_group_pair, kq_rp_group_pair; a core
     reads two weight streams faster than one), else one by one (_linear_item). The same bits
     either way."""
-    cdef int64_t h = (i1 - i0) // 2, j, a, b, r0, r1, c, t
-    cdef int p, q, r
+    cdef int64_t h = (i1 - i0) // 2, j, a, b
+    cdef int p, q
     cdef const weight_t *wa
     cdef const weight_t *wb
     for j in range(h):
         a = i0 + j
         b = i0 + h + j
-        p = 0
-        while a >= L.item0[p + 1]:
-            p += 1
-        q = p
-        while b >= L.item0[q + 1]:
-            q += 1
+        p = _part_of(L, a)
+        q = _part_of(L, b)
         wa = &L.part[p]
         wb = &L.part[q]
         if (wa.kind == W_LQ and wb.kind == W_LQ and acts[p].rec == NULL and acts[q].rec == NULL
@@ -864,11 +868,8 @@ cdef inline void _linear_items_paired(const linear_t *L, const acts_t *acts, int
             _linear_item(L, acts, n, y, b)
             continue
         if L.bias != NULL:
-            for r in range(2):
-                _item_rows(wa if r == 0 else wb, (a - L.item0[p]) if r == 0 else (b - L.item0[q]), &r0, &r1)
-                for t in range(n):
-                    for c in range(r0, r1):
-                        y[t * L.out_features + L.col0[p if r == 0 else q] + c] += L.bias[L.col0[p if r == 0 else q] + c]
+            _add_bias(L, p, a, n, y)
+            _add_bias(L, q, b, n, y)
     if (i1 - i0) % 2:
         _linear_item(L, acts, n, y, i1 - 1)
 
