@@ -28,7 +28,7 @@ import numpy as np
 from llmcore._kernels.quants import aligned_buffer
 
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from weight_rows cimport dequantize_blocks, rows_of_blocks
@@ -73,12 +73,57 @@ cdef extern from "simd_kquants.h" nogil:
     void kq_rp_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ngr,
                       const kq_act *act, int64_t tok0, int64_t n, float *Y, int64_t ldy)
     void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s)
+    int kq_ab_ok(int t, int64_t k, int64_t n)
+    int kq_ab_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ng, const uint16_t *xb,
+                     int64_t n, float *Y, int64_t ldy)
+
+cdef extern from "simd_amx_bf16.h" nogil:
+    int ab_init(int enable)
+    void ab_set_min_tokens(int n)
+    int64_t ab_steps(int64_t K)
+    size_t ab_act_bytes(int64_t n, int64_t K)
+    uint16_t *ab_act_buffer(size_t nbytes)
+    void ab_pack_act_tile(const float *x, int64_t K, int nt, uint16_t *dst)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 # AMX int8 tiles for token tiles of Q4_K / Q5_K / Q6_K: built for a CPU that has them, in use
 # when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
 # bits as the VNNI kernel's)
 AMX = bool(kq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
+# AMX-BF16 tiles for Q4_K / Q5_K / Q6_K matmuls of 128 tokens or more (prefill chunks): f32
+# sums of bf16 weights and activations, not the int8 kernels' bits (within the conformance
+# tolerances; see simd_amx_bf16.h); off with LLMCORE_NO_AMX_BF16=1 or LLMCORE_NO_AMX=1
+AMX_BF16 = bool(ab_init(os.environ.get("LLMCORE_NO_AMX") != "1" and os.environ.get("LLMCORE_NO_AMX_BF16") != "1"))
+
+
+def _set_amx_bf16(int on, int min_tokens=0):
+    """Tests and benchmarks: whether matmuls of many tokens run on AMX-BF16 tiles (on: where
+    the CPU and the kernel allow it), from min_tokens tokens (0: the default, 128). Returns
+    whether they now do."""
+    ab_set_min_tokens(min_tokens)
+    return bool(ab_init(on))
+
+
+cdef int _ab_matmul(int t, const uint8_t *pp, const float *xp, int64_t n, int64_t k, int64_t rows,
+                    int64_t ngroups, float *yp, int nt) except -1 nogil:
+    """The AMX-BF16 path of matmul: activations to bf16 tiles, then work items of two row groups."""
+    cdef int64_t ns = ab_steps(k), ntt = (n + 15) // 16, i, it, nitems = (ngroups + 1) // 2
+    cdef int failed = 0
+    cdef int *failp = &failed  # written through a pointer: an assignment in prange is lastprivate
+    cdef uint16_t *xb = ab_act_buffer(ab_act_bytes(n, k))
+    if xb == NULL:
+        with gil:
+            raise MemoryError("kquants.matmul: scratch allocation failed")
+    with parallel(num_threads=nt):  # one region: activations to bf16, barrier, row groups
+        for i in prange(ntt, schedule="static"):
+            ab_pack_act_tile(xp + i * 16 * k, k, <int>min(<int64_t>16, n - i * 16), xb + i * ns * 512)
+        for it in prange(nitems, schedule="static"):
+            if not kq_ab_groups(t, pp, k, rows, 2 * it, <int>min(<int64_t>2, ngroups - 2 * it), xb, n, yp, rows):
+                failp[0] = 1
+    if failed:
+        with gil:
+            raise MemoryError("kquants.matmul: scratch allocation failed")
+    return 0
 SUPPORTED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4})
 SIMD_LEVEL = kq_simd_name().decode()  # build-time choice: "avx512vnni", "avx2" or "c"
 # the ggml types this build repacks into 16-row tiles (VNNI: Q4_K, Q5_K, Q6_K, MXFP4; AVX2:
@@ -272,8 +317,12 @@ def matmul(Packed packed, const float[:, ::1] x, float[:, ::1] y, int n_threads)
         _matmul_gguf(packed.raw, packed.ggml_type, x, y, nt)
         return
     cdef kq_act act
-    keep = _alloc_acts(packed.ggml_type, n, k, &act)
     cdef const uint8_t[::1] pv = packed.buf
+    if kq_ab_ok(packed.ggml_type, k, n):
+        with nogil:
+            _ab_matmul(packed.ggml_type, &pv[0], &x[0, 0], n, k, rows, packed.ngroups, &y[0, 0], nt)
+        return
+    keep = _alloc_acts(packed.ggml_type, n, k, &act)
     # AMX: longer token chunks, so that a group's unpacked weights serve more 16-token tiles
     # and the weights stream once per chunk (the activations of a chunk stay in L2)
     cdef int64_t chunk = AMX_TOK_CHUNK if AMX and ptype_amx(packed.ggml_type) else TOK_CHUNK

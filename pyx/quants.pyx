@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from cython.parallel cimport parallel, prange, threadid
-from libc.stdint cimport int8_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from weight_rows cimport dequantize_blocks, rows_of_blocks
@@ -60,6 +60,20 @@ cdef extern from "simd_quants.h" nogil:
     void lq_group_tiles_glu(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *out, int64_t ldo,
                             int64_t F, lq_act_fn act)
 
+    int lq_ab_ok(const lq_packed *P, int64_t n)
+    int lq_ab_groups(const lq_packed *P, int64_t g0, int ng, const uint16_t *xb, int64_t n, float *y, int64_t R)
+    int lq_ab_glu(const lq_packed *P, int64_t g, const uint16_t *xb, int64_t n, float *out, int64_t ldo, int64_t F,
+                  lq_act_fn act)
+
+cdef extern from "simd_amx_bf16.h" nogil:
+    int ab_init(int enable)
+    void ab_set_min_tokens(int n)
+    int ab_min_tokens
+    int64_t ab_steps(int64_t K)
+    size_t ab_act_bytes(int64_t n, int64_t K)
+    uint16_t *ab_act_buffer(size_t nbytes)
+    void ab_pack_act_tile(const float *x, int64_t K, int nt, uint16_t *dst)
+
 cdef extern from "simd_activations.h" nogil:
     void act_silu_row(const float *g, const float *u, float *y, int n)
     void act_gelu_row(const float *g, const float *u, float *y, int n)
@@ -70,6 +84,45 @@ SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
 # when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
 # bits either way; see simd_quants.h)
 AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
+# AMX-BF16 tiles for matmuls of ab_min_tokens (128) tokens or more (prefill chunks): f32 sums
+# of bf16 weights and activations, not the int8 kernels' bits (within the conformance
+# tolerances; see simd_amx_bf16.h); off with LLMCORE_NO_AMX_BF16=1 or LLMCORE_NO_AMX=1
+AMX_BF16 = bool(ab_init(os.environ.get("LLMCORE_NO_AMX") != "1" and os.environ.get("LLMCORE_NO_AMX_BF16") != "1"))
+
+
+def _set_amx_bf16(int on, int min_tokens=0):
+    """Tests and benchmarks: whether matmuls of many tokens run on AMX-BF16 tiles (on: where
+    the CPU and the kernel allow it), from min_tokens tokens (0: the default, 128). Returns
+    whether they now do."""
+    ab_set_min_tokens(min_tokens)
+    return bool(ab_init(on))
+
+
+cdef int _ab_matmul(const lq_packed *P, const float *xp, int64_t n, float *yp, int64_t R, int nt,
+                    int64_t F, lq_act_fn act) except -1 nogil:
+    """The AMX-BF16 path of matmul (F == 0) and matmul_glu (F > 0: gate/up groups, out row
+    stride F): activations to bf16 tiles, then work items of two row groups (one gate/up pair)."""
+    cdef int64_t K = P.cols, ns = ab_steps(K), ntt = (n + 15) // 16, i, it, nitems
+    cdef int failed = 0
+    cdef int *failp = &failed  # written through a pointer: an assignment in prange is lastprivate
+    cdef uint16_t *xb = ab_act_buffer(ab_act_bytes(n, K))
+    if xb == NULL:
+        with gil:
+            raise MemoryError("matmul: scratch allocation failed")
+    nitems = F // LQ_G if F > 0 else (P.ngroups + 1) // 2
+    with parallel(num_threads=nt):  # one region: activations to bf16, barrier, row groups
+        for i in prange(ntt, schedule='static'):
+            ab_pack_act_tile(xp + i * 16 * K, K, <int>min(<int64_t>16, n - i * 16), xb + i * ns * 512)
+        for it in prange(nitems, schedule='static'):
+            if F > 0:
+                if not lq_ab_glu(P, it, xb, n, yp, F, F, act):
+                    failp[0] = 1
+            elif not lq_ab_groups(P, 2 * it, <int>min(<int64_t>2, P.ngroups - 2 * it), xb, n, yp, R):
+                failp[0] = 1
+    if failed:
+        with gil:
+            raise MemoryError("matmul: scratch allocation failed")
+    return 0
 
 
 def _set_amx(int on):
@@ -198,6 +251,10 @@ cdef int _matmul(Packed pk, const float[:, ::1] x, float[:, ::1] y, int n_thread
     cdef int64_t ntl, nb = P.nb, tsz
     cdef uint8_t *rec
     cdef uint8_t *tmp
+    if not portable and lq_ab_ok(P, n):
+        with nogil:
+            _ab_matmul(P, xp, n, yp, R, nt, 0, NULL)
+        return 0
     if lq_tiles_ok(P, n, portable):
         # prefill: activations as token-tile records (simd_quants.h), quantized in parallel
         ntl = (n + LQ_TT - 1) // LQ_TT
@@ -262,6 +319,10 @@ def matmul_glu(Packed packed, const float[:, ::1] x, float[:, ::1] out, int act_
     cdef const float *xp = &x[0, 0]
     cdef float *op = &out[0, 0]
     cdef float[:, ::1] gu
+    if K > 0 and F % LQ_G == 0 and lq_ab_ok(P, n):
+        with nogil:
+            _ab_matmul(P, xp, n, op, R, nt, F, act)
+        return
     if not (K > 0 and F % LQ_G == 0 and lq_tiles_ok(P, n, 0)):
         gu = np.empty((n, R), dtype=np.float32)
         _matmul(packed, x, gu, n_threads, False)

@@ -2027,6 +2027,88 @@ static void kq_rp_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64
     for (int g = 0; g < ngr; g++) kq_rp_group(t, P, k, rows, g0 + g, act, tok0, n, Y, ldy);
 }
 
+/* ---------------------------------------------------------------- AMX-BF16 (prefill) */
+/* Matmuls of ab_min_tokens tokens or more of Q4_K / Q5_K / Q6_K on a CPU with AMX-BF16: each
+ * work item dequantizes one or two row groups to bf16 B tiles (simd_amx_bf16.h) and runs
+ * every token tile on them with f32 sums over the whole row. */
+#include "simd_amx_bf16.h"
+#if AB_BUILT && SIMD_AVX512_VNNI
+/* a group's nb super-blocks (tiles at G) as bf16 B tiles, 8 steps a super-block at wb: the
+ * unpacked chunks (U: 4096 bytes of scratch) times d * sc, less dmin * mn (Q4_K / Q5_K), or
+ * d * sc * (q - 32) (Q6_K) */
+static inline __attribute__((always_inline)) void kq_ab_dequant_t(const int t, const uint8_t *G, int64_t nb,
+                                                                    uint8_t *U, uint16_t *wb) {
+    const int64_t tb = kq_rp_tile_bytes(t);
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *tile = G + b * tb;
+        kq_rp_unpack(t, tile, U);
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+        __m512 S[16], O[16];
+        if (t != KQ_Q6_K) { /* sub-blocks of 32: scale and min pairs (p, p + 4) */
+            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+            for (int p = 0; p < 4; p++) {
+                const __m512i sc = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64)));
+                const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 64 + 32)));
+                S[p] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(sc, lo16)));
+                S[p + 4] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 16)));
+                O[p] = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_and_si512(mn, lo16))));
+                O[p + 4] = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srli_epi32(mn, 16))));
+            }
+            for (int J = 0; J < 64; J++)
+                ab_chunk_to_step(_mm512_load_si512((const void *)(U + 64 * J)), J & 7, S[J >> 3], O[J >> 3],
+                                 wb + (b * 8 + (J >> 3)) * 512);
+        } else { /* sub-blocks of 16: signed scale pairs (p, p + 8) */
+            const __m512 m32 = _mm512_set1_ps(-32.f);
+            for (int p = 0; p < 8; p++) {
+                const __m512i sc = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tile + 64 + p * 32)));
+                S[p] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sc, 16), 16)));
+                S[p + 8] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_srai_epi32(sc, 16)));
+                O[p] = _mm512_mul_ps(S[p], m32);
+                O[p + 8] = _mm512_mul_ps(S[p + 8], m32);
+            }
+            for (int J = 0; J < 64; J++)
+                ab_chunk_to_step(_mm512_load_si512((const void *)(U + 64 * J)), J & 7, S[J >> 2], O[J >> 2],
+                                 wb + (b * 8 + (J >> 3)) * 512);
+        }
+    }
+}
+
+static inline int kq_ab_ok(int t, int64_t k, int64_t n) {
+    return (t == KQ_Q4_K || t == KQ_Q5_K || t == KQ_Q6_K) && k > 0 && ab_use(n);
+}
+
+/* groups g0 .. g0 + ng - 1 (ng 1 or 2) of a repacked weight P (rows x k) x the n tokens of
+ * the activation tiles xb: Y (row stride ldy) at the groups' columns. Returns 0 when the
+ * weight buffer cannot be had. */
+static int kq_ab_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ng, const uint16_t *xb,
+                        int64_t n, float *Y, int64_t ldy) {
+    const int64_t nb = k / KQ_QK, ns = k / 32, gb = kq_rp_group_bytes(t, k);
+    uint16_t *wb = ab_weight_buffer((size_t)ns * 2048 + 4096);
+    if (!wb) return 0;
+    uint8_t *U = (uint8_t *)(wb + ns * 1024);
+    for (int j = 0; j < ng; j++) {
+        const uint8_t *G = P + (g0 + j) * gb;
+        if (t == KQ_Q4_K) kq_ab_dequant_t(KQ_Q4_K, G, nb, U, wb + j * ns * 512);
+        else if (t == KQ_Q5_K) kq_ab_dequant_t(KQ_Q5_K, G, nb, U, wb + j * ns * 512);
+        else kq_ab_dequant_t(KQ_Q6_K, G, nb, U, wb + j * ns * 512);
+    }
+    const int nv0 = (int)(rows - g0 * KQ_RP < KQ_RP ? rows - g0 * KQ_RP : KQ_RP);
+    const int nv1 = ng > 1 ? (int)(rows - (g0 + 1) * KQ_RP < KQ_RP ? rows - (g0 + 1) * KQ_RP : KQ_RP) : 0;
+    ab_config();
+    ab_gemm(xb, n, ns, wb, nv0, Y + g0 * KQ_RP, ng > 1 ? wb + ns * 512 : NULL, nv1, Y + (g0 + 1) * KQ_RP, ldy);
+    _tile_release();
+    return 1;
+}
+#else
+static inline int kq_ab_ok(int t, int64_t k, int64_t n) { (void)t; (void)k; (void)n; return 0; }
+static int kq_ab_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ng, const uint16_t *xb,
+                        int64_t n, float *Y, int64_t ldy) {
+    (void)t; (void)P; (void)k; (void)rows; (void)g0; (void)ng; (void)xb; (void)n; (void)Y; (void)ldy;
+    return 0;
+}
+#endif
+
 /* q8_0 activations for MXFP4 plus the per-block sums of the int8 values */
 static void kq_quantize_q8_0_sums(const float *x, int64_t k, int8_t *qs, float *d, int32_t *s) {
     kq_quantize_q8_0(x, k, qs, d);

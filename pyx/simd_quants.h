@@ -1042,6 +1042,81 @@ static int lq_amx_on_get(void) {
 #endif
 }
 
+/* ---------------------------------------------------------------- AMX-BF16 (prefill) */
+/* Matmuls of ab_min_tokens tokens or more on a CPU with AMX-BF16: each work item dequantizes
+ * one or two row groups to bf16 B tiles and runs every token tile on them with f32 sums over
+ * the whole row (simd_amx_bf16.h: why, and what it does to the bits). */
+#include "simd_amx_bf16.h"
+#if AB_BUILT && LQ_VNNI
+/* group g's blocks as bf16 B tiles (block b = step b at wb + b * 512): d * (u + moff), or
+ * d * u + m for Q4_1 / Q5_1, from the unpacked VNNI chunks */
+static inline __attribute__((always_inline)) void lq_ab_dequant_fmt(const lq_packed *P, int64_t g, uint16_t *wb,
+                                                                      const int FMT, const int HAS_M) {
+    const int64_t nb = P->nb, bb = P->blk_bytes, QB = P->qbytes;
+    const uint8_t *blk = P->data + g * nb * bb;
+    const __m512 moff = _mm512_set1_ps(P->moff);
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        __m512i w[8];
+        lq_unpack_vnni(blk, FMT, w);
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
+        const __m512 ov = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32)))
+                                : _mm512_mul_ps(dv, moff);
+        for (int J = 0; J < 8; J++) ab_chunk_to_step(w[J], J, dv, ov, wb + b * 512);
+    }
+}
+
+static void lq_ab_dequant(const lq_packed *P, int64_t g, uint16_t *wb) {
+    if (P->has_m) {
+        if (P->fmt == LQ_FMT4) lq_ab_dequant_fmt(P, g, wb, 4, 1);
+        else lq_ab_dequant_fmt(P, g, wb, 5, 1);
+    } else if (P->fmt == LQ_FMT4) lq_ab_dequant_fmt(P, g, wb, 4, 0);
+    else if (P->fmt == LQ_FMT5) lq_ab_dequant_fmt(P, g, wb, 5, 0);
+    else lq_ab_dequant_fmt(P, g, wb, 8, 0);
+}
+
+static inline int lq_ab_ok(const lq_packed *P, int64_t n) { return P->fmt >= LQ_FMT4 && P->nb > 0 && ab_use(n); }
+
+/* Row groups g0 .. g0 + ng - 1 (ng 1 or 2) x the n tokens of the activation tiles xb: y (row
+ * stride R) at the groups' columns. Returns 0 when the weight buffer cannot be had. */
+static int lq_ab_groups(const lq_packed *P, int64_t g0, int ng, const uint16_t *xb, int64_t n, float *y, int64_t R) {
+    const int64_t nb = P->nb;
+    uint16_t *wb = ab_weight_buffer((size_t)nb * 2048);
+    if (!wb) return 0;
+    for (int j = 0; j < ng; j++) lq_ab_dequant(P, g0 + j, wb + j * nb * 512);
+    const int nv0 = (int)(P->rows - g0 * LQ_G < LQ_G ? P->rows - g0 * LQ_G : LQ_G);
+    const int nv1 = ng > 1 ? (int)(P->rows - (g0 + 1) * LQ_G < LQ_G ? P->rows - (g0 + 1) * LQ_G : LQ_G) : 0;
+    ab_config();
+    ab_gemm(xb, n, nb, wb, nv0, y + g0 * LQ_G, ng > 1 ? wb + nb * 512 : NULL, nv1, y + (g0 + 1) * LQ_G, R);
+    _tile_release();
+    return 1;
+}
+
+/* A gated FFN's gate group g and up group g + F/16 (F % 16 == 0): out = act(gate) * up */
+static int lq_ab_glu(const lq_packed *P, int64_t g, const uint16_t *xb, int64_t n, float *out, int64_t ldo, int64_t F,
+                     lq_act_fn act) {
+    const int64_t nb = P->nb;
+    uint16_t *wb = ab_weight_buffer((size_t)nb * 2048);
+    if (!wb) return 0;
+    lq_ab_dequant(P, g, wb);
+    lq_ab_dequant(P, g + F / LQ_G, wb + nb * 512);
+    ab_config();
+    ab_gemm_glu(xb, n, nb, wb, wb + nb * 512, out + g * LQ_G, ldo, act);
+    _tile_release();
+    return 1;
+}
+#else
+static inline int lq_ab_ok(const lq_packed *P, int64_t n) { (void)P; (void)n; return 0; }
+static int lq_ab_groups(const lq_packed *P, int64_t g0, int ng, const uint16_t *xb, int64_t n, float *y, int64_t R) {
+    (void)P; (void)g0; (void)ng; (void)xb; (void)n; (void)y; (void)R;
+    return 0;
+}
+static int lq_ab_glu(const lq_packed *P, int64_t g, const uint16_t *xb, int64_t n, float *out, int64_t ldo, int64_t F,
+                     lq_act_fn act) {
+    (void)P; (void)g; (void)xb; (void)n; (void)out; (void)ldo; (void)F; (void)act;
+    return 0;
+}
+#endif
+
 #if !LQ_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LQ_AVX2 1
 /* Same packed layout, 8 rows per 256-bit half; maddubs+madd instead of vpdpbusd. Each

@@ -46,3 +46,20 @@ def strict_block_refcounts(monkeypatch):
     from llmcore.cache import pool
 
     monkeypatch.setattr(pool, "STRICT_REFCOUNTS", True)
+
+
+@pytest.fixture
+def int8_matmuls():
+    """Matmuls of every token count on the int8 kernels (tests of their bits): the AMX-BF16
+    path of prefill-sized calls off for the test, then as it was."""
+    from llmcore import _kernels
+
+    mods = [_kernels.load(m) for m in ("quants", "kquants")] if _kernels.ENABLED else []
+    was = [getattr(m, "AMX_BF16", False) for m in mods]
+    for m in mods:
+        if hasattr(m, "_set_amx_bf16"):
+            m._set_amx_bf16(0)
+    yield
+    for m, on in zip(mods, was):
+        if hasattr(m, "_set_amx_bf16"):
+            m._set_amx_bf16(int(on))

@@ -278,6 +278,7 @@ RP_PARAMS = [needs_repack_of(t) for t in REPACKED]
 
 @pytest.mark.parametrize("qt", RP_PARAMS)
 @pytest.mark.parametrize("n", [1, 3, 6, 130])
+@pytest.mark.usefixtures("int8_matmuls")
 def test_repacked_matmul(qt, n):
     """Repacked == llama.cpp-quantized activations x dequantized weights, ~= the raw-layout
     kernel; rows not a multiple of 16, more tokens than one work item (64)."""
@@ -313,6 +314,7 @@ def test_repacked_threads_and_batch_invariant(qt):
 @needs_repack
 @pytest.mark.skipif(not kq.AMX, reason="the AMX tile kernel is not in use on this machine")
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.usefixtures("int8_matmuls")
 def test_amx_tiles_give_the_vnni_bits(qt):
     """Token tiles on the AMX kernel (whole and partial 16-token tiles, more than one work
     item, a masked last row group) give the VNNI kernel's bits, in matmul and matmul_grouped."""
@@ -340,6 +342,7 @@ def test_amx_tiles_give_the_vnni_bits(qt):
 
 
 @pytest.mark.parametrize("qt", [needs_repack_of(t) for t in (QT.Q4_K, QT.Q5_K, QT.Q6_K)])
+@pytest.mark.usefixtures("int8_matmuls")
 def test_unpacked_tiles_give_the_4_token_kernel_bits(qt):
     """Work items of many tokens run on unpacked super-blocks (VNNI: two 16-row groups at a
     time; AVX2: one group unpacked once):
@@ -448,3 +451,32 @@ def test_matmul_grouped_equals_per_expert(qt, repack):
             np.testing.assert_array_equal(yg[a:b], el(x[a:b], e))
     with pytest.raises(ValueError):
         kq.matmul_grouped(packs[:2], np.array([0, 1], np.int64), x[:1], np.empty((1, rows), np.float32), 1)
+
+
+@needs_repack
+@pytest.mark.skipif(not getattr(kq, "AMX_BF16", False),
+                    reason="the AMX-BF16 path is not in use here (needs AMX-BF16, Linux's tile grant)")
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_amx_bf16_matmul_is_the_float_product_within_bf16(qt):
+    """K-quant matmuls of 128 tokens or more on AMX-BF16 tiles (each sub-block's d * sc and
+    dmin * mn, Q6_K's offset): within bf16 rounding of the float64 product of the dequantized
+    weights and closer to it than the int8 kernels; a token's outputs the same bits whatever
+    the call's token count or thread count; a masked last row group, an odd group count,
+    partial token tiles."""
+    rng = np.random.default_rng(71)
+    for rows, cols, n in ((37, 768, 150), (64, 2048, 131)):
+        w = rand_weight(rng, qt, rows, cols)
+        p = kq.pack(w, int(qt))
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        ref = x.astype(np.float64) @ ref_dequant(w, qt, (rows, cols)).T.astype(np.float64)
+        y = _mm(p, x, 2)
+        err = nmse(y, ref)
+        assert err < 2e-5, err
+        try:
+            kq._set_amx_bf16(0)
+            y8 = _mm(p, x, 2)
+        finally:
+            kq._set_amx_bf16(1)
+        assert err < nmse(y8, ref)
+        np.testing.assert_array_equal(_mm(p, x, 1), y)
+        np.testing.assert_array_equal(_mm(p, x[n - 128:], 2), y[n - 128:])

@@ -447,3 +447,78 @@ def test_missing_kernel_module_is_an_error_not_a_fallback():
     with pytest.raises(_kernels.KernelsNotBuilt, match="LLMCORE_NO_KERNELS=1"):
         _kernels.load("no_such_kernel")
     assert issubclass(_kernels.KernelsNotBuilt, ImportError)
+
+
+needs_amx_bf16 = pytest.mark.skipif(
+    not getattr(kq, "AMX_BF16", False),
+    reason="the AMX-BF16 path is not in use here (needs AMX-BF16, Linux's tile grant, LLMCORE_NO_AMX_BF16 unset)")
+
+
+@needs_kernels
+@needs_amx_bf16
+@pytest.mark.parametrize("qt", QUANT_TYPES, ids=lambda t: t.name)
+def test_amx_bf16_matmul_is_the_float_product_within_bf16(qt):
+    """Matmuls of 128 tokens or more on AMX-BF16 tiles: within bf16 rounding of the float64
+    product of the dequantized weights, and closer to it than the int8 kernels (Q8 activations);
+    a token's outputs are the same bits whatever the call's token count or thread count.
+    Shapes: a masked last row group and an odd group count, partial token tiles, rows of 2
+    and of 64 blocks."""
+    for rows, cols, n in ((37, 576, 150), (48, 64, 128), (80, 2048, 301)):
+        raw = make_raw(qt, rows, cols, seed=rows)
+        pk = kq.pack(raw, int(qt))
+        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+        ref = x.astype(np.float64) @ ref_dequant(raw, qt, rows, cols).T.astype(np.float64)
+        y = np.full((n, rows), np.nan, np.float32)
+        kq.matmul(pk, x, y, 2)
+        err = nmse(y, ref)
+        assert err < 2e-5, err
+        try:
+            kq._set_amx_bf16(0)
+            y8 = np.empty_like(y)
+            kq.matmul(pk, x, y8, 2)
+        finally:
+            kq._set_amx_bf16(1)
+        assert err < nmse(y8, ref)
+        for a, b, nt in ((0, n, 1), (0, 128, 2), (n - 128, n, 2), (5, min(n, 140), 1)):
+            if b - a >= 128:
+                part = np.full((b - a, rows), np.nan, np.float32)
+                kq.matmul(pk, x[a:b], part, nt)
+                np.testing.assert_array_equal(part, y[a:b])
+
+
+@needs_kernels
+@needs_amx_bf16
+@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)
+def test_amx_bf16_matmul_glu_is_matmul_then_act_rows(qt):
+    """On AMX-BF16 tiles matmul_glu gives the bits of matmul then activations.act_rows (gate
+    group g beside up group g + F/16 in one work item), partial token tiles, both activations,
+    1 and 2 threads."""
+    act = _kernels.load("activations")
+    F, n, cols = 48, 147, 640
+    raw = make_raw(qt, 2 * F, cols, seed=3)
+    pk = kq.pack(raw, int(qt))
+    x = np.random.default_rng(4).standard_normal((n, cols)).astype(np.float32)
+    gu = np.empty((n, 2 * F), np.float32)
+    kq.matmul(pk, x, gu, 2)
+    for kind in (0, 1):
+        want = np.empty((n, F), np.float32)
+        act.act_rows(kind, gu[:, :F], gu[:, F:], want, 1)
+        for nt in (1, 2):
+            got = np.full((n, F), np.nan, np.float32)
+            kq.matmul_glu(pk, x, got, kind, nt)
+            np.testing.assert_array_equal(got, want)
+
+
+@needs_kernels
+@pytest.mark.parametrize("env", ["LLMCORE_NO_AMX_BF16", "LLMCORE_NO_AMX"])
+def test_amx_bf16_path_can_be_turned_off(env):
+    """LLMCORE_NO_AMX_BF16=1 (or LLMCORE_NO_AMX=1) keeps every matmul on the int8 kernels."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from llmcore._kernels import quants, kquants; "
+            "print(int(quants.AMX_BF16), int(kquants.AMX_BF16))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, env: "1"}).stdout.split()
+    assert out == ["0", "0"]
