@@ -47,6 +47,10 @@ cdef extern from "simd_attention.h" nogil:
     void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf)
     void attn_merge(const attn_ctx *c, int t, int h)
     int attn_set_lanes_min_rows(int n)
+    void attn_set_ab_min_rows(int n)
+
+cdef extern from "simd_amx_bf16.h" nogil:
+    int ab_init(int enable)
 
 cdef enum:
     # a sequence with at most this many query rows per kv head (query tokens x GQA group)
@@ -258,7 +262,7 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
                 for kvh in range(KVH):
                     for gc in range(n_gc):
                         it = &items[n_items]
-                        it.kind = 0
+                        it.kind = 2  # a prompt's tile (simd_attention.h: kinds)
                         it.seq = s
                         it.h0 = kvh * G + gc * Gi
                         it.h1 = kvh * G + (G if G < (gc + 1) * Gi else (gc + 1) * Gi)
@@ -349,7 +353,7 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
     free(grp_hash)
     free(mem_next)
     for i in range(n_items):
-        if items[i].kind == 0 and items[i].h0 % G == 0:
+        if items[i].kind != 1 and items[i].h0 % G == 0:
             kv_bytes += <long>(items[i].b1 - items[i].b0) * bs * (k_row + v_row)
     qsort(items, n_items, sizeof(attn_item), _cmp_cost)
     pl.partial = <float *>malloc((n_slots * H * (Dv + 2) if n_slots * H * (Dv + 2) > 1 else 1) * sizeof(float))

@@ -150,6 +150,48 @@ static inline __attribute__((always_inline)) void ab_chunk_to_step(const __m512i
              step + (2 * J + 1) * 32);
 }
 
+/* ---- attention: pairs and transposes ------------------------------------------------------- */
+/* 16 dwords, lane i = bf16(lo[i]) | bf16(hi[i]) << 16: a B tile's pair row from two rows of
+ * 16 values (two keys' values of 16 dims, or two dims of 16 query rows) */
+static inline __m512i ab_pair16(__m512 lo, __m512 hi) {
+    static const uint16_t idx[32] __attribute__((aligned(64))) = {
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    return _mm512_permutexvar_epi16(_mm512_load_si512((const void *)idx), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+/* x rounded to bf16 (nearest even), as f32 */
+static inline __m512 ab_bf16_round(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+
+/* r[i][j] <- r[j][i] (16 x 16 floats) */
+static inline __attribute__((always_inline)) void ab_tr16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
 /* ---- the tile products --------------------------------------------------------------------- */
 /* C tile -> nt tokens x nv rows of y (row stride ys floats) */
 static inline void ab_store(const int C, float *y, int64_t ys, int nt, int nv) {

@@ -32,6 +32,7 @@
 #include <limits.h>
 #include "simd.h"
 #include "simd_kv_rows.h"
+#include "simd_amx_bf16.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ATTN_AVX512 1
@@ -86,7 +87,8 @@ typedef struct {
     int k_tiled;               /* a Q4_0 K pool in 16-key tiles (simd_kv_rows.h) */
 } attn_ctx;
 
-/* kind 0: tile, 1: rows. Rows r = hi * nt + ti (nt = tok1 - tok0): token toks[tok0 + ti],
+/* kind 0: tile (decodes sharing blocks), 2: tile (a prompt's tokens: on AMX-BF16 where the CPU
+ * has it), 1: rows. Rows r = hi * nt + ti (nt = tok1 - tok0): token toks[tok0 + ti],
  * head h0 + hi, so the rows of one kv head are consecutive; a tile's heads belong to one kv
  * head, a rows item's may span several (each block is then read once, front to back).
  * Blocks [b0, b1) of sequence seq's table; chunk names the partial. */
@@ -194,12 +196,19 @@ static inline void attn_pace_rest(attn_pf_pace *pp) {
     attn_pace_step(pp);
 }
 
-/* floats of per-thread scratch an item needs */
-static inline long attn_scratch_floats(int D, int Dv, int bs) {
+/* floats of per-thread scratch an item needs: the f32 kernels', then (from attn_ab_base) the
+ * AMX-BF16 tile item's bf16 tiles */
+static inline long attn_f32_scratch_floats(int D, int Dv, int bs) {
     const long ldS = (bs + 15) & ~15;
     return (long)ATTN_MAX_ROWS * D + (long)ATTN_MAX_ROWS * Dv + (long)bs * D + (long)bs * Dv
          + ldS * ATTN_MAX_ROWS + (long)ATTN_MAX_ROWS * (16 + 4) + 64
          + (long)ATTN_MAX_ROWS * D;  /* the lanes form's Q^T */
+}
+static inline long attn_ab_base(int D, int Dv, int bs) { return (attn_f32_scratch_floats(D, Dv, bs) + 15) & ~15L; }
+static inline long attn_scratch_floats(int D, int Dv, int bs) {
+    /* high and low bf16 parts of: Q^T pair tiles (96 rows x D), K (32 keys x D), V pair
+     * tiles (32 keys x Dv), P tiles (96 rows x 32 keys); and 16 floats to align the start */
+    return attn_ab_base(D, Dv, bs) + (long)ATTN_MAX_ROWS * D + 32L * D + 32L * Dv + ATTN_MAX_ROWS * 32 + 16;
 }
 
 /* Prefetch n rows of row_bytes each, stride bytes apart (the next block of a kv head: its
@@ -2778,8 +2787,304 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     }
 }
 
+/* ---- prefill tile items on AMX-BF16 ------------------------------------------------------ */
+#if ATTN_AVX512 && AB_BUILT
+/* attn_tile_item with the scores and the P.V as bf16 tile products (f32 sums): on a CPU with
+ * AMX-BF16 a prompt's attention is tile products, not 16-lane fmas (an f32 tile item ran at
+ * ~0.85 of the fma peak, and the fmas were the whole of a long prompt's attention). The rows
+ * and their softmax are the f32 item's (st: keys x rows, rows in lanes; the same online
+ * softmax in log2 units, masks, softcap); what changes is the rounding of q, K, P and V to
+ * bf16 before their products (simd_amx_bf16.h). Per 32-key block:
+ *   scores  st^T = K Q^T:  A = 16 keys x 32 dims of K (rows as stored, converted), B = Q^T's
+ *           pairs (dims 2p, 2p+1 of 16 rows; made once per item), C = 16 keys x 16 rows;
+ *   P.V     O += P V:      A = 16 rows x 32 keys of P (st transposed, 16 x 16 at a time),
+ *           B = V's pairs (keys 2p, 2p+1 of 16 values), C = 16 rows x 16 values of O, which
+ *           stays in the item's o buffer (rescaled there by alpha when a row's max moved). */
+/* attn_tile_softmax for the AMX item, with a lazy running max: a row's reference max moves
+ * only when a block's max passes it by more than ATTN_AB_LAZY (log2 units), so most blocks
+ * leave alpha at 1 and the O rows in memory untouched (rescaling them was ~15% of an item).
+ * Any reference at or below the true max gives the same softmax (o and l are both relative
+ * to it, and attn_emit passes it on with them); the probabilities stay below 2^ATTN_AB_LAZY. */
+#define ATTN_AB_LAZY 8.0f
+static void attn_ab_softmax(float *st, int ldq, int nv, int nk, int need_mask, const int32_t *qpos, int kpos0,
+                            int window, float softcap, float *m, float *l, float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), lazy = _mm512_set1_ps(ATTN_AB_LAZY);
+    for (int v = 0; v < nv; v++) {
+        const __m512i qp = _mm512_loadu_si512((const void *)(qpos + 16 * v));
+        __m512 bm = ninf;
+        for (int j = 0; j < nk; j++) {
+            float *s = st + (long)j * ldq + 16 * v;
+            __m512 x = _mm512_loadu_ps(s);
+            if (softcap > 0.0f) x = attn_softcap16(x, softcap);
+            if (need_mask) {
+                const __m512i kp = _mm512_set1_epi32(kpos0 + j);
+                __mmask16 ok = _mm512_cmple_epi32_mask(kp, qp);
+                if (window > 0)
+                    ok &= _mm512_cmplt_epi32_mask(_mm512_sub_epi32(qp, kp), _mm512_set1_epi32(window));
+                x = _mm512_mask_blend_ps(ok, ninf, x);
+            }
+            if (softcap > 0.0f || need_mask) _mm512_storeu_ps(s, x);
+            bm = _mm512_max_ps(bm, x);
+        }
+        const __m512 mo = _mm512_loadu_ps(m + 16 * v);
+        /* move the reference only past the lazy margin (and from -inf: a row's first keys) */
+        const __mmask16 move = _mm512_cmp_ps_mask(bm, _mm512_add_ps(mo, lazy), _CMP_GT_OQ);
+        const __m512 mn = _mm512_mask_blend_ps(move, mo, bm);
+        const __m512 mu = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
+        const __m512 a = _mm512_mask_blend_ps(move, _mm512_set1_ps(1.0f), attn_exp2_16(_mm512_sub_ps(mo, mu)));
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            float *s0 = st + (long)j * ldq + 16 * v, *s1 = s0 + ldq;
+            const __m512 p0 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s0), mu));
+            const __m512 p1 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s1), mu));
+            _mm512_storeu_ps(s0, p0);
+            _mm512_storeu_ps(s1, p1);
+            sum0 = _mm512_add_ps(sum0, p0);
+            sum1 = _mm512_add_ps(sum1, p1);
+        }
+        if (j < nk) {
+            float *s0 = st + (long)j * ldq + 16 * v;
+            const __m512 p0 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s0), mu));
+            _mm512_storeu_ps(s0, p0);
+            sum0 = _mm512_add_ps(sum0, p0);
+        }
+        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, _mm512_add_ps(sum0, sum1)));
+        _mm512_storeu_ps(m + 16 * v, mn);
+        _mm512_storeu_ps(alpha + 16 * v, a);
+    }
+}
+
+static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf) {
+    const int D = c->D, Dv = c->Dv, bs = c->bs, KVH = c->KVH, kvh = it->h0 / c->G;
+    const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
+    const int nv = (R + 15) / 16, ldq = 16 * nv, ns = D / 32, ndv = Dv / 16;
+    float *qt = buf;                                  /* D x ldq */
+    float *o = qt + (long)ATTN_MAX_ROWS * D;          /* ldq x Dv */
+    float *kf = o + (long)ATTN_MAX_ROWS * Dv;         /* bs x D */
+    float *vf = kf + (long)bs * D;                    /* bs x Dv */
+    float *st = vf + (long)bs * Dv;                   /* bs x ldq */
+    float *m = st + (long)bs * ATTN_MAX_ROWS;
+    float *l = m + ATTN_MAX_ROWS, *alpha = l + ATTN_MAX_ROWS;
+    int32_t *qp = (int32_t *)(alpha + ATTN_MAX_ROWS);
+    float *ab = buf + attn_ab_base(D, Dv, bs);
+    ab += (16 - (((uintptr_t)ab >> 2) & 15)) & 15;   /* 64-byte boundary */
+    uint16_t *qb = (uint16_t *)ab;                    /* nv x ns B tiles: q's bf16 */
+    uint16_t *ql = qb + (long)ATTN_MAX_ROWS * D;      /* the same of q - bf16(q) */
+    uint16_t *kb = ql + (long)ATTN_MAX_ROWS * D;      /* 32 keys x D: k's bf16 */
+    uint16_t *kl = kb + 32L * D;                      /* k - bf16(k) */
+    uint16_t *vb = kl + 32L * D;                      /* ndv B tiles (16 key pairs x 16 values) */
+    uint16_t *vl = vb + 32L * Dv;                     /* the same of v - bf16(v) */
+    uint16_t *pa = vl + 32L * Dv;                     /* nv A tiles (16 rows x 32 keys) */
+    uint16_t *pl = pa + (long)ATTN_MAX_ROWS * 32;     /* the same of p - bf16(p) */
+    const int r16 = c->kv_type == ATTN_KV_F16;
+    const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
+    int min_qp = INT_MAX, max_qp = -1, lo_all = INT_MAX;
+    for (int r = 0; r < ldq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        if (r >= R) {  /* padding lanes: no query, every key masked */
+            qp[r] = -1;
+            continue;
+        }
+        const int t = c->toks[it->tok0 + r % nt];
+        qp[r] = c->q_pos[t];
+        min_qp = qp[r] < min_qp ? qp[r] : min_qp;
+        max_qp = qp[r] > max_qp ? qp[r] : max_qp;
+        const int lo = attn_key_lo(qp[r], c->window);
+        lo_all = lo < lo_all ? lo : lo_all;
+    }
+    attn_tile_qt(c, it, R, nt, ldq, r16, qscale, qt);
+    for (int rt = 0; rt < nv; rt++)
+        for (int s = 0; s < ns; s++)
+            for (int p = 0; p < 16; p++) {
+                const __m512 q0 = _mm512_loadu_ps(qt + (long)(32 * s + 2 * p) * ldq + 16 * rt);
+                const __m512 q1 = _mm512_loadu_ps(qt + (long)(32 * s + 2 * p + 1) * ldq + 16 * rt);
+                _mm512_store_si512((void *)(qb + ((long)rt * ns + s) * 512 + p * 32), ab_pair16(q0, q1));
+                _mm512_store_si512((void *)(ql + ((long)rt * ns + s) * 512 + p * 32),
+                                   ab_pair16(_mm512_sub_ps(q0, ab_bf16_round(q0)), _mm512_sub_ps(q1, ab_bf16_round(q1))));
+            }
+    memset(o, 0, (size_t)ldq * Dv * sizeof(float));
+    ab_config();
+    const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
+    const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    for (int b = it->b0; b < it->b1; b++) {
+        const int blk = table[b];
+        if (blk < 0) continue;  /* freed (outside every window): never read */
+        const int k0 = b * bs;
+        int jlo = lo_all - k0, jhi = max_qp - k0;
+        if (jlo < 0) jlo = 0;
+        if (jhi > bs - 1) jhi = bs - 1;
+        if (jhi < jlo) continue;
+        const int nk = jhi - jlo + 1, nkt = (nk + 15) / 16;
+        const uint8_t *kbp = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
+        const uint8_t *vbp = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
+        const float *kp, *vp;
+        long ldk, ldv;
+        if (c->kv_type == ATTN_KV_F32) {
+            kp = (const float *)(kbp + jlo * ks);
+            vp = (const float *)(vbp + jlo * vs);
+            ldk = ks / 4;
+            ldv = vs / 4;
+        } else if (c->kv_type == ATTN_KV_F16) {  /* read in place below, f16 to bf16 */
+            kp = vp = NULL;
+            ldk = ldv = 0;
+        } else {
+            if (c->k_tiled)
+                kv_tile_load_rows_q4_0(c->k + blk * c->k_bstride, jlo, jhi + 1, kvh, KVH, D / 32, kf, D);
+            else
+                attn_load_rows(kbp, ks, c->kv_type, jlo, jhi + 1, D, kf, D);
+            attn_load_rows(vbp, vs, c->kv_type, jlo, jhi + 1, Dv, vf, Dv);
+            kp = kf + (long)jlo * D;
+            vp = vf + (long)jlo * Dv;
+            ldk = D;
+            ldv = Dv;
+        }
+        attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
+        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, asked for along this one */
+            pace.k.p = c->k + table[b + 1] * c->k_bstride + (c->k_tiled ? 0 : (long)kvh * c->k_row);
+            if (c->k_tiled) pace.k.bytes = (int)ks;
+            pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
+            pace.rows = bs;
+        }
+        attn_pace_plan(&pace, 4);
+        /* K rows to bf16 (keys past nk: zeros), V to pair tiles */
+        const int f16 = c->kv_type == ATTN_KV_F16;
+        const uint16_t *kh = (const uint16_t *)(kbp + jlo * ks), *vh = (const uint16_t *)(vbp + jlo * vs);
+#define ATTN_AB_K(j, e) (f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kh + (j) * (ks / 2) + (e)))) \
+                             : _mm512_loadu_ps(kp + (j) * ldk + (e)))
+#define ATTN_AB_V(j, e) (f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vh + (j) * (vs / 2) + (e)))) \
+                             : _mm512_loadu_ps(vp + (j) * ldv + (e)))
+        for (int j = 0; j < 16 * nkt; j++)
+            for (int s = 0; s < ns; s++) {
+                __m512i w = _mm512_setzero_si512(), wl = w;
+                if (j < nk) {
+                    const __m512 a = ATTN_AB_K(j, 32 * s), b = ATTN_AB_K(j, 32 * s + 16);
+                    w = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+                    wl = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, ab_bf16_round(b)), _mm512_sub_ps(a, ab_bf16_round(a)));
+                }
+                _mm512_store_si512((void *)(kb + (long)j * D + 32 * s), w);
+                _mm512_store_si512((void *)(kl + (long)j * D + 32 * s), wl);
+            }
+        attn_pace_step(&pace);
+        for (int dt = 0; dt < ndv; dt++)
+            for (int p = 0; p < 16; p++) {
+                const __m512 v0 = 2 * p < nk ? ATTN_AB_V(2 * p, 16 * dt) : zero;
+                const __m512 v1 = 2 * p + 1 < nk ? ATTN_AB_V(2 * p + 1, 16 * dt) : zero;
+                _mm512_store_si512((void *)(vb + (long)dt * 512 + p * 32), ab_pair16(v0, v1));
+                _mm512_store_si512((void *)(vl + (long)dt * 512 + p * 32),
+                                   ab_pair16(_mm512_sub_ps(v0, ab_bf16_round(v0)), _mm512_sub_ps(v1, ab_bf16_round(v1))));
+            }
+#undef ATTN_AB_K
+#undef ATTN_AB_V
+        /* scores: st[j][r], keys x rows */
+        /* scores in three bf16 products, k q ~ kh qh + kh ql + kl qh: the high parts alone
+         * (8 bits) moved an f32 model's logits 10x further from llama.cpp's (a score's
+         * error is a probability's relative error); with the low parts a score is good to
+         * ~16 bits. One key tile x two row tiles: C 0-1, A kh / kl 2-3, B 4-7. */
+        for (int kt = 0; kt < nkt; kt++)
+            for (int rt = 0; rt < nv; rt += 2) {
+                const int tr = rt + 1 < nv;
+                _tile_zero(0);
+                if (tr) _tile_zero(1);
+                for (int s = 0; s < ns; s++) {
+                    const long o0 = ((long)rt * ns + s) * 512, o1 = o0 + (long)ns * 512;
+                    _tile_loadd(2, kb + (long)kt * 16 * D + 32 * s, 2 * D);
+                    _tile_loadd(3, kl + (long)kt * 16 * D + 32 * s, 2 * D);
+                    _tile_loadd(4, qb + o0, 64);
+                    _tile_loadd(5, ql + o0, 64);
+                    _tile_dpbf16ps(0, 2, 4);
+                    _tile_dpbf16ps(0, 2, 5);
+                    _tile_dpbf16ps(0, 3, 4);
+                    if (tr) {
+                        _tile_loadd(6, qb + o1, 64);
+                        _tile_loadd(7, ql + o1, 64);
+                        _tile_dpbf16ps(1, 2, 6);
+                        _tile_dpbf16ps(1, 2, 7);
+                        _tile_dpbf16ps(1, 3, 6);
+                    }
+                }
+                _tile_stored(0, st + (long)kt * 16 * ldq + 16 * rt, 4 * ldq);
+                if (tr) _tile_stored(1, st + (long)kt * 16 * ldq + 16 * (rt + 1), 4 * ldq);
+            }
+        attn_pace_step(&pace);
+        const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
+        attn_ab_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha);
+        attn_pace_step(&pace);
+        /* P tiles (keys past nk: zeros) and O rescaled where a row's max moved */
+        for (int rt = 0; rt < nv; rt++) {
+            __m512 t0[16], t1[16];
+            for (int j = 0; j < 16; j++) {
+                t0[j] = j < nk ? _mm512_loadu_ps(st + (long)j * ldq + 16 * rt) : zero;
+                t1[j] = 16 + j < nk ? _mm512_loadu_ps(st + (long)(16 + j) * ldq + 16 * rt) : zero;
+            }
+            ab_tr16(t0);
+            ab_tr16(t1);
+            for (int r = 0; r < 16; r++) {
+                _mm512_store_si512((void *)(pa + (long)rt * 512 + r * 32), (__m512i)_mm512_cvtne2ps_pbh(t1[r], t0[r]));
+                _mm512_store_si512((void *)(pl + (long)rt * 512 + r * 32),
+                                   (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(t1[r], ab_bf16_round(t1[r])),
+                                                                _mm512_sub_ps(t0[r], ab_bf16_round(t0[r]))));
+            }
+            const __m512 av = _mm512_loadu_ps(alpha + 16 * rt);
+            unsigned moved = _mm512_cmp_ps_mask(av, one, _CMP_NEQ_UQ);
+            while (moved) {
+                const int r = __builtin_ctz(moved);
+                moved &= moved - 1;
+                const __m512 a = _mm512_set1_ps(alpha[16 * rt + r]);
+                float *orow = o + (long)(16 * rt + r) * Dv;
+                for (int d = 0; d < Dv; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), a));
+            }
+        }
+        /* O += P V ~ ph vh + pl vh + ph vl (as the scores), O's tiles through the o buffer: one
+         * row tile x two value tiles, C 0-1, A ph / pl 2-3, B 4-7 */
+        for (int rt = 0; rt < nv; rt++) {
+            _tile_loadd(2, pa + (long)rt * 512, 64);
+            _tile_loadd(3, pl + (long)rt * 512, 64);
+            for (int dt = 0; dt < ndv; dt += 2) {
+                float *oc = o + (long)16 * rt * Dv + 16 * dt;
+                _tile_loadd(0, oc, 4 * Dv);
+                _tile_loadd(1, oc + 16, 4 * Dv);
+                _tile_loadd(4, vb + (long)dt * 512, 64);
+                _tile_loadd(5, vl + (long)dt * 512, 64);
+                _tile_loadd(6, vb + (long)(dt + 1) * 512, 64);
+                _tile_loadd(7, vl + (long)(dt + 1) * 512, 64);
+                _tile_dpbf16ps(0, 2, 4);
+                _tile_dpbf16ps(1, 2, 6);
+                _tile_dpbf16ps(0, 3, 4);
+                _tile_dpbf16ps(1, 3, 6);
+                _tile_dpbf16ps(0, 2, 5);
+                _tile_dpbf16ps(1, 2, 7);
+                _tile_stored(0, oc, 4 * Dv);
+                _tile_stored(1, oc + 16, 4 * Dv);
+            }
+        }
+        attn_pace_rest(&pace);
+    }
+    _tile_release();
+    for (int r = 0; r < R; r++)
+        attn_emit(c, c->toks[it->tok0 + r % nt], it->h0 + r / nt, o + (long)r * Dv, m[r], l[r], it->chunk);
+}
+
+/* whether a tile item runs on AMX-BF16: the build and CPU have it, a block is 32 keys, heads
+ * a whole number of tile steps, and enough rows to fill a tile's worth */
+static int attn_ab_min_rows = 16;
+static inline int attn_ab_item_ok(const attn_ctx *c, const attn_item *it) {
+    const int R = (it->tok1 - it->tok0) * (it->h1 - it->h0);
+    return ab_on && c->bs == 32 && c->D % 32 == 0 && c->Dv % 32 == 0 && R >= attn_ab_min_rows;
+}
+#else
+static int attn_ab_min_rows = 16;
+static inline int attn_ab_item_ok(const attn_ctx *c, const attn_item *it) { (void)c; (void)it; return 0; }
+static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf) { (void)c; (void)it; (void)buf; }
+#endif
+
+static inline void attn_set_ab_min_rows(int n) { attn_ab_min_rows = n > 0 ? n : 16; }
+
 static void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf) {
-    if (it->kind == 0) attn_tile_item(c, it, buf);
+    if (it->kind == 2 && attn_ab_item_ok(c, it)) attn_tile_item_ab(c, it, buf);
+    else if (it->kind != 1) attn_tile_item(c, it, buf);
     else attn_rows_item(c, it, buf);
 }
 

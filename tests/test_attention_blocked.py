@@ -240,3 +240,32 @@ def test_rows_items_in_lanes_form_get_the_rows_kernels_bits(kv_type, H, KVH, D, 
         np.testing.assert_array_equal(got[8], got[2**31 - 1], err_msg=str(kw))
         if qq is q:
             assert_close(got[8], nn._ref_attention(qq, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw))
+
+
+@pytest.mark.skipif(not getattr(_kernels.load("attention") if _kernels.ENABLED else None, "AMX_BF16", False),
+                    reason="the AMX-BF16 tile items are not in use here (needs AMX-BF16, Linux's tile grant)")
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+def test_amx_bf16_prompt_tiles_agree_with_the_f32_tiles(kv_type):
+    # on AMX-BF16 a prompt's tile items are tile products of bf16 high and low parts (scores
+    # and P.V good to ~16 bits, a lazy running max): close to the f32 tiles and the reference
+    # with a window, softcap and sinks, GQA of 3 and 8, heads of 64 and 128, a chunk that
+    # continues a cached prefix and row counts that are not whole tiles; decode rows keep
+    # their bits
+    kern = _kernels.load("attention")
+    for H, KVH, D in ((9, 3, 64), (16, 2, 128)):
+        case = build_case(kv_type, seq_lens=[150, 90, 300, 7], n_q=[150, 20, 2, 1], H=H, KVH=KVH, D=D, bs=32,
+                          seed=51)
+        seg = case[4]
+        sinks = rng(52).standard_normal(H).astype(np.float32)
+        for kw in (dict(), dict(window=40), dict(softcap=8.0, sinks=sinks)):
+            got, want = both(case, kv_type, 1.0 / np.sqrt(D), **kw)
+            try:
+                assert not kern._set_amx_bf16(0)
+                f32, _ = both(case, kv_type, 1.0 / np.sqrt(D), **kw)
+            finally:
+                kern._set_amx_bf16(1)
+            assert np.isfinite(got).all()
+            assert not np.array_equal(got[:seg[2]], f32[:seg[2]])  # the prompts took the tile products
+            np.testing.assert_allclose(got, f32, rtol=1e-3, atol=4e-5)
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=4e-5)
+            np.testing.assert_array_equal(got[seg[2]:], f32[seg[2]:])

@@ -67,7 +67,8 @@ def test_attention_gives_the_rows_bits(H, KVH, D, bs):
             assert np.isfinite(got).all()
             np.testing.assert_array_equal(got, want)
             ref = nn._ref_attention(q, kt, v_pool, "q4_0", tables, seg, q_pos, 0.3, **kw)
-            np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-5)
+            # (atol: on AMX-BF16 the prompt tiles' products are good to ~16 bits, not 24)
+            np.testing.assert_allclose(got, ref, rtol=2e-4, atol=4e-5)
 
 
 def test_a_long_decode_over_key_chunks():

@@ -67,9 +67,11 @@ def test_token_by_token_equals_full(model):
     full = model.forward([(model.new_state(), toks)], all_logits=True)
     st = model.new_state()
     steps = np.stack([model.forward([(st, [t])])[0] for t in toks])
-    # the attention kernel sums in another order for 1 query than for 40; the Q8_0
-    # activation rounding after it can flip a step (f32 qwen3 gets 1e-3 in test_models)
-    assert _rel(steps, full) < 1e-2
+    # the attention kernel sums in another order for 1 query than for 40 (on AMX-BF16 the
+    # 40 queries' tile products are good to ~16 bits, not 24); the Q8_0 activation rounding
+    # after it can flip a step (f32 qwen3 gets 1e-3 in test_models; this model 0 with the
+    # f32 tiles, 0.016 with AMX-BF16: one flipped rounding in a 64-wide random model)
+    assert _rel(steps, full) < 2.5e-2
     st2 = model.new_state()
     chunks = [model.forward([(st2, c)], all_logits=True) for c in np.split(toks, [3, 4, 33])]
     assert _rel(np.concatenate(chunks), full) < 1e-2
