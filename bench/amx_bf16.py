@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -23,6 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from kquants import best  # noqa: E402  (bench/kquants.py: min over reps)
 
 # (name, type, rows, cols): a layer's prefill matmuls
 SHAPES = [
@@ -50,13 +51,8 @@ def _weights(qt, rows, cols, rng):
 
 
 def _time(fn, reps):
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    fn()  # warm-up: buffers grown, weights in cache
+    return best(fn, reps)
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,6 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcmp, memcpy
 
-import os
-
 import numpy as np
 
 from kv_rows cimport T_F16, T_F32, T_Q4_0, T_Q4_0_TILES, T_Q8_0, kv_tiles_ok, store_slot
@@ -28,23 +26,25 @@ from simd cimport simd_alloc
 
 from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx,
                        attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free, attn_run_item,
-                       attn_scratch_floats, attn_set_ab_min_rows, attn_set_lanes_min_rows, ab_init)
+                       attn_scratch_floats, attn_set_lanes_min_rows)
+from amx_bf16 cimport ab_env_on, ab_init
 
 if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8_0, T_Q4_0):
     raise ImportError("simd_attention.h and kv_rows.pxd disagree on the KV type codes")
 
 
-# Prefill tile items (more than ROWS_MAX_QG query rows of a kv head) on AMX-BF16 tiles where the
-# CPU has them: bf16 scores and P.V with f32 sums, not the f32 kernels' bits (simd_attention.h
-# attn_tile_item_ab); off with LLMCORE_NO_AMX_BF16=1 or LLMCORE_NO_AMX=1
-AMX_BF16 = bool(ab_init(os.environ.get("LLMCORE_NO_AMX") != "1" and os.environ.get("LLMCORE_NO_AMX_BF16") != "1"))
+# A prompt's tile items (more than ROWS_MAX_QG query rows of a kv head) on AMX-BF16 tiles where
+# the CPU has them: scores and P.V as products of bf16 high and low parts (~16-bit), not the
+# f32 kernels' bits (simd_attention.h attn_tile_item_ab); off with LLMCORE_NO_AMX_BF16=1 or
+# LLMCORE_NO_AMX=1
+AMX_BF16 = bool(ab_init(ab_env_on()))
 
 
-def _set_amx_bf16(int on, int min_rows=0):
+def _set_amx_bf16(int on):
     """Tests and benchmarks: whether tile items run on AMX-BF16 (on: where the CPU and the
-    kernel allow it), from min_rows query rows (0: the default, 16). Returns whether they now do."""
-    attn_set_ab_min_rows(min_rows)
+    kernel allow it). Returns whether they now do."""
     return bool(ab_init(on))
+
 
 cdef enum:
     # a small decode (few short sequences) is not worth waking the other threads

@@ -32,6 +32,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from weight_rows cimport dequantize_blocks, rows_of_blocks
+from amx_bf16 cimport ab_act_buffer, ab_act_bytes, ab_env_on, ab_init, ab_pack_act_tile, ab_set_min_tokens, ab_steps
 
 cdef extern from "simd.h" nogil:
     int simd_pf_dist
@@ -77,14 +78,6 @@ cdef extern from "simd_kquants.h" nogil:
     int kq_ab_groups(int t, const uint8_t *P, int64_t k, int64_t rows, int64_t g0, int ng, const uint16_t *xb,
                      int64_t n, float *Y, int64_t ldy)
 
-cdef extern from "simd_amx_bf16.h" nogil:
-    int ab_init(int enable)
-    void ab_set_min_tokens(int n)
-    int64_t ab_steps(int64_t K)
-    size_t ab_act_bytes(int64_t n, int64_t K)
-    uint16_t *ab_act_buffer(size_t nbytes)
-    void ab_pack_act_tile(const float *x, int64_t K, int nt, uint16_t *dst)
-
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4 = 10, 11, 12, 13, 14, 39
 # AMX int8 tiles for token tiles of Q4_K / Q5_K / Q6_K: built for a CPU that has them, in use
 # when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
@@ -93,7 +86,7 @@ AMX = bool(kq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 # AMX-BF16 tiles for Q4_K / Q5_K / Q6_K matmuls of 128 tokens or more (prefill chunks): f32
 # sums of bf16 weights and activations, not the int8 kernels' bits (within the conformance
 # tolerances; see simd_amx_bf16.h); off with LLMCORE_NO_AMX_BF16=1 or LLMCORE_NO_AMX=1
-AMX_BF16 = bool(ab_init(os.environ.get("LLMCORE_NO_AMX") != "1" and os.environ.get("LLMCORE_NO_AMX_BF16") != "1"))
+AMX_BF16 = bool(ab_init(ab_env_on()))
 
 
 def _set_amx_bf16(int on, int min_tokens=0):

@@ -19,6 +19,7 @@ from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from weight_rows cimport dequantize_blocks, rows_of_blocks
+from amx_bf16 cimport ab_act_buffer, ab_act_bytes, ab_env_on, ab_init, ab_pack_act_tile, ab_set_min_tokens, ab_steps
 
 cdef extern from "simd.h" nogil:
     int simd_pf_dist
@@ -65,15 +66,6 @@ cdef extern from "simd_quants.h" nogil:
     int lq_ab_glu(const lq_packed *P, int64_t g, const uint16_t *xb, int64_t n, float *out, int64_t ldo, int64_t F,
                   lq_act_fn act)
 
-cdef extern from "simd_amx_bf16.h" nogil:
-    int ab_init(int enable)
-    void ab_set_min_tokens(int n)
-    int ab_min_tokens
-    int64_t ab_steps(int64_t K)
-    size_t ab_act_bytes(int64_t n, int64_t K)
-    uint16_t *ab_act_buffer(size_t nbytes)
-    void ab_pack_act_tile(const float *x, int64_t K, int nt, uint16_t *dst)
-
 cdef extern from "simd_activations.h" nogil:
     void act_silu_row(const float *g, const float *u, float *y, int n)
     void act_gelu_row(const float *g, const float *u, float *y, int n)
@@ -87,7 +79,7 @@ AMX = bool(lq_amx_init(os.environ.get("LLMCORE_NO_AMX") != "1"))
 # AMX-BF16 tiles for matmuls of ab_min_tokens (128) tokens or more (prefill chunks): f32 sums
 # of bf16 weights and activations, not the int8 kernels' bits (within the conformance
 # tolerances; see simd_amx_bf16.h); off with LLMCORE_NO_AMX_BF16=1 or LLMCORE_NO_AMX=1
-AMX_BF16 = bool(ab_init(os.environ.get("LLMCORE_NO_AMX") != "1" and os.environ.get("LLMCORE_NO_AMX_BF16") != "1"))
+AMX_BF16 = bool(ab_init(ab_env_on()))
 
 
 def _set_amx_bf16(int on, int min_tokens=0):

@@ -76,6 +76,21 @@ static inline void *simd_alloc(size_t n) {
     return aligned_alloc(64, (n + 63) & ~(size_t)63);  /* (aligned_alloc takes whole alignments) */
 }
 
+#if defined(__AMX_TILE__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Whether the CPU has AMX-TILE and the AMX feature of cpuid leaf 7 EDX bit `bit` (25: INT8,
+ * 22: BF16), and Linux grants this process the tile state (ARCH_REQ_XCOMP_PERM, process-wide;
+ * every AMX kernel family asks at its module's import) */
+static inline int simd_amx_grant(int bit) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1u) || !((d >> bit) & 1u)) return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+#endif
+
 static inline float simd_bf2f(uint16_t h) { uint32_t r = (uint32_t)h << 16; float f; memcpy(&f, &r, 4); return f; }
 
 /* unaligned little-endian reads from packed blocks */

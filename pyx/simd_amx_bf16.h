@@ -37,38 +37,30 @@ static inline size_t ab_act_bytes(int64_t n, int64_t K) {
     return (size_t)ntt * (size_t)ab_steps(K) * 1024;
 }
 
-/* a thread's buffer (64-byte aligned, grows, never shrinks) */
+/* a thread's grow-only buffer (64-byte aligned): *buf holding *cap bytes, grown to bytes */
+static inline uint16_t *ab_grow(uint8_t **buf, size_t *cap, size_t bytes) {
+    if (bytes > *cap) {
+        free(*buf);
+        *buf = (uint8_t *)simd_alloc(bytes);
+        *cap = *buf ? bytes : 0;
+    }
+    return (uint16_t *)*buf;
+}
+/* a work item's dequantized weights */
 static __thread uint8_t *ab_wbuf = NULL;
 static __thread size_t ab_wcap = 0;
-static inline uint16_t *ab_weight_buffer(size_t bytes) {
-    if (bytes > ab_wcap) {
-        free(ab_wbuf);
-        ab_wbuf = (uint8_t *)simd_alloc(bytes);
-        ab_wcap = ab_wbuf ? bytes : 0;
-    }
-    return (uint16_t *)ab_wbuf;
-}
+static inline uint16_t *ab_weight_buffer(size_t bytes) { return ab_grow(&ab_wbuf, &ab_wcap, bytes); }
 /* the calling thread's activation tiles (one per call, shared by the call's threads) */
 static __thread uint8_t *ab_abuf = NULL;
 static __thread size_t ab_acap = 0;
-static inline uint16_t *ab_act_buffer(size_t bytes) {
-    if (bytes > ab_acap) {
-        free(ab_abuf);
-        ab_abuf = (uint8_t *)simd_alloc(bytes);
-        ab_acap = ab_abuf ? bytes : 0;
-    }
-    return (uint16_t *)ab_abuf;
-}
+static inline uint16_t *ab_act_buffer(size_t bytes) { return ab_grow(&ab_abuf, &ab_acap, bytes); }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
     defined(__linux__)
 #define AB_BUILT 1
-#include <cpuid.h>
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 static int ab_on = 0;
 /* fewest tokens a matmul takes this path from: a group's weights are dequantized once per
@@ -79,13 +71,8 @@ static int ab_min_tokens = AB_MIN_TOKENS_DEFAULT;
 /* enable: 0 leaves the path off. Returns whether it is in use (the CPU has AMX-TILE and
  * AMX-BF16 and Linux grants the tile state). */
 static int ab_init(int enable) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    ab_on = 0;
-    if (!enable || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 24) & 1u) || !((d >> 22) & 1u)) return 0; /* AMX-TILE, AMX-BF16 */
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return 0;
-    ab_on = 1;
-    return 1;
+    ab_on = enable && simd_amx_grant(22); /* AMX-BF16 */
+    return ab_on;
 }
 
 static inline int ab_use(int64_t n) { return ab_on && n >= ab_min_tokens; }
@@ -150,7 +137,7 @@ static inline __attribute__((always_inline)) void ab_chunk_to_step(const __m512i
              step + (2 * J + 1) * 32);
 }
 
-/* ---- attention: pairs and transposes ------------------------------------------------------- */
+/* ---- attention: pair rows ------------------------------------------------------- */
 /* 16 dwords, lane i = bf16(lo[i]) | bf16(hi[i]) << 16: a B tile's pair row from two rows of
  * 16 values (two keys' values of 16 dims, or two dims of 16 query rows) */
 static inline __m512i ab_pair16(__m512 lo, __m512 hi) {
@@ -163,33 +150,6 @@ static inline __m512i ab_pair16(__m512 lo, __m512 hi) {
 /* x rounded to bf16 (nearest even), as f32 */
 static inline __m512 ab_bf16_round(__m512 x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
-}
-
-/* r[i][j] <- r[j][i] (16 x 16 floats) */
-static inline __attribute__((always_inline)) void ab_tr16(__m512 *r) {
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
-    }
 }
 
 /* ---- the tile products --------------------------------------------------------------------- */

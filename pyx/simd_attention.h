@@ -687,11 +687,14 @@ static void attn_tile_scores(const float *qt, int ldq, int nv, int R, const floa
 /* Scores st (nk keys at positions kpos0.., lanes r < 16*nv) -> probabilities, and the
  * online-softmax update of m, l; alpha = exp(m_old - m_new) per lane. With need_mask, keys a
  * lane does not see (kpos > qpos, or outside the window) are dropped. bmax: the lanes' max
- * score over the block from attn_tile_scores (only without mask and softcap), or NULL. */
+ * score over the block from attn_tile_scores (only without mask and softcap), or NULL.
+ * lazy > 0 (AVX-512 only: the AMX item, ATTN_AB_LAZY): m moves only when the block's max
+ * passes it by more than lazy; 0: m is the running max. */
 static void attn_tile_softmax(float *st, int ldq, int nv, int R, int nk, int need_mask, const int32_t *qpos,
                               int kpos0, int window, float softcap, float *m, float *l, float *alpha,
-                              const float *bmax) {
+                              const float *bmax, float lazy) {
     (void)R;  /* (AVX2: the 8-lane halves past the rows, not computed by the scores, skipped) */
+    (void)lazy;
 #if ATTN_AVX512
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int v = 0; v < nv; v++) {
@@ -712,10 +715,15 @@ static void attn_tile_softmax(float *st, int ldq, int nv, int R, int nk, int nee
             bm = _mm512_max_ps(bm, x);
         }
         const __m512 mo = _mm512_loadu_ps(m + 16 * v);
-        const __m512 mn = _mm512_max_ps(mo, bm);
+        __m512 mn = _mm512_max_ps(mo, bm);
+        __mmask16 moved = 0xFFFF;
+        if (lazy > 0.0f) { /* the reference moves only past the lazy margin (and from -inf) */
+            moved = _mm512_cmp_ps_mask(bm, _mm512_add_ps(mo, _mm512_set1_ps(lazy)), _CMP_GT_OQ);
+            mn = _mm512_mask_blend_ps(moved, mo, bm);
+        }
         /* a lane that has seen no key yet: p = exp(-inf) = 0 against 0 */
         const __m512 mu = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
-        const __m512 a = attn_exp2_16(_mm512_sub_ps(mo, mu));
+        const __m512 a = _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.0f), attn_exp2_16(_mm512_sub_ps(mo, mu)));
         __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
         int j = 0;
         for (; j + 2 <= nk; j += 2) {
@@ -1529,6 +1537,45 @@ static void attn_tile_qt(const attn_ctx *c, const attn_item *it, int R, int nt, 
     }
 }
 
+/* A tile item's rows: m = -inf, l = 0, qp the rows' positions (-1 for the padding lanes up
+ * to ldq, which see no key); the smallest and largest position and the first key any row sees. */
+static inline void attn_tile_rows_init(const attn_ctx *c, const attn_item *it, int R, int nt, int ldq, float *m,
+                                       float *l, int32_t *qp, int *min_qp, int *max_qp, int *lo_all) {
+    *min_qp = INT_MAX;
+    *max_qp = -1;
+    *lo_all = INT_MAX;
+    for (int r = 0; r < ldq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        if (r >= R) {  /* padding lanes: no query, every key masked */
+            qp[r] = -1;
+            continue;
+        }
+        const int t = c->toks[it->tok0 + r % nt];
+        qp[r] = c->q_pos[t];
+        *min_qp = qp[r] < *min_qp ? qp[r] : *min_qp;
+        *max_qp = qp[r] > *max_qp ? qp[r] : *max_qp;
+        const int lo = attn_key_lo(qp[r], c->window);
+        *lo_all = lo < *lo_all ? lo : *lo_all;
+    }
+}
+
+/* The next block of a tile item (after block b; none past its range or where freed), asked
+ * for along this one's P.V (tiles: the block's bytes in order, a row's worth a key: all kv
+ * heads' tiles) */
+static inline attn_pf_pace attn_tile_next_block(const attn_ctx *c, const attn_item *it, const int32_t *table, int b,
+                                                int kvh) {
+    const long ks = (long)c->KVH * c->k_row, vs = (long)c->KVH * c->v_row;
+    attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
+    if (b + 1 < it->b1 && table[b + 1] >= 0) {
+        pace.k.p = c->k + table[b + 1] * c->k_bstride + (c->k_tiled ? 0 : (long)kvh * c->k_row);
+        if (c->k_tiled) pace.k.bytes = (int)ks;
+        pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
+        pace.rows = c->bs;
+    }
+    return pace;
+}
+
 static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int D = c->D, Dv = c->Dv, bs = c->bs, KVH = c->KVH, kvh = it->h0 / c->G;
     const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
@@ -1544,21 +1591,8 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
     float *bmax = (float *)(qp + ATTN_MAX_ROWS);
     const int r16 = c->kv_type == ATTN_KV_F16;
     const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
-    int min_qp = INT_MAX, max_qp = -1, lo_all = INT_MAX;
-    for (int r = 0; r < ldq; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        if (r >= R) {  /* padding lanes: no query, every key masked */
-            qp[r] = -1;
-            continue;
-        }
-        const int t = c->toks[it->tok0 + r % nt];
-        qp[r] = c->q_pos[t];
-        min_qp = qp[r] < min_qp ? qp[r] : min_qp;
-        max_qp = qp[r] > max_qp ? qp[r] : max_qp;
-        const int lo = attn_key_lo(qp[r], c->window);
-        lo_all = lo < lo_all ? lo : lo_all;
-    }
+    int min_qp, max_qp, lo_all;
+    attn_tile_rows_init(c, it, R, nt, ldq, m, l, qp, &min_qp, &max_qp, &lo_all);
     attn_tile_qt(c, it, R, nt, ldq, r16, qscale, qt);
     memset(o, 0, (size_t)R * Dv * sizeof(float));
     const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
@@ -1594,16 +1628,9 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
         const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
         const int fold_max = !need_mask && cap <= 0.0f;
         attn_tile_scores(qt, ldq, nv, R, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
-        attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
-        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, asked for along this one's P.V */
-            /* (tiles: the block's bytes in order, a row's worth a key: all kv heads' tiles) */
-            pace.k.p = c->k + table[b + 1] * c->k_bstride + (c->k_tiled ? 0 : (long)kvh * c->k_row);
-            if (c->k_tiled) pace.k.bytes = (int)ks;
-            pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
-            pace.rows = bs;
-        }
+        attn_pf_pace pace = attn_tile_next_block(c, it, table, b, kvh);
         attn_tile_softmax(st, ldq, nv, R, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha,
-                          fold_max ? bmax : NULL);
+                          fold_max ? bmax : NULL, 0.0f);
 #if ATTN_AVX2
         if (c->kv_type == ATTN_KV_F16 && Dv % 8 == 0) {  /* V converted in the P.V loop */
             attn_tile_pv_f16(o, Dv, R, st, ldq, (const uint16_t *)(vb + jlo * vs), vs / 2, nk, alpha, &pace);
@@ -2800,61 +2827,12 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
  *   P.V     O += P V:      A = 16 rows x 32 keys of P (st transposed, 16 x 16 at a time),
  *           B = V's pairs (keys 2p, 2p+1 of 16 values), C = 16 rows x 16 values of O, which
  *           stays in the item's o buffer (rescaled there by alpha when a row's max moved). */
-/* attn_tile_softmax for the AMX item, with a lazy running max: a row's reference max moves
- * only when a block's max passes it by more than ATTN_AB_LAZY (log2 units), so most blocks
- * leave alpha at 1 and the O rows in memory untouched (rescaling them was ~15% of an item).
- * Any reference at or below the true max gives the same softmax (o and l are both relative
- * to it, and attn_emit passes it on with them); the probabilities stay below 2^ATTN_AB_LAZY. */
+/* The AMX item's running max is lazy: a row's reference moves only when a block's max passes
+ * it by more than this (log2 units), so most blocks leave alpha at 1 and the O rows in memory
+ * untouched (rescaling them was ~15% of an item). Any reference at or below the true max gives
+ * the same softmax (o and l are both relative to it, and attn_emit passes it on with them);
+ * the probabilities stay below 2^ATTN_AB_LAZY. */
 #define ATTN_AB_LAZY 8.0f
-static void attn_ab_softmax(float *st, int ldq, int nv, int nk, int need_mask, const int32_t *qpos, int kpos0,
-                            int window, float softcap, float *m, float *l, float *alpha) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), lazy = _mm512_set1_ps(ATTN_AB_LAZY);
-    for (int v = 0; v < nv; v++) {
-        const __m512i qp = _mm512_loadu_si512((const void *)(qpos + 16 * v));
-        __m512 bm = ninf;
-        for (int j = 0; j < nk; j++) {
-            float *s = st + (long)j * ldq + 16 * v;
-            __m512 x = _mm512_loadu_ps(s);
-            if (softcap > 0.0f) x = attn_softcap16(x, softcap);
-            if (need_mask) {
-                const __m512i kp = _mm512_set1_epi32(kpos0 + j);
-                __mmask16 ok = _mm512_cmple_epi32_mask(kp, qp);
-                if (window > 0)
-                    ok &= _mm512_cmplt_epi32_mask(_mm512_sub_epi32(qp, kp), _mm512_set1_epi32(window));
-                x = _mm512_mask_blend_ps(ok, ninf, x);
-            }
-            if (softcap > 0.0f || need_mask) _mm512_storeu_ps(s, x);
-            bm = _mm512_max_ps(bm, x);
-        }
-        const __m512 mo = _mm512_loadu_ps(m + 16 * v);
-        /* move the reference only past the lazy margin (and from -inf: a row's first keys) */
-        const __mmask16 move = _mm512_cmp_ps_mask(bm, _mm512_add_ps(mo, lazy), _CMP_GT_OQ);
-        const __m512 mn = _mm512_mask_blend_ps(move, mo, bm);
-        const __m512 mu = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
-        const __m512 a = _mm512_mask_blend_ps(move, _mm512_set1_ps(1.0f), attn_exp2_16(_mm512_sub_ps(mo, mu)));
-        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-        int j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            float *s0 = st + (long)j * ldq + 16 * v, *s1 = s0 + ldq;
-            const __m512 p0 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s0), mu));
-            const __m512 p1 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s1), mu));
-            _mm512_storeu_ps(s0, p0);
-            _mm512_storeu_ps(s1, p1);
-            sum0 = _mm512_add_ps(sum0, p0);
-            sum1 = _mm512_add_ps(sum1, p1);
-        }
-        if (j < nk) {
-            float *s0 = st + (long)j * ldq + 16 * v;
-            const __m512 p0 = attn_exp2_16(_mm512_sub_ps(_mm512_loadu_ps(s0), mu));
-            _mm512_storeu_ps(s0, p0);
-            sum0 = _mm512_add_ps(sum0, p0);
-        }
-        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, _mm512_add_ps(sum0, sum1)));
-        _mm512_storeu_ps(m + 16 * v, mn);
-        _mm512_storeu_ps(alpha + 16 * v, a);
-    }
-}
-
 static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf) {
     const int D = c->D, Dv = c->Dv, bs = c->bs, KVH = c->KVH, kvh = it->h0 / c->G;
     const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
@@ -2879,21 +2857,8 @@ static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf
     uint16_t *pl = pa + (long)ATTN_MAX_ROWS * 32;     /* the same of p - bf16(p) */
     const int r16 = c->kv_type == ATTN_KV_F16;
     const float qscale = c->scale * ATTN_LOG2E, cap = c->softcap * ATTN_LOG2E;  /* log2 units */
-    int min_qp = INT_MAX, max_qp = -1, lo_all = INT_MAX;
-    for (int r = 0; r < ldq; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        if (r >= R) {  /* padding lanes: no query, every key masked */
-            qp[r] = -1;
-            continue;
-        }
-        const int t = c->toks[it->tok0 + r % nt];
-        qp[r] = c->q_pos[t];
-        min_qp = qp[r] < min_qp ? qp[r] : min_qp;
-        max_qp = qp[r] > max_qp ? qp[r] : max_qp;
-        const int lo = attn_key_lo(qp[r], c->window);
-        lo_all = lo < lo_all ? lo : lo_all;
-    }
+    int min_qp, max_qp, lo_all;
+    attn_tile_rows_init(c, it, R, nt, ldq, m, l, qp, &min_qp, &max_qp, &lo_all);
     attn_tile_qt(c, it, R, nt, ldq, r16, qscale, qt);
     for (int rt = 0; rt < nv; rt++)
         for (int s = 0; s < ns; s++)
@@ -2941,13 +2906,7 @@ static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf
             ldk = D;
             ldv = Dv;
         }
-        attn_pf_pace pace = {{NULL, ks, c->k_row}, {NULL, vs, c->v_row}, 0, 0, 0};
-        if (b + 1 < it->b1 && table[b + 1] >= 0) {  /* the next block, asked for along this one */
-            pace.k.p = c->k + table[b + 1] * c->k_bstride + (c->k_tiled ? 0 : (long)kvh * c->k_row);
-            if (c->k_tiled) pace.k.bytes = (int)ks;
-            pace.v.p = c->v + table[b + 1] * c->v_bstride + (long)kvh * c->v_row;
-            pace.rows = bs;
-        }
+        attn_pf_pace pace = attn_tile_next_block(c, it, table, b, kvh);
         attn_pace_plan(&pace, 4);
         /* K rows to bf16 (keys past nk: zeros), V to pair tiles */
         const int f16 = c->kv_type == ATTN_KV_F16;
@@ -3010,7 +2969,8 @@ static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf
             }
         attn_pace_step(&pace);
         const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
-        attn_ab_softmax(st, ldq, nv, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha);
+        attn_tile_softmax(st, ldq, nv, R, nk, need_mask, qp, k0 + jlo, c->window, cap, m, l, alpha, NULL,
+                          ATTN_AB_LAZY);
         attn_pace_step(&pace);
         /* P tiles (keys past nk: zeros) and O rescaled where a row's max moved */
         for (int rt = 0; rt < nv; rt++) {
@@ -3019,8 +2979,8 @@ static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf
                 t0[j] = j < nk ? _mm512_loadu_ps(st + (long)j * ldq + 16 * rt) : zero;
                 t1[j] = 16 + j < nk ? _mm512_loadu_ps(st + (long)(16 + j) * ldq + 16 * rt) : zero;
             }
-            ab_tr16(t0);
-            ab_tr16(t1);
+            attn_transpose16(t0);
+            attn_transpose16(t1);
             for (int r = 0; r < 16; r++) {
                 _mm512_store_si512((void *)(pa + (long)rt * 512 + r * 32), (__m512i)_mm512_cvtne2ps_pbh(t1[r], t0[r]));
                 _mm512_store_si512((void *)(pl + (long)rt * 512 + r * 32),
@@ -3069,18 +3029,15 @@ static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf
 
 /* whether a tile item runs on AMX-BF16: the build and CPU have it, a block is 32 keys, heads
  * a whole number of tile steps, and enough rows to fill a tile's worth */
-static int attn_ab_min_rows = 16;
+#define ATTN_AB_MIN_ROWS 16
 static inline int attn_ab_item_ok(const attn_ctx *c, const attn_item *it) {
     const int R = (it->tok1 - it->tok0) * (it->h1 - it->h0);
-    return ab_on && c->bs == 32 && c->D % 32 == 0 && c->Dv % 32 == 0 && R >= attn_ab_min_rows;
+    return ab_on && c->bs == 32 && c->D % 32 == 0 && c->Dv % 32 == 0 && R >= ATTN_AB_MIN_ROWS;
 }
 #else
-static int attn_ab_min_rows = 16;
 static inline int attn_ab_item_ok(const attn_ctx *c, const attn_item *it) { (void)c; (void)it; return 0; }
 static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf) { (void)c; (void)it; (void)buf; }
 #endif
-
-static inline void attn_set_ab_min_rows(int n) { attn_ab_min_rows = n > 0 ? n : 16; }
 
 static void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf) {
     if (it->kind == 2 && attn_ab_item_ok(c, it)) attn_tile_item_ab(c, it, buf);

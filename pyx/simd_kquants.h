@@ -1034,12 +1034,40 @@ static void kq_rp_pack(int t, const uint8_t *W, int64_t row_stride, int64_t rows
 }
 
 #if SIMD_AVX512_VNNI
+/* nibble chunk j (0..31) of a super-block tile's quants qs (high bits qh for Q5_K / Q6_K):
+ * wl its values 4j..4j+3 of the 16 rows, wh values 128+4j.. (chunks j and j+32) */
+static inline __attribute__((always_inline)) void kq_rp_chunk(const int t, const uint8_t *qs, const uint8_t *qh,
+                                                               int j, __m512i *wl, __m512i *wh) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
+    __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+    if (t == KQ_Q5_K) {
+        const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
+        const int kl = j >> 3; /* bit kl -> low part, bit kl+4 -> high part */
+        const __m512i b4 = _mm512_set1_epi8(0x10);
+        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
+    } else if (t == KQ_Q6_K) {
+        const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
+        const __m512i b45 = _mm512_set1_epi8(0x30);
+        /* j < 16: fields 0 (low part) and 2 (high part); else fields 1 and 3 */
+        if (j < 16) {
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(h, b45));
+        } else {
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
+        }
+    }
+    *wl = lo;
+    *wh = hi;
+}
+
 /* super-block b of one 16-row group (its tile) x NT tokens (A[u]: token u's q8_K row),
  * added to acc[u] */
 static inline __attribute__((always_inline)) void
 kq_rp_tile(const int t, const int NT, const uint8_t *tile, int64_t b, const kq_q8k *const *A, __m512 *acc) {
     const int64_t tb = kq_rp_tile_bytes(t);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int six = t == KQ_Q6_K;
     /* into L2 (simd.h): on Zen 4 from memory 0.62-0.86 of the time at 1-2 tokens, 0.51-0.76
      * at 3-4, in cache 0.90-0.95 */
@@ -1092,26 +1120,8 @@ kq_rp_tile(const int t, const int NT, const uint8_t *tile, int64_t b, const kq_q
         for (int u = 0; u < NT; u++) lo[u] = hi[u] = _mm512_setzero_si512();
         for (int c = 0; c < cpp; c++) {
             const int j = p * cpp + c;
-            const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
-            __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-            if (t == KQ_Q5_K) {
-                const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
-                const int kl = j >> 3; /* bit kl -> low part, bit kl+4 -> high part */
-                const __m512i b4 = _mm512_set1_epi8(0x10);
-                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
-                wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
-            } else if (six) {
-                const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
-                const __m512i b45 = _mm512_set1_epi8(0x30);
-                /* j < 16: fields 0 (low part) and 2 (high part); else fields 1 and 3 */
-                if (j < 16) {
-                    wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
-                    wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
-                } else {
-                    wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
-                    wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
-                }
-            }
+            __m512i wl, wh;
+            kq_rp_chunk(t, qs, qh, j, &wl, &wh);
             for (int u = 0; u < NT; u++) {
                 int32_t a0, a1;
                 memcpy(&a0, ab[u]->qs + 4 * j, 4);
@@ -1446,28 +1456,10 @@ static inline int kq_u_min(int t) {
 
 /* one super-block tile's 64 chunks (4096 bytes) */
 static inline __attribute__((always_inline)) void kq_rp_unpack(const int t, const uint8_t *tile, uint8_t *U) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const uint8_t *qs = tile + 320, *qh = tile + 2368;
     for (int j = 0; j < 32; j++) {
-        const __m512i w = _mm512_loadu_si512((const void *)(qs + j * 64));
-        __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-        if (t == KQ_Q5_K) {
-            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 7) * 64));
-            const int kl = j >> 3;
-            const __m512i b4 = _mm512_set1_epi8(0x10);
-            wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - kl)), b4));
-            wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(kl)), b4));
-        } else if (t == KQ_Q6_K) {
-            const __m512i h = _mm512_loadu_si512((const void *)(qh + (j & 15) * 64));
-            const __m512i b45 = _mm512_set1_epi8(0x30);
-            if (j < 16) {
-                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
-                wh = _mm512_or_si512(wh, _mm512_and_si512(h, b45));
-            } else {
-                wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
-                wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
-            }
-        }
+        __m512i wl, wh;
+        kq_rp_chunk(t, qs, qh, j, &wl, &wh);
         _mm512_store_si512((void *)(U + j * 64), wl);
         _mm512_store_si512((void *)(U + (32 + j) * 64), wh);
     }
@@ -1650,10 +1642,7 @@ typedef struct {
 #define KQ_AMX_PAD 16
 #if SIMD_AVX512_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define KQ_AMX_BUILT 1
-#include <cpuid.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 static int kq_amx_on = 0;
 /* Fewest tokens of a tile worth the AMX kernel (below: the VNNI kernel, 4 tokens a call),
@@ -1671,13 +1660,8 @@ static inline int kq_amx_call_min(int t) {
 }
 
 static int kq_amx_init(int enable) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    kq_amx_on = 0;
-    if (!enable || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0; /* AMX-TILE, AMX-INT8 */
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return 0;
-    kq_amx_on = 1;
-    return 1;
+    kq_amx_on = enable && simd_amx_grant(25); /* AMX-INT8 */
+    return kq_amx_on;
 }
 
 typedef struct {

@@ -855,21 +855,13 @@ static void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, in
  * the CPU lacks AMX (cpuid) or LLMCORE_NO_AMX=1. */
 #if LQ_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define LQ_AMX_BUILT 1
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 static int lq_amx_on = 0;
 
 /* enable: 0 leaves AMX off. Returns whether the tile kernel is in use. */
 static int lq_amx_init(int enable) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    lq_amx_on = 0;
-    if (!enable || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return 0; /* AMX-TILE, AMX-INT8 */
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return 0;
-    lq_amx_on = 1;
-    return 1;
+    lq_amx_on = enable && simd_amx_grant(25); /* AMX-INT8 */
+    return lq_amx_on;
 }
 
 typedef struct {

@@ -54,7 +54,8 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_item, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
-                        attn_run_item, attn_scratch_floats, attn_set_ab_min_rows, attn_set_lanes_min_rows, ab_init)
+                        attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows)
+from amx_bf16 cimport ab_env_on, ab_init
 from kv_rows cimport T_Q4_0, T_Q4_0_TILES, kv_tiles_ok, store_slot
 from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
@@ -212,16 +213,16 @@ cdef long _spin_ns = int(float(os.environ.get("LLMCORE_STEP_SPIN_US", "50")) * 1
 TOKENS_MAX = MAX_TOKENS
 
 
-# Prefill tile items (more than ROWS_MAX_QG query rows of a kv head) on AMX-BF16 tiles where the
-# CPU has them: bf16 scores and P.V with f32 sums, not the f32 kernels' bits (simd_attention.h
-# attn_tile_item_ab); off with LLMCORE_NO_AMX_BF16=1 or LLMCORE_NO_AMX=1
-AMX_BF16 = bool(ab_init(os.environ.get("LLMCORE_NO_AMX") != "1" and os.environ.get("LLMCORE_NO_AMX_BF16") != "1"))
+# A prompt's tile items (more than ROWS_MAX_QG query rows of a kv head) on AMX-BF16 tiles where
+# the CPU has them: scores and P.V as products of bf16 high and low parts (~16-bit), not the
+# f32 kernels' bits (simd_attention.h attn_tile_item_ab); off with LLMCORE_NO_AMX_BF16=1 or
+# LLMCORE_NO_AMX=1
+AMX_BF16 = bool(ab_init(ab_env_on()))
 
 
-def _set_amx_bf16(int on, int min_rows=0):
+def _set_amx_bf16(int on):
     """attention._set_amx_bf16 for the fused steps' attention (tile items of short prompts).
     Returns whether tile items now run on AMX-BF16."""
-    attn_set_ab_min_rows(min_rows)
     return bool(ab_init(on))
 
 

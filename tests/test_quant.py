@@ -216,10 +216,12 @@ def test_unpacked_groups_give_the_pair_loop_bits(qt):
 def test_matmul_glu_is_matmul_then_act_rows(qt):
     """quants.matmul_glu (a gated FFN's gate/up product and activation in one kernel) gives
     the bits of matmul followed by activations.act_rows, for prefill-sized inputs (token
-    tiles, a partial last one), a few tokens (the unfused fallback), both activations, 1 and
-    2 threads; rows not a multiple of 32 and the float types take the fallback."""
+    tiles, a partial last one; from 128 tokens, on AMX-BF16 tiles where the CPU has them: gate
+    group g beside up group g + F/16 in one work item), a few tokens (the unfused fallback),
+    both activations, 1 and 2 threads; rows not a multiple of 32 and the float types take
+    the fallback."""
     act = _kernels.load("activations")
-    for F, n in ((48, 37), (48, 3), (40, 20)):
+    for F, n in ((48, 37), (48, 3), (40, 20), (48, 147)):
         raw = random_blocks(qt, 2 * F, 128, seed=F + n)
         pk = kq.pack(raw, int(qt))
         x = np.random.default_rng(n).standard_normal((n, 128)).astype(np.float32)
@@ -484,29 +486,6 @@ def test_amx_bf16_matmul_is_the_float_product_within_bf16(qt):
                 part = np.full((b - a, rows), np.nan, np.float32)
                 kq.matmul(pk, x[a:b], part, nt)
                 np.testing.assert_array_equal(part, y[a:b])
-
-
-@needs_kernels
-@needs_amx_bf16
-@pytest.mark.parametrize("qt", [QT.Q5_0, QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)
-def test_amx_bf16_matmul_glu_is_matmul_then_act_rows(qt):
-    """On AMX-BF16 tiles matmul_glu gives the bits of matmul then activations.act_rows (gate
-    group g beside up group g + F/16 in one work item), partial token tiles, both activations,
-    1 and 2 threads."""
-    act = _kernels.load("activations")
-    F, n, cols = 48, 147, 640
-    raw = make_raw(qt, 2 * F, cols, seed=3)
-    pk = kq.pack(raw, int(qt))
-    x = np.random.default_rng(4).standard_normal((n, cols)).astype(np.float32)
-    gu = np.empty((n, 2 * F), np.float32)
-    kq.matmul(pk, x, gu, 2)
-    for kind in (0, 1):
-        want = np.empty((n, F), np.float32)
-        act.act_rows(kind, gu[:, :F], gu[:, F:], want, 1)
-        for nt in (1, 2):
-            got = np.full((n, F), np.nan, np.float32)
-            kq.matmul_glu(pk, x, got, kind, nt)
-            np.testing.assert_array_equal(got, want)
 
 
 @needs_kernels
