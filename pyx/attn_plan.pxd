@@ -47,6 +47,7 @@ cdef extern from "simd_attention.h" nogil:
     void attn_run_item(const attn_ctx *c, const attn_item *it, float *buf)
     void attn_merge(const attn_ctx *c, int t, int h)
     int attn_set_lanes_min_rows(int n)
+    int attn_set_pf_spread(int on)
 
 cdef enum:
     # a sequence with at most this many query rows per kv head (query tokens x GQA group)

@@ -1256,24 +1256,12 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
     for (int jb = j0 & ~15; jb < j1; jb += 16) {
         const int a = j0 > jb ? j0 - jb : 0, z = j1 - jb < 16 ? j1 - jb : 16;
         const __mmask16 live = (__mmask16)(((1u << z) - 1u) & ~((1u << a) - 1u));
-        if (T == ATTN_KV_Q4_0T)
-            for (int u = a; u < z; u++) attn_pf_tile_row(pf, jb + u);
-        else
-            for (int u = a; u < z; u++) attn_pf_row(pf, jb + u);
-        /* (tiles: the group's tile; rows: its first row) */
-        const uint8_t *kg = T == ATTN_KV_Q4_0T ? k + (long)(jb >> 4) * ldk : k + (long)jb * ldk;
+        for (int u = a; u < z; u++) attn_pf_row(pf, jb + u);
+        const uint8_t *kg = k + (long)jb * ldk;  /* the group's first row */
         for (int p = 0; 2 * p < nb; p++) {
             const int two = 2 * p + 1 < nb;
             __m512 t[16];
-            if (T == ATTN_KV_Q4_0T) {
-                /* stored as the transposition below leaves them: dword d of every key */
-                const uint8_t *pk = kg + 32 * nb + 512 * p;
-                for (int d = 0; d < 8; d++) {
-                    const __m512i wd = d < 4 || two ? _mm512_loadu_si512((const void *)(pk + 64 * d)) : _mm512_setzero_si512();
-                    t[d] = _mm512_castsi512_ps(_mm512_and_si512(wd, lowbits));
-                    t[d + 8] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_srli_epi32(wd, 4), lowbits));
-                }
-            } else if (T == ATTN_KV_Q4_0) {
+            if (T == ATTN_KV_Q4_0) {
                 /* packed bytes first (32 a key: 8 x 8 transposes in 256-bit halves), the nibbles
                  * after: vector u holds keys k and k + 4 (k = u, u + 4 from u = 4), so that
                  * the halves' 128-bit quarters come out in key order */
@@ -1332,19 +1320,12 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
             }
             attn_transpose16(t);
             }
-            /* the blocks' f16 scales of the 16 keys (tiles: a vector; rows: the low half of a
-             * 32-bit gather) */
-            __m512 dkA, dkB;
-            if (T == ATTN_KV_Q4_0T) {
-                dkA = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p)));
-                dkB = two ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p + 32))) : _mm512_setzero_ps();
-            } else {
-                dkA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-                    _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offs, kg + (long)(2 * p) * bb, 1)));
-                dkB = two ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
-                                _mm512_setzero_si512(), live, offs, kg + (long)(2 * p + 1) * bb, 1)))
-                          : _mm512_setzero_ps();
-            }
+            /* the blocks' f16 scales of the 16 keys (the low half of a 32-bit gather) */
+            const __m512 dkA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offs, kg + (long)(2 * p) * bb, 1)));
+            const __m512 dkB = two ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
+                                         _mm512_setzero_si512(), live, offs, kg + (long)(2 * p + 1) * bb, 1)))
+                                   : _mm512_setzero_ps();
             for (int r = 0; r < R; r++) {
                 const int8_t *qr = qb + (long)r * qstride + 64 * p;
                 /* a0, a1: block 2p; b0, b1: block 2p + 1 (two chains each) */
@@ -1381,12 +1362,94 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
 }
 #endif
 
+#if ATTN_AVX512
+/* a 32-bit word at p (a q row's four bytes), read so that gcc broadcasts it from memory (a
+ * load) and not through a general register (a load and a port-5 uop each) */
+typedef int32_t attn_i32u __attribute__((may_alias, aligned(1)));
+#define ATTN_BCAST32(p) _mm512_set1_epi32(*(const attn_i32u *)(p))
+
+/* attn_rows_scores_q8_t's numbers for a tiled Q4_0 K and RB <= 4 rows: each 16-key group's 8
+ * vectors of nibbles loaded once and split as they are used, two chains a block and row
+ * (integer sums: any split gives the same ones), the float epilogue in its order. The t[16]
+ * form kept the group's 16 key vectors live beside the rows' chains: gcc spilled them and
+ * moved q through general registers, and the scores ran at ~1/3 of their dot products' rate
+ * (decode attention in L2, SmolLM2's heads). */
+static inline __attribute__((always_inline)) void attn_q4t_scores_rb(
+        const int RB, const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int nb, const uint8_t *kg,
+        int p, __mmask16 live, float *s, int ldS) {
+    const __m512i lowbits = _mm512_set1_epi8(0x0F);
+    const int two = 2 * p + 1 < nb;
+    const uint8_t *pk = kg + 32 * nb + 512 * p;
+    __m512i A[4][2], B[4][2];
+    for (int r = 0; r < RB; r++)
+        for (int c = 0; c < 2; c++) A[r][c] = B[r][c] = _mm512_setzero_si512();
+    /* vector d < 8 of the tile: nibbles of lane dword d (t[d]: low, t[d + 8]: high); t[l] for
+     * l in 0-3 and 8-11 sums block 2p, 4-7 and 12-15 block 2p + 1, chain l & 1 */
+#pragma GCC unroll 8
+    for (int d = 0; d < 8; d++) {
+        if (d >= 4 && !two) break;
+        const __m512i wd = _mm512_loadu_si512((const void *)(pk + 64 * d));
+        const __m512i lo = _mm512_and_si512(wd, lowbits), hi = _mm512_and_si512(_mm512_srli_epi32(wd, 4), lowbits);
+        for (int r = 0; r < RB; r++) {
+            const int8_t *qr = qb + (long)r * qstride + 64 * p;
+            if (d < 4) {
+                A[r][d & 1] = attn_dpbusd(A[r][d & 1], lo, ATTN_BCAST32(qr + 4 * d));
+                A[r][d & 1] = attn_dpbusd(A[r][d & 1], hi, ATTN_BCAST32(qr + 4 * (d + 8)));
+            } else {
+                B[r][d & 1] = attn_dpbusd(B[r][d & 1], lo, ATTN_BCAST32(qr + 4 * d));
+                B[r][d & 1] = attn_dpbusd(B[r][d & 1], hi, ATTN_BCAST32(qr + 4 * (d + 8)));
+            }
+        }
+    }
+    const __m512 dkA = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p)));
+    const __m512 dkB = two ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p + 32))) : _mm512_setzero_ps();
+    for (int r = 0; r < RB; r++) {
+        const float *dqr = dq + (long)r * nb + 2 * p;
+        const int32_t *cr = corr + (long)r * nb + 2 * p;
+        const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(A[r][0], A[r][1]), _mm512_set1_epi32(cr[0])));
+        const __m512 kqA = _mm512_mul_ps(dkA, _mm512_set1_ps(dqr[0]));
+        float *sr = s + (long)r * ldS;
+        __m512 sv = p == 0 ? _mm512_mul_ps(iA, kqA) : _mm512_fmadd_ps(iA, kqA, _mm512_loadu_ps(sr));
+        if (two) {
+            const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(B[r][0], B[r][1]), _mm512_set1_epi32(cr[1])));
+            sv = _mm512_fmadd_ps(iB, _mm512_mul_ps(dkB, _mm512_set1_ps(dqr[1])), sv);
+        }
+        _mm512_storeu_ps(sr, _mm512_maskz_mov_ps(live, sv));
+    }
+}
+
+/* attn_rows_scores_q8 for a tiled Q4_0 K (ATTN_KV_Q4_0T) */
+static void attn_rows_scores_q4t(const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D,
+                                 const uint8_t *k, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
+    const int nb = D / 32;
+    for (int jb = j0 & ~15; jb < j1; jb += 16) {
+        const int a = j0 > jb ? j0 - jb : 0, z = j1 - jb < 16 ? j1 - jb : 16;
+        const __mmask16 live = (__mmask16)(((1u << z) - 1u) & ~((1u << a) - 1u));
+        for (int u = a; u < z; u++) attn_pf_tile_row(pf, jb + u);
+        const uint8_t *kg = k + (long)(jb >> 4) * ldk;
+        for (int p = 0; 2 * p < nb; p++)
+            for (int r = 0; r < R; r += 4) {
+                const int8_t *qr = qb + (long)r * qstride;
+                const float *dqr = dq + (long)r * nb;
+                const int32_t *cr = corr + (long)r * nb;
+                float *sr = s + (long)r * ldS + jb;
+                switch (R - r) {
+                    case 1: attn_q4t_scores_rb(1, qr, qstride, dqr, cr, nb, kg, p, live, sr, ldS); break;
+                    case 2: attn_q4t_scores_rb(2, qr, qstride, dqr, cr, nb, kg, p, live, sr, ldS); break;
+                    case 3: attn_q4t_scores_rb(3, qr, qstride, dqr, cr, nb, kg, p, live, sr, ldS); break;
+                    default: attn_q4t_scores_rb(4, qr, qstride, dqr, cr, nb, kg, p, live, sr, ldS); break;
+                }
+            }
+    }
+}
+#endif
+
 static void attn_rows_scores_q8(const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D,
                                 const uint8_t *k, int T, long ldk, int j0, int j1, float *s, int ldS,
                                 const attn_pf *pf) {
 #if ATTN_AVX512
     if (T == ATTN_KV_Q4_0T)
-        attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q4_0T, ldk, j0, j1, s, ldS, pf);
+        attn_rows_scores_q4t(qb, qstride, dq, corr, R, D, k, ldk, j0, j1, s, ldS, pf);
     else if (T == ATTN_KV_Q4_0)
         attn_rows_scores_q8_t(qb, qstride, dq, corr, R, D, k, ATTN_KV_Q4_0, ldk, j0, j1, s, ldS, pf);
     else
@@ -2479,6 +2542,8 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #else
 #define ATTN_ROWS_IN_PLACE 4
 #endif
+static int attn_pf_spread = 1;
+static inline int attn_set_pf_spread(int on) { const int old = attn_pf_spread; attn_pf_spread = on; return old; }
 /* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
 static int attn_lanes_min_rows = ATTN_LANES_MIN_ROWS;
 static inline int attn_set_lanes_min_rows(int n) {
@@ -2676,6 +2741,9 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     /* rows that straddle lines (quantized): the next block's rows of all the item's kv heads
      * asked for once, by the first kv head's pass (below) */
     const int k_once = (c->k_row & 63) != 0, v_once = (c->v_row & 63) != 0;
+    /* quantized rows (straddling lines) of every kv head: ask for the next block's bytes
+     * spread over all the heads' passes */
+    const int spread = attn_pf_spread && k_once && v_once && kv0 == 0 && kv1 == KVH - 1 && kv1 > kv0 && !lanes;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
     const long kg_stride = 16L * KVH * c->k_row;  /* (tiled K: a 16-key group's tiles) */
@@ -2719,7 +2787,20 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfk.stride = kg_stride;
                 pfk.bytes = pf_k;
             }
-            if (blk_n >= 0) {
+            if (blk_n >= 0 && spread) {
+                /* the next block's K and V bytes (each one span: the item has every kv head) in
+                 * nh parts, part kvh - kv0 asked for over this head's keys */
+                const int nh = kv1 - kv0 + 1, hi = kvh - kv0, nk = j1 - j0;
+                const long lk = (long)bs * ks, lv = (long)bs * vs;
+                const long ck = (lk + nh - 1) / nh, cv = (lv + nh - 1) / nh;
+                const int perk = (int)((ck + nk - 1) / nk), perv = (int)((cv + nk - 1) / nk);
+                pfk.p = c->k + blk_n * c->k_bstride + hi * ck - (long)j0 * perk;
+                pfk.stride = c->k_tiled ? 16L * perk : perk;
+                pfk.bytes = perk;
+                pfv.p = c->v + blk_n * c->v_bstride + hi * cv - (long)j0 * perv;
+                pfv.stride = perv;
+                pfv.bytes = perv;
+            } else if (blk_n >= 0) {
                 if (c->k_tiled) {
                     if (kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + 16L * kv0 * c->k_row;
                 } else if (!k_once || kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + (long)kvh * c->k_row;

@@ -54,7 +54,8 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_item, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
-                        attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows)
+                        attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows,
+                        attn_set_pf_spread)
 from amx_bf16 cimport ab_env_on, ab_init
 from kv_rows cimport T_Q4_0, T_Q4_0_TILES, kv_tiles_ok, store_slot
 from norms cimport rms_row
@@ -224,6 +225,10 @@ def _set_amx_bf16(int on):
     """attention._set_amx_bf16 for the fused steps' attention (tile items of short prompts).
     Returns whether tile items now run on AMX-BF16."""
     return bool(ab_init(on))
+
+
+def _set_pf_spread(int on):
+    return attn_set_pf_spread(on)
 
 
 def _set_lanes_min_rows(int n):
