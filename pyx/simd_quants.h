@@ -567,6 +567,15 @@ static inline void lq_quant_row_tile(const float *x, int64_t K, int t, float mof
     lq_quant_blocks_tile(x, 0, K / LQ_QK, K / LQ_QK, t, moff, rec);
 }
 
+/* a tile pass's prefetch: bytes [off, off + len) of each block, dist bytes ahead (0: none) */
+typedef struct {
+    int64_t dist;
+    int off, len;
+} lq_tile_pf;
+
+/* (0: the first of a step's tiles asks for the whole next group; A/B) */
+static int lq_pf_spread = 1;
+
 #if LQ_VNNI
 static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *blk, const int FMT, __m512i *w) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
@@ -666,11 +675,11 @@ static inline __attribute__((always_inline)) void lq_unpack_group(const lq_packe
 
 /* group g x the first NT tokens of one tile (records rec): y[t * ys + i] for t < nst (<= NT
  * stored), i < nv. wu: the group unpacked (lq_unpack_group), or NULL (unpack each block
- * here; Q8_0 needs none). pfd: bytes ahead of each block to prefetch (0: none). */
+ * here; Q8_0 needs none). pf: what to prefetch ahead of each block (lq_tile_pfd). */
 static inline __attribute__((always_inline)) void lq_kernel_vnni_tile_nt(const lq_packed *P, int64_t g, const uint8_t *rec,
                                                                           const int FMT, const int HAS_M, float *y,
                                                                           int64_t ys, int nv, const int NT, int nst,
-                                                                          const uint8_t *wu, int64_t pfd) {
+                                                                          const uint8_t *wu, lq_tile_pf pf) {
     const int64_t nb = P->nb, bb = P->blk_bytes;
     const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
     __m512 f[LQ_TT];
@@ -686,7 +695,7 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile_nt(const l
         } else {
             /* the weights stream from memory (a decode step's few tiles, or Q8_0): the
              * hardware prefetcher alone leaves a core waiting, as in the streaming kernels */
-            simd_prefetch_at(blk, pfd, bb, 0);
+            simd_prefetch_at(blk + pf.off, pf.dist, pf.len, 0);
             lq_unpack_vnni(blk, FMT, w);
         }
         __m512i acc[LQ_TT];
@@ -728,22 +737,34 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile_nt(const l
 static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_packed *P, int64_t g, const uint8_t *rec,
                                                                        const int FMT, const int HAS_M, float *y,
                                                                        int64_t ys, int nv, int nt, const uint8_t *wu,
-                                                                       int64_t pfd) {
-    if (nt == 1) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 1, nt, wu, pfd);
-    else if (nt == 2) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 2, nt, wu, pfd);
-    else if (nt <= 4) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 4, nt, wu, pfd);
-    else lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, LQ_TT, nt, wu, pfd);
+                                                                       lq_tile_pf pf) {
+    if (nt == 1) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 1, nt, wu, pf);
+    else if (nt == 2) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 2, nt, wu, pf);
+    else if (nt <= 4) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 4, nt, wu, pf);
+    else lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, LQ_TT, nt, wu, pf);
 }
 
-/* what a tile pass over group g prefetches (lq_kernel_vnni_tile's pfd): one tile (a step's
+/* what a tile pass over group g prefetches (lq_kernel_vnni_tile's pf): one tile (a step's
  * few rows) streams its group from memory, simd_pf_dist ahead; several tiles read the group
  * from cache after the first, whose blocks take only a few cycles more than their loads, so
- * the first asks for the next group (the next work item, one group further in memory) while
- * the later passes run, and they ask for nothing (32 tokens from memory at one thread: the
- * Q8_0 head 0.7x, Q4_1 0.8x the time). simd_pf_dist <= 0 turns both off. */
-static inline int64_t lq_tile_pfd(const lq_packed *P, int64_t n, int64_t t0) {
-    if (n <= LQ_TT || simd_pf_dist <= 0) return simd_pf_dist;
-    return t0 == 0 ? P->nb * P->blk_bytes : 0;
+ * they ask for the next group (the next work item, one group further in memory) while they
+ * run (32 tokens from memory at one thread: the Q8_0 head 0.7x, Q4_1 0.8x the time), each
+ * tile of a step (up to 8) a slice of every block: all of it from the first tile filled a
+ * core's miss buffers and held its arithmetic (an eighth of a 32-sequence step's matmul
+ * time sat on those prefetches). simd_pf_dist <= 0 turns both off. */
+static inline lq_tile_pf lq_tile_pfd(const lq_packed *P, int64_t n, int64_t t0) {
+    lq_tile_pf pf = {simd_pf_dist, 0, (int)P->blk_bytes};
+    if (n <= LQ_TT || simd_pf_dist <= 0) return pf;
+    const int64_t nti = (n + LQ_TT - 1) / LQ_TT;
+    pf.dist = P->nb * P->blk_bytes;
+    if (!lq_pf_spread || nti > 8) {
+        if (t0) pf.dist = 0;
+        return pf;
+    }
+    const int sl = (int)((P->blk_bytes + nti - 1) / nti);
+    pf.off = (int)(t0 / LQ_TT) * sl;
+    pf.len = pf.off < P->blk_bytes ? sl : 0;
+    return pf;
 }
 
 static inline __attribute__((always_inline)) void lq_group_tiles_fmt(const lq_packed *P, int64_t g, const uint8_t *rec,
@@ -776,7 +797,7 @@ static inline __attribute__((always_inline)) void lq_group_tiles_glu_fmt(
     }
     for (int64_t t0 = 0; t0 < n; t0 += LQ_TT, rec += tile) {
         const int nt = (int)(n - t0 < LQ_TT ? n - t0 : LQ_TT);
-        const int64_t pfd = lq_tile_pfd(P, n, t0);
+        const lq_tile_pf pfd = lq_tile_pfd(P, n, t0);
         lq_kernel_vnni_tile(P, g, rec, FMT, HAS_M, buf, LQ_G, LQ_G, nt, wu, pfd);
         lq_kernel_vnni_tile(P, gu, rec, FMT, HAS_M, buf + LQ_TT * LQ_G, LQ_G, LQ_G, nt, wu ? wu + P->nb * 512 : NULL,
                             pfd);

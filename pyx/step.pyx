@@ -96,6 +96,7 @@ cdef extern from "simd_quants.h" nogil:
     void lq_quant_blocks_tile(const float *x, int64_t b0, int64_t m, int64_t nb, int t, float moff, uint8_t *rec)
     int lq_step_tiles_ok(const lq_packed *P, int64_t n)
     int lq_step_tiles_min
+    int lq_pf_spread
     void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
     void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n,
                           int64_t ldy)
@@ -228,7 +229,18 @@ def _set_amx_bf16(int on):
 
 
 def _set_pf_spread(int on):
+    """Whether decode attention asks for the next K/V block over every kv head's pass
+    (simd_attention.h attn_pf_spread; A/B in benchmarks). Returns the previous value."""
     return attn_set_pf_spread(on)
+
+
+def _set_mm_pf_spread(int on):
+    """Whether a step's tile matmul passes ask for the next row group a slice each
+    (simd_quants.h lq_tile_pfd; A/B in benchmarks). Returns the previous value."""
+    global lq_pf_spread
+    cdef int old = lq_pf_spread
+    lq_pf_spread = on
+    return old
 
 
 def _set_lanes_min_rows(int n):
