@@ -1243,9 +1243,9 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
  * and the transposition is shared by all the rows of the kv head. Lane l of a pair holds
  * block 2p's values for l < 8 (Q8_0) or (l & 4) == 0 (Q4_0: low nibbles, then high). */
 #if ATTN_AVX512
-/* attn_rows_scores_q8's AVX-512 body for one storage type T, a constant: with T known at
- * run time only, gcc kept the 16 key vectors t[] on the stack and read each dpbusd operand
- * from there (decode attention with Q4_0 tiles: the scores took 2x their in-register time) */
+/* attn_rows_scores_q8's AVX-512 body for a K of Q8_0 / Q4_0 rows (T, a constant: with T known
+ * at run time only, gcc kept the 16 key vectors t[] on the stack and read each dpbusd operand
+ * from there: the scores took 2x their in-register time); a tiled Q4_0 K: attn_rows_scores_q4t */
 static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
         const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int R, int D, const uint8_t *k,
         const int T, long ldk, int j0, int j1, float *s, int ldS, const attn_pf *pf) {
@@ -1372,8 +1372,7 @@ typedef int32_t attn_i32u __attribute__((may_alias, aligned(1)));
  * vectors of nibbles loaded once and split as they are used, two chains a block and row
  * (integer sums: any split gives the same ones), the float epilogue in its order. The t[16]
  * form kept the group's 16 key vectors live beside the rows' chains: gcc spilled them and
- * moved q through general registers, and the scores ran at ~1/3 of their dot products' rate
- * (decode attention in L2, SmolLM2's heads). */
+ * moved q through general registers (13.6 -> 11.5% of a 32-sequence step's samples). */
 static inline __attribute__((always_inline)) void attn_q4t_scores_rb(
         const int RB, const int8_t *qb, int qstride, const float *dq, const int32_t *corr, int nb, const uint8_t *kg,
         int p, __mmask16 live, float *s, int ldS) {
@@ -2542,6 +2541,8 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #else
 #define ATTN_ROWS_IN_PLACE 4
 #endif
+/* 0: a decode rows item asks for the next block by its first kv head's pass only (benchmarks'
+ * A/B: step._set_pf_spread) */
 static int attn_pf_spread = 1;
 static inline int attn_set_pf_spread(int on) { const int old = attn_pf_spread; attn_pf_spread = on; return old; }
 /* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
@@ -2739,10 +2740,10 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     /* the item's kv heads are adjacent rows of each (token) slot: prefetch that span */
     const int pf_k = (kv1 - kv0 + 1) * c->k_row, pf_v = (kv1 - kv0 + 1) * c->v_row;
     /* rows that straddle lines (quantized): the next block's rows of all the item's kv heads
-     * asked for once, by the first kv head's pass (below) */
+     * asked for once (below): spread over all the heads' passes where the item has every kv
+     * head (its bytes of a block are then one K span and one V span), else by the first
+     * head's pass */
     const int k_once = (c->k_row & 63) != 0, v_once = (c->v_row & 63) != 0;
-    /* quantized rows (straddling lines) of every kv head: ask for the next block's bytes
-     * spread over all the heads' passes */
     const int spread = attn_pf_spread && k_once && v_once && kv0 == 0 && kv1 == KVH - 1 && kv1 > kv0 && !lanes;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
