@@ -1243,6 +1243,23 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_rb(
  * and the transposition is shared by all the rows of the kv head. Lane l of a pair holds
  * block 2p's values for l < 8 (Q8_0) or (l & 4) == 0 (Q4_0: low nibbles, then high). */
 #if ATTN_AVX512
+/* One row's int8 scores of 16 keys for the block pair p: ia, ib the integer sums of blocks
+ * 2p and 2p + 1 (ib unused unless two), dkA / dkB the keys' scales, dqr / cr the row's scales
+ * and offsets of the pair; sr[0:16] = the scores so far (p > 0) plus the pair's, 0 outside
+ * live */
+static inline __attribute__((always_inline)) void attn_q8_scores_put(__m512i ia, __m512i ib, __m512 dkA, __m512 dkB,
+                                                                    const float *dqr, const int32_t *cr, int p,
+                                                                    int two, __mmask16 live, float *sr) {
+    const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(ia, _mm512_set1_epi32(cr[0])));
+    const __m512 kqA = _mm512_mul_ps(dkA, _mm512_set1_ps(dqr[0]));
+    __m512 sv = p == 0 ? _mm512_mul_ps(iA, kqA) : _mm512_fmadd_ps(iA, kqA, _mm512_loadu_ps(sr));
+    if (two) {
+        const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(ib, _mm512_set1_epi32(cr[1])));
+        sv = _mm512_fmadd_ps(iB, _mm512_mul_ps(dkB, _mm512_set1_ps(dqr[1])), sv);
+    }
+    _mm512_storeu_ps(sr, _mm512_maskz_mov_ps(live, sv));
+}
+
 /* attn_rows_scores_q8's AVX-512 body for a K of Q8_0 / Q4_0 rows (T, a constant: with T known
  * at run time only, gcc kept the 16 key vectors t[] on the stack and read each dpbusd operand
  * from there: the scores took 2x their in-register time); a tiled Q4_0 K: attn_rows_scores_q4t */
@@ -1343,19 +1360,9 @@ static inline __attribute__((always_inline)) void attn_rows_scores_q8_t(
                     ATTN_Q8_DP(b0, 12); ATTN_Q8_DP(b1, 13); ATTN_Q8_DP(b0, 14); ATTN_Q8_DP(b1, 15);
                 }
 #undef ATTN_Q8_DP
-                const float *dqr = dq + (long)r * nb + 2 * p;
-                const int32_t *cr = corr + (long)r * nb + 2 * p;
-                const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(a0, a1),
-                                                                      _mm512_set1_epi32(cr[0])));
-                const __m512 kqA = _mm512_mul_ps(dkA, _mm512_set1_ps(dqr[0]));
-                float *sr = s + (long)r * ldS + jb;
-                __m512 sv = p == 0 ? _mm512_mul_ps(iA, kqA) : _mm512_fmadd_ps(iA, kqA, _mm512_loadu_ps(sr));
-                if (two) {
-                    const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(b0, b1),
-                                                                          _mm512_set1_epi32(cr[1])));
-                    sv = _mm512_fmadd_ps(iB, _mm512_mul_ps(dkB, _mm512_set1_ps(dqr[1])), sv);
-                }
-                _mm512_storeu_ps(sr, _mm512_maskz_mov_ps(live, sv));
+                attn_q8_scores_put(_mm512_add_epi32(a0, a1), _mm512_add_epi32(b0, b1), dkA, dkB,
+                                   dq + (long)r * nb + 2 * p, corr + (long)r * nb + 2 * p, p, two, live,
+                                   s + (long)r * ldS + jb);
             }
         }
     }
@@ -1403,17 +1410,8 @@ static inline __attribute__((always_inline)) void attn_q4t_scores_rb(
     const __m512 dkA = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p)));
     const __m512 dkB = two ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + 64 * p + 32))) : _mm512_setzero_ps();
     for (int r = 0; r < RB; r++) {
-        const float *dqr = dq + (long)r * nb + 2 * p;
-        const int32_t *cr = corr + (long)r * nb + 2 * p;
-        const __m512 iA = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(A[r][0], A[r][1]), _mm512_set1_epi32(cr[0])));
-        const __m512 kqA = _mm512_mul_ps(dkA, _mm512_set1_ps(dqr[0]));
-        float *sr = s + (long)r * ldS;
-        __m512 sv = p == 0 ? _mm512_mul_ps(iA, kqA) : _mm512_fmadd_ps(iA, kqA, _mm512_loadu_ps(sr));
-        if (two) {
-            const __m512 iB = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(B[r][0], B[r][1]), _mm512_set1_epi32(cr[1])));
-            sv = _mm512_fmadd_ps(iB, _mm512_mul_ps(dkB, _mm512_set1_ps(dqr[1])), sv);
-        }
-        _mm512_storeu_ps(sr, _mm512_maskz_mov_ps(live, sv));
+        attn_q8_scores_put(_mm512_add_epi32(A[r][0], A[r][1]), _mm512_add_epi32(B[r][0], B[r][1]), dkA, dkB,
+                           dq + (long)r * nb + 2 * p, corr + (long)r * nb + 2 * p, p, two, live, s + (long)r * ldS);
     }
 }
 
