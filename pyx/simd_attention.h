@@ -1636,6 +1636,32 @@ static inline attn_pf_pace attn_tile_next_block(const attn_ctx *c, const attn_it
     return pace;
 }
 
+/* Block b of a tile item (first key at k0 = b * bs): the keys [*jlo, *jhi] its rows (positions
+ * up to max_qp, none before lo_all) see; 0 where none */
+static inline int attn_tile_block_keys(int lo_all, int max_qp, int k0, int bs, int *jlo, int *jhi) {
+    *jlo = lo_all - k0 > 0 ? lo_all - k0 : 0;
+    *jhi = max_qp - k0 < bs - 1 ? max_qp - k0 : bs - 1;
+    return *jhi >= *jlo;
+}
+
+/* Keys [jlo, jhi] of kv head kvh in block blk as f32 rows: an f32 K in place, any other (f16,
+ * Q8_0, Q4_0 rows or tiles) converted into kf (bs x D); *ldk their stride in floats */
+static inline const float *attn_tile_block_k(const attn_ctx *c, int blk, int kvh, int jlo, int jhi, float *kf,
+                                             long *ldk) {
+    const long ks = (long)c->KVH * c->k_row;
+    const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
+    if (c->kv_type == ATTN_KV_F32) {
+        *ldk = ks / 4;
+        return (const float *)(kb + jlo * ks);
+    }
+    if (c->k_tiled)
+        kv_tile_load_rows_q4_0(c->k + blk * c->k_bstride, jlo, jhi + 1, kvh, c->KVH, c->D / 32, kf, c->D);
+    else
+        attn_load_rows(kb, ks, c->kv_type, jlo, jhi + 1, c->D, kf, c->D);
+    *ldk = c->D;
+    return kf + (long)jlo * c->D;
+}
+
 static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int D = c->D, Dv = c->Dv, bs = c->bs, KVH = c->KVH, kvh = it->h0 / c->G;
     const int nt = it->tok1 - it->tok0, R = nt * (it->h1 - it->h0);
@@ -1656,35 +1682,20 @@ static void attn_tile_item(const attn_ctx *c, const attn_item *it, float *buf) {
     attn_tile_qt(c, it, R, nt, ldq, r16, qscale, qt);
     memset(o, 0, (size_t)R * Dv * sizeof(float));
     const int32_t *table = c->tables + (long)it->seq * c->max_blocks;
-    const long ks = (long)KVH * c->k_row, vs = (long)KVH * c->v_row;
+    const long vs = (long)KVH * c->v_row;
     for (int b = it->b0; b < it->b1; b++) {
         const int blk = table[b];
         if (blk < 0) continue;  /* freed (outside every window): never read */
         const int k0 = b * bs;
-        int jlo = lo_all - k0, jhi = max_qp - k0;
-        if (jlo < 0) jlo = 0;
-        if (jhi > bs - 1) jhi = bs - 1;
-        if (jhi < jlo) continue;
+        int jlo, jhi;
+        if (!attn_tile_block_keys(lo_all, max_qp, k0, bs, &jlo, &jhi)) continue;
         const int nk = jhi - jlo + 1;
-        const uint8_t *kb = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
         const uint8_t *vb = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
-        const float *kp, *vp;
-        long ldk, ldv;
-        if (c->kv_type == ATTN_KV_F32) {
-            kp = (const float *)(kb + jlo * ks);
-            vp = (const float *)(vb + jlo * vs);
-            ldk = ks / 4;
-            ldv = vs / 4;
-        } else {
-            if (c->k_tiled)
-                kv_tile_load_rows_q4_0(c->k + blk * c->k_bstride, jlo, jhi + 1, kvh, KVH, D / 32, kf, D);
-            else
-                attn_load_rows(kb, ks, c->kv_type, jlo, jhi + 1, D, kf, D);
-            kp = kf + (long)jlo * D;
-            ldk = D;
-            vp = NULL;
-            ldv = Dv;
-        }
+        long ldk;
+        const float *kp = attn_tile_block_k(c, blk, kvh, jlo, jhi, kf, &ldk);
+        /* V: an f32 one in place; others converted after the softmax (below) */
+        const float *vp = c->kv_type == ATTN_KV_F32 ? (const float *)(vb + jlo * vs) : NULL;
+        const long ldv = c->kv_type == ATTN_KV_F32 ? vs / 4 : Dv;
         const int need_mask = !(k0 + jhi <= min_qp && (c->window <= 0 || max_qp - (k0 + jlo) < c->window));
         const int fold_max = !need_mask && cap <= 0.0f;
         attn_tile_scores(qt, ldq, nv, R, kp, ldk, nk, D, st, fold_max ? bmax : NULL);
@@ -2958,33 +2969,23 @@ static void attn_tile_item_ab(const attn_ctx *c, const attn_item *it, float *buf
         const int blk = table[b];
         if (blk < 0) continue;  /* freed (outside every window): never read */
         const int k0 = b * bs;
-        int jlo = lo_all - k0, jhi = max_qp - k0;
-        if (jlo < 0) jlo = 0;
-        if (jhi > bs - 1) jhi = bs - 1;
-        if (jhi < jlo) continue;
+        int jlo, jhi;
+        if (!attn_tile_block_keys(lo_all, max_qp, k0, bs, &jlo, &jhi)) continue;
         const int nk = jhi - jlo + 1, nkt = (nk + 15) / 16;
         const uint8_t *kbp = c->k + blk * c->k_bstride + (long)kvh * c->k_row;
         const uint8_t *vbp = c->v + blk * c->v_bstride + (long)kvh * c->v_row;
-        const float *kp, *vp;
-        long ldk, ldv;
-        if (c->kv_type == ATTN_KV_F32) {
-            kp = (const float *)(kbp + jlo * ks);
-            vp = (const float *)(vbp + jlo * vs);
-            ldk = ks / 4;
-            ldv = vs / 4;
-        } else if (c->kv_type == ATTN_KV_F16) {  /* read in place below, f16 to bf16 */
-            kp = vp = NULL;
-            ldk = ldv = 0;
-        } else {
-            if (c->k_tiled)
-                kv_tile_load_rows_q4_0(c->k + blk * c->k_bstride, jlo, jhi + 1, kvh, KVH, D / 32, kf, D);
-            else
-                attn_load_rows(kbp, ks, c->kv_type, jlo, jhi + 1, D, kf, D);
-            attn_load_rows(vbp, vs, c->kv_type, jlo, jhi + 1, Dv, vf, Dv);
-            kp = kf + (long)jlo * D;
-            vp = vf + (long)jlo * Dv;
-            ldk = D;
-            ldv = Dv;
+        const float *kp = NULL, *vp = NULL;
+        long ldk = 0, ldv = 0;
+        if (c->kv_type != ATTN_KV_F16) {  /* (f16: read in place below, f16 to bf16) */
+            kp = attn_tile_block_k(c, blk, kvh, jlo, jhi, kf, &ldk);
+            if (c->kv_type == ATTN_KV_F32) {
+                vp = (const float *)(vbp + jlo * vs);
+                ldv = vs / 4;
+            } else {
+                attn_load_rows(vbp, vs, c->kv_type, jlo, jhi + 1, Dv, vf, Dv);
+                vp = vf + (long)jlo * Dv;
+                ldv = Dv;
+            }
         }
         attn_pf_pace pace = attn_tile_next_block(c, it, table, b, kvh);
         attn_pace_plan(&pace, 4);
