@@ -744,8 +744,18 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_p
     else lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, LQ_TT, nt, wu, pf);
 }
 
+#ifndef LQ_TILE_PF_DIST
+/* how far ahead (bytes) one tile (2-8 tokens: a few sequences' step, a verify) asks for the
+ * weights it streams: a block takes such a pass several times a one-token pass's time, yet
+ * the streaming kernels' simd_pf_dist (2048) left it waiting (Xeon with AMX, SmolLM2, 600-token
+ * contexts, alternated in one process: 4 sequences' steps 0.95x, 8 sequences' 0.95-0.97x
+ * the time at 4096; 6144 no better, 1024 1.06x; one sequence's matvecs at 4096 even) */
+#define LQ_TILE_PF_DIST 4096
+#endif
+static int lq_tile_pf_dist = LQ_TILE_PF_DIST;
+
 /* what a tile pass over group g prefetches (lq_kernel_vnni_tile's pf): one tile (a step's
- * few rows) streams its group from memory, simd_pf_dist ahead; several tiles read the group
+ * few rows) streams its group from memory, lq_tile_pf_dist ahead; several tiles read the group
  * from cache after the first, whose blocks take only a few cycles more than their loads, so
  * they ask for the next group (the next work item, one group further in memory) while they
  * run (32 tokens from memory at one thread: the Q8_0 head 0.7x, Q4_1 0.8x the time), each
@@ -753,7 +763,7 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_p
  * core's miss buffers and held its arithmetic (an eighth of a 32-sequence step's matmul
  * time sat on those prefetches). simd_pf_dist <= 0 turns both off. */
 static inline lq_tile_pf lq_tile_pfd(const lq_packed *P, int64_t n, int64_t t0) {
-    lq_tile_pf pf = {simd_pf_dist, 0, (int)P->blk_bytes};
+    lq_tile_pf pf = {simd_pf_dist > 0 ? lq_tile_pf_dist : 0, 0, (int)P->blk_bytes};
     if (n <= LQ_TT || simd_pf_dist <= 0) return pf;
     const int64_t nti = (n + LQ_TT - 1) / LQ_TT;
     pf.dist = P->nb * P->blk_bytes;

@@ -97,6 +97,7 @@ cdef extern from "simd_quants.h" nogil:
     int lq_step_tiles_ok(const lq_packed *P, int64_t n)
     int lq_step_tiles_min
     int lq_pf_spread
+    int lq_tile_pf_dist
     void lq_group_tiles(const lq_packed *P, int64_t g, const uint8_t *rec, int64_t n, float *y, int64_t R)
     void lq_float_rows_ld(const lq_packed *P, int64_t r0, int64_t r1, const float *x, float *y, int64_t n,
                           int64_t ldy)
@@ -232,6 +233,15 @@ def _set_pf_spread(int on):
     """Whether decode attention asks for the next K/V block over every kv head's pass
     (simd_attention.h attn_pf_spread; A/B in benchmarks). Returns the previous value."""
     return attn_set_pf_spread(on)
+
+
+def _set_tile_pf_dist(int nbytes):
+    """Benchmarks: how far ahead (bytes) a one-tile matmul pass (2-8 tokens) asks for its
+    weights (the same bits at any distance). Returns the previous value."""
+    global lq_tile_pf_dist
+    cdef int old = lq_tile_pf_dist
+    lq_tile_pf_dist = nbytes
+    return old
 
 
 def _set_mm_pf_spread(int on):
