@@ -576,6 +576,17 @@ typedef struct {
 /* (0: the first of a step's tiles asks for the whole next group; A/B) */
 static int lq_pf_spread = 1;
 
+#ifndef LQ_TILE_PF_DIST
+/* how far ahead (bytes) one tile (2-8 tokens: a few sequences' step, a verify) asks for the
+ * weights it streams: a block takes such a pass several times a one-token pass's time, yet
+ * the streaming kernels' simd_pf_dist (2048) left it waiting (Xeon with AMX, SmolLM2, 600-token
+ * contexts, alternated in one process: 2 / 4 / 8 sequences' steps 0.93x / 0.95x /
+ * 0.95-0.97x the time at 4096; 6144 no better, 1024 1.06x; one sequence's matvecs at 4096
+ * even). Outside the VNNI section: step.pyx's A/B setter names it in every build. */
+#define LQ_TILE_PF_DIST 4096
+#endif
+static int lq_tile_pf_dist = LQ_TILE_PF_DIST;
+
 #if LQ_VNNI
 static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *blk, const int FMT, __m512i *w) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
@@ -743,16 +754,6 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_tile(const lq_p
     else if (nt <= 4) lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, 4, nt, wu, pf);
     else lq_kernel_vnni_tile_nt(P, g, rec, FMT, HAS_M, y, ys, nv, LQ_TT, nt, wu, pf);
 }
-
-#ifndef LQ_TILE_PF_DIST
-/* how far ahead (bytes) one tile (2-8 tokens: a few sequences' step, a verify) asks for the
- * weights it streams: a block takes such a pass several times a one-token pass's time, yet
- * the streaming kernels' simd_pf_dist (2048) left it waiting (Xeon with AMX, SmolLM2, 600-token
- * contexts, alternated in one process: 4 sequences' steps 0.95x, 8 sequences' 0.95-0.97x
- * the time at 4096; 6144 no better, 1024 1.06x; one sequence's matvecs at 4096 even) */
-#define LQ_TILE_PF_DIST 4096
-#endif
-static int lq_tile_pf_dist = LQ_TILE_PF_DIST;
 
 /* what a tile pass over group g prefetches (lq_kernel_vnni_tile's pf): one tile (a step's
  * few rows) streams its group from memory, lq_tile_pf_dist ahead; several tiles read the group
