@@ -2754,6 +2754,12 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
      * head's pass */
     const int k_once = (c->k_row & 63) != 0, v_once = (c->v_row & 63) != 0;
     const int spread = attn_pf_spread && k_once && v_once && kv0 == 0 && kv1 == KVH - 1 && kv1 > kv0 && !lanes;
+    /* (spread) a kv head's part of a block's K and V bytes, and a key's share of it in a block
+     * of sp_nk keys: divided once an item and again only where a block's key count differs
+     * (four 64-bit divisions a block and head were ~1% of a 32-sequence step) */
+    const int sp_nh = kv1 - kv0 + 1;
+    const long sp_ck = ((long)bs * ks + sp_nh - 1) / sp_nh, sp_cv = ((long)bs * vs + sp_nh - 1) / sp_nh;
+    int sp_nk = 0, sp_perk = 0, sp_perv = 0;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
     const long kg_stride = 16L * KVH * c->k_row;  /* (tiled K: a 16-key group's tiles) */
@@ -2774,6 +2780,11 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
         if (j0 < 0) j0 = 0;
         if (j1 > bs) j1 = bs;
         if (j1 <= j0) continue;
+        if (spread && j1 - j0 != sp_nk) {
+            sp_nk = j1 - j0;
+            sp_perk = (int)((sp_ck + sp_nk - 1) / sp_nk);
+            sp_perv = (int)((sp_cv + sp_nk - 1) / sp_nk);
+        }
         /* the block ATTN_PF_AHEAD on is asked for, row by row, while this one is computed
          * (by the first rows' pass over the keys: a block converted to f32 first is then
          * asked for over the scores of its first rows, not all at once) */
@@ -2800,10 +2811,8 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             if (blk_n >= 0 && spread) {
                 /* the next block's K and V bytes (each one span: the item has every kv head) in
                  * nh parts, part kvh - kv0 asked for over this head's keys */
-                const int nh = kv1 - kv0 + 1, hi = kvh - kv0, nk = j1 - j0;
-                const long lk = (long)bs * ks, lv = (long)bs * vs;
-                const long ck = (lk + nh - 1) / nh, cv = (lv + nh - 1) / nh;
-                const int perk = (int)((ck + nk - 1) / nk), perv = (int)((cv + nk - 1) / nk);
+                const int hi = kvh - kv0, perk = sp_perk, perv = sp_perv;
+                const long ck = sp_ck, cv = sp_cv;
                 pfk.p = c->k + blk_n * c->k_bstride + hi * ck - (long)j0 * perk;
                 pfk.stride = c->k_tiled ? 16L * perk : perk;
                 pfk.bytes = perk;
