@@ -2758,7 +2758,8 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
      * of sp_nk keys: divided once an item and again only where a block's key count differs
      * (four 64-bit divisions a block and head were ~1% of a 32-sequence step) */
     const int sp_nh = kv1 - kv0 + 1;
-    const long sp_ck = ((long)bs * ks + sp_nh - 1) / sp_nh, sp_cv = ((long)bs * vs + sp_nh - 1) / sp_nh;
+    const long sp_ck = spread ? ((long)bs * ks + sp_nh - 1) / sp_nh : 0;
+    const long sp_cv = spread ? ((long)bs * vs + sp_nh - 1) / sp_nh : 0;
     int sp_nk = 0, sp_perk = 0, sp_perv = 0;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
@@ -2811,14 +2812,13 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             if (blk_n >= 0 && spread) {
                 /* the next block's K and V bytes (each one span: the item has every kv head) in
                  * nh parts, part kvh - kv0 asked for over this head's keys */
-                const int hi = kvh - kv0, perk = sp_perk, perv = sp_perv;
-                const long ck = sp_ck, cv = sp_cv;
-                pfk.p = c->k + blk_n * c->k_bstride + hi * ck - (long)j0 * perk;
-                pfk.stride = c->k_tiled ? 16L * perk : perk;
-                pfk.bytes = perk;
-                pfv.p = c->v + blk_n * c->v_bstride + hi * cv - (long)j0 * perv;
-                pfv.stride = perv;
-                pfv.bytes = perv;
+                const int hi = kvh - kv0;
+                pfk.p = c->k + blk_n * c->k_bstride + hi * sp_ck - (long)j0 * sp_perk;
+                pfk.stride = c->k_tiled ? 16L * sp_perk : sp_perk;
+                pfk.bytes = sp_perk;
+                pfv.p = c->v + blk_n * c->v_bstride + hi * sp_cv - (long)j0 * sp_perv;
+                pfv.stride = sp_perv;
+                pfv.bytes = sp_perv;
             } else if (blk_n >= 0) {
                 if (c->k_tiled) {
                     if (kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + 16L * kv0 * c->k_row;
