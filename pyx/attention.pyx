@@ -24,9 +24,9 @@ from norms cimport rms_row
 from rope cimport rope_apply, rope_cos_sin
 from simd cimport simd_alloc
 
-from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx,
+from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx, attn_item,
                        attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free, attn_run_item,
-                       attn_scratch_floats, attn_set_lanes_min_rows)
+                       attn_scratch_floats, attn_set_lanes_min_rows, attn_set_split_heads)
 from amx_bf16 cimport ab_env_on, ab_init
 
 if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8_0, T_Q4_0):
@@ -160,7 +160,34 @@ def _set_lanes_min_rows(int n):
     return attn_set_lanes_min_rows(n)
 
 
+def _set_split_heads(int on):
+    """Whether a lone decode rows item over few keys goes out as two items of half its heads
+    each (attn_plan.pxd SPLIT_HEADS_MAX_KEYS; the same bits): tests compare the two. Returns
+    the previous value."""
+    return attn_set_split_heads(on)
+
+
 # ---- attention (the plan: attn_plan.pxd) --------------------------------------------------
+
+def _plan_items(const int32_t[:, ::1] block_tables, const int32_t[::1] seg_start, const int32_t[::1] q_pos,
+                int H, int KVH, int block_size, int window=0, const uint8_t[::1] decode_seqs=None):
+    """Tests: the work items attention() plans for these rows, costliest first, as tuples
+    (kind, seq, h0, h1, tok0, tok1, b0, b1, chunk); kind 1 rows (decode), else tiles."""
+    cdef int S = <int>seg_start.shape[0] - 1, MB = <int>block_tables.shape[1]
+    cdef attn_plan pl
+    if attn_plan_build(&pl, <int>q_pos.shape[0], H, KVH, 0, block_size, 0, 0,
+                       &block_tables[0, 0] if MB > 0 else NULL, S, MB, &seg_start[0], &q_pos[0], window,
+                       &decode_seqs[0] if decode_seqs is not None else NULL) != 0:
+        raise MemoryError()
+    cdef long i
+    cdef attn_item it
+    out = []
+    for i in range(pl.n_items):
+        it = pl.items[i]
+        out.append((it.kind, it.seq, it.h0, it.h1, it.tok0, it.tok1, it.b0, it.b1, it.chunk))
+    attn_plan_free(&pl)
+    return out
+
 
 def attention(const float[:, :, ::1] q, const uint8_t[:, ::1] k_pool, const uint8_t[:, ::1] v_pool,
               int kv_type, int block_size, int n_kv_heads, int k_row, int v_row, int Dv,

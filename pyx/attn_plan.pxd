@@ -48,6 +48,8 @@ cdef extern from "simd_attention.h" nogil:
     void attn_merge(const attn_ctx *c, int t, int h)
     int attn_set_lanes_min_rows(int n)
     int attn_set_pf_spread(int on)
+    int attn_split_heads
+    int attn_set_split_heads(int on)
 
 cdef enum:
     # a sequence with at most this many query rows per kv head (query tokens x GQA group)
@@ -67,6 +69,12 @@ cdef enum:
     # (bench/attn_decode.py -t 1 --kv q4_0, SmolLM2's shape: 32 sequences 16.7-17.0 ->
     # 14.7-15.5 ms, 8 sequences 3.81-3.94 -> 3.51-3.67 ms; f16 even)
     ROWS_WHOLE_MIN_GROUPS = 8
+    # a call whose only item is one decode's rows of its one kv head (gemma-3: 4 heads, 1 kv
+    # head) over at most this many keys gives each half of the heads an item, so both
+    # threads work (rows are independent: the same bits). Past it the two items' second
+    # read of the K/V costs what the split saves (gemma-3-270m, one sequence, alternated in
+    # one process: 0.97-0.98x the step's time at 128-450 keys, 1.01x at 1000)
+    SPLIT_HEADS_MAX_KEYS = 512
 
 
 cdef struct attn_plan:
@@ -195,6 +203,13 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
         else:
             n_tile_base += (<long>(nq + T_tile - 1) // T_tile) * n_gc * KVH
             max_toks += nq
+    # a lone rows item over few keys: half the heads an item (SPLIT_HEADS_MAX_KEYS)
+    if (attn_split_heads and n_tile_base == 0 and n_row_items == 1 and S == 1 and Gi == G and G > 1
+            and (seq_hi[0] - seq_lo[0]) * bs <= SPLIT_HEADS_MAX_KEYS):
+        Gi = (G + 1) // 2
+        n_gc = 2
+        T_rows = ATTN_MAX_ROWS // Gi
+        n_row_items = (<long>(seg_start[1] - seg_start[0] + T_rows - 1) // T_rows) * (seq_c1[0] - seq_c0[0] + 1) * n_gc * KVH
     # split tile items along the keys when there are few items in all
     cdef long base_items = n_tile_base + n_row_items
     cdef int want = <int>((SPLIT_MIN_ITEMS + base_items - 1) // base_items) if 0 < base_items < SPLIT_MIN_ITEMS else 1

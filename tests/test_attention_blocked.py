@@ -242,6 +242,43 @@ def test_rows_items_in_lanes_form_get_the_rows_kernels_bits(kv_type, H, KVH, D, 
             assert_close(got[8], nn._ref_attention(qq, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw))
 
 
+@pytest.fixture
+def split_heads():
+    from llmcore._kernels import attention as kernel
+
+    before = kernel._set_split_heads(1)
+    yield kernel._set_split_heads
+    kernel._set_split_heads(before)
+
+
+@pytest.mark.parametrize("kv_type", KV_TYPES)
+@pytest.mark.parametrize("H,KVH", [(4, 1), (5, 1), (8, 2)])
+@pytest.mark.parametrize("seq_len,window", [(200, 0), (700, 0), (2000, 300)])
+def test_lone_decode_item_split_by_heads_keeps_its_bits(kv_type, H, KVH, seq_len, window, split_heads):
+    # one sequence's decode whose rows would be one item (one kv head) over at most 512 keys
+    # (SPLIT_HEADS_MAX_KEYS in pyx/attn_plan.pxd) goes out as two items of half the heads, so
+    # two threads share it: each row's sums are its own, so the bits are the one item's
+    from llmcore._kernels import attention as kernel
+
+    case = build_case(kv_type, seq_lens=[seq_len], n_q=[1], H=H, KVH=KVH, D=64, bs=32, seed=43)
+    q, k_pool, v_pool, tables, seg, q_pos = case
+    kw = dict(window=window) if window else dict(softcap=5.0)
+    items = kernel._plan_items(tables, seg, q_pos, H, KVH, 32, window)
+    span = ((int(q_pos[0]) // 32) - max(0, int(q_pos[0]) - window + 1 if window else 0) // 32) * 32
+    if KVH == 1 and span <= 512:
+        G2 = (H + 1) // 2
+        assert sorted((it[2], it[3]) for it in items) == [(0, G2), (G2, H)]
+    else:
+        assert sorted((it[2], it[3]) for it in items) == [(g * (H // KVH), (g + 1) * (H // KVH)) for g in range(KVH)]
+    got = {}
+    for on in (1, 0):
+        split_heads(on)
+        got[on] = nn.attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw)
+    assert len(kernel._plan_items(tables, seg, q_pos, H, KVH, 32, window)) == KVH
+    np.testing.assert_array_equal(got[1], got[0])
+    assert_close(got[1], nn._ref_attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, **kw))
+
+
 @pytest.mark.skipif(not getattr(_kernels.load("attention") if _kernels.ENABLED else None, "AMX_BF16", False),
                     reason="the AMX-BF16 tile items are not in use here (needs AMX-BF16, Linux's tile grant)")
 @pytest.mark.parametrize("kv_type", KV_TYPES)
