@@ -73,7 +73,9 @@ cdef enum:
     # head) over at most this many keys gives each half of the heads an item, so both
     # threads work (rows are independent: the same bits). Past it the two items' second
     # read of the K/V costs what the split saves (gemma-3-270m, one sequence, alternated in
-    # one process: 0.97-0.98x the step's time at 128-450 keys, 1.01x at 1000)
+    # one process: 0.97-0.99x the step's time at 128-450 keys, 1.01x at 1000). SmolLM2's
+    # three kv-head items split the same way (two items across kv heads) were even: its
+    # threads hardly waited at attention (~5 us a step)
     SPLIT_HEADS_MAX_KEYS = 512
 
 
@@ -203,13 +205,15 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
         else:
             n_tile_base += (<long>(nq + T_tile - 1) // T_tile) * n_gc * KVH
             max_toks += nq
-    # a lone rows item over few keys: half the heads an item (SPLIT_HEADS_MAX_KEYS)
-    if (attn_split_heads and n_tile_base == 0 and n_row_items == 1 and S == 1 and Gi == G and G > 1
+    # one sequence's few rows of one kv head over few keys: two items of half the heads each
+    # (SPLIT_HEADS_MAX_KEYS)
+    cdef int halves = 0
+    if (attn_split_heads and n_tile_base == 0 and S == 1 and n_row_items == 1 and KVH == 1 and H > 1
+            and (seg_start[1] - seg_start[0]) * G < ROWS_MAX_QG
+            and (seg_start[1] - seg_start[0]) * ((H + 1) // 2) <= ATTN_MAX_ROWS
             and (seq_hi[0] - seq_lo[0]) * bs <= SPLIT_HEADS_MAX_KEYS):
-        Gi = (G + 1) // 2
-        n_gc = 2
-        T_rows = ATTN_MAX_ROWS // Gi
-        n_row_items = (<long>(seg_start[1] - seg_start[0] + T_rows - 1) // T_rows) * (seq_c1[0] - seq_c0[0] + 1) * n_gc * KVH
+        halves = 1
+        n_row_items = 2
     # split tile items along the keys when there are few items in all
     cdef long base_items = n_tile_base + n_row_items
     cdef int want = <int>((SPLIT_MIN_ITEMS + base_items - 1) // base_items) if 0 < base_items < SPLIT_MIN_ITEMS else 1
@@ -343,6 +347,11 @@ cdef inline int attn_plan_build(attn_plan *pl, int N, int H, int KVH, int Dv, in
             tile = (n_toks - tk0) * Gi >= ROWS_MAX_QG and not grp_exact[gi]
             T = T_tile if tile else T_rows
             tk = tk0
+            if halves:  # (tile is 0: fewer than ROWS_MAX_QG rows a kv head)
+                _rows_item(&items[n_items], grp_rep[gi], 0, (H + 1) // 2, tk0, n_toks, grp_b0[gi], grp_b1[gi], ch)
+                _rows_item(&items[n_items + 1], grp_rep[gi], (H + 1) // 2, H, tk0, n_toks, grp_b0[gi], grp_b1[gi], ch)
+                n_items += 2
+                tk = n_toks
             # many groups: one item for all of a group's rows and kv heads (ROWS_WHOLE_MIN_GROUPS)
             if (not tile and n_grp >= ROWS_WHOLE_MIN_GROUPS and 1 < KVH
                     and (n_toks - tk0) * H <= ATTN_MAX_ROWS):
