@@ -48,6 +48,7 @@ cdef extern from "simd_attention.h" nogil:
     void attn_merge(const attn_ctx *c, int t, int h)
     int attn_set_lanes_min_rows(int n)
     int attn_set_pf_spread(int on)
+    int attn_set_pf_lin(int on)
     int attn_split_heads
     int attn_set_split_heads(int on)
 

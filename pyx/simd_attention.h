@@ -104,6 +104,7 @@ typedef struct {
     const uint8_t *p;
     long stride;
     int bytes;
+    int lin;  /* key j's bytes are p + j * bytes (a spread part: attn_pf_lin) */
 } attn_pf;
 
 #ifndef ATTN_PF_LOCALITY
@@ -150,16 +151,39 @@ static inline __attribute__((always_inline)) void attn_pf_span(const uint8_t *p,
         __builtin_prefetch(p + n - 1, 0, ATTN_PF_LOCALITY);
 }
 
+/* (A/B) 0: a spread part's keys ask for their bytes as any row (attn_pf_span) */
+static int attn_pf_lin_on = 1;
+static inline int attn_set_pf_lin(int on) { const int old = attn_pf_lin_on; attn_pf_lin_on = on; return old; }
+
+/* key j of a linear sweep (a decode rows item's next-block part, spread over a head's keys:
+ * key j's share is bytes p + j * bytes, at most a line): the line its last byte lies in
+ * when that line is new to the sweep (one prefetch every 64 / bytes keys, not attn_pf_span's
+ * two a key and its address arithmetic, which were ~20% of a 32-sequence step's scores).
+ * The sweep's first line is asked for by its first key only when the part starts on a line
+ * boundary (a spread part does: K / V bytes of a block a head, 64-byte multiples). */
+static inline __attribute__((always_inline)) void attn_pf_lin(const attn_pf *pf, int j) {
+    const uintptr_t a = (uintptr_t)pf->p + (uintptr_t)((long)j * pf->bytes), e = a + (uintptr_t)pf->bytes - 1;
+    if ((e >> 6) != ((a - 1) >> 6)) __builtin_prefetch((const void *)e, 0, ATTN_PF_LOCALITY);
+}
+
 /* key j of a tiled Q4_0 K (ATTN_KV_Q4_0T): p is the block's first tile of the item's first kv
  * head, stride the 16-key groups' distance, bytes a key's share of the group's tiles of the
  * item's kv heads (adjacent): the tiles' bytes asked for at the pace of the keys */
 static inline __attribute__((always_inline)) void attn_pf_tile_row(const attn_pf *pf, int j) {
     if (!pf) return;
+    if (pf->lin) {
+        attn_pf_lin(pf, j);
+        return;
+    }
     attn_pf_span(pf->p + (long)(j >> 4) * pf->stride + (long)(j & 15) * pf->bytes, pf->bytes);
 }
 
 static inline __attribute__((always_inline)) void attn_pf_row(const attn_pf *pf, int j) {
     if (!pf) return;
+    if (pf->lin) {
+        attn_pf_lin(pf, j);
+        return;
+    }
     /* every line the row touches: a quantized row (36 bytes for a 64-value Q4_0 head, rows
      * of kv heads side by side) often straddles a line boundary, and the stride from its
      * start missed the last line (SmolLM2's 8-sequence attention out of cache with a Q4_0
@@ -2824,6 +2848,9 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfv.p = c->v + blk_n * c->v_bstride + hi * sp_cv - (long)j0 * sp_perv;
                 pfv.stride = sp_perv;
                 pfv.bytes = sp_perv;
+                /* (key j's bytes p + j * bytes either way: the tiled K's 16-key stride is 16 of them) */
+                pfk.lin = pfv.lin = attn_pf_lin_on && sp_perk <= 64 && sp_perv <= 64 && (sp_ck & 63) == 0 &&
+                                    (sp_cv & 63) == 0;
             } else if (blk_n >= 0) {
                 if (c->k_tiled) {
                     if (kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + 16L * kv0 * c->k_row;

@@ -55,7 +55,7 @@ from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_item, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
                         attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows,
-                        attn_set_pf_spread, attn_set_split_heads)
+                        attn_set_pf_lin, attn_set_pf_spread, attn_set_split_heads)
 from amx_bf16 cimport ab_env_on, ab_init
 from kv_rows cimport T_Q4_0, T_Q4_0_TILES, kv_tiles_ok, store_slot
 from norms cimport rms_row
@@ -233,6 +233,12 @@ def _set_pf_spread(int on):
     """Whether decode attention asks for the next K/V block over every kv head's pass
     (simd_attention.h attn_pf_spread; A/B in benchmarks). Returns the previous value."""
     return attn_set_pf_spread(on)
+
+
+def _set_pf_lin(int on):
+    """Whether decode attention's spread prefetch parts go as one prefetch a new line
+    (simd_attention.h attn_pf_lin; A/B in benchmarks). Returns the previous value."""
+    return attn_set_pf_lin(on)
 
 
 def _set_split_heads(int on):
