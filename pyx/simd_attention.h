@@ -2574,13 +2574,13 @@ static inline float attn_rows_softmax(float *s, int ldS, int jlo, int jhi, float
 #else
 #define ATTN_ROWS_IN_PLACE 4
 #endif
-/* 0: a decode rows item asks for the next block by its first kv head's pass only (benchmarks'
- * A/B: step._set_pf_spread) */
 /* (attn_plan.pxd) a lone decode rows item over few keys goes out as two items of half its
  * heads each (0: one item; A/B) */
 static int attn_split_heads = 1;
 static inline int attn_set_split_heads(int on) { const int old = attn_split_heads; attn_split_heads = on; return old; }
 
+/* 0: a decode rows item asks for the next block by its first kv head's pass only (benchmarks'
+ * A/B: step._set_pf_spread) */
 static int attn_pf_spread = 1;
 static inline int attn_set_pf_spread(int on) { const int old = attn_pf_spread; attn_pf_spread = on; return old; }
 /* tests and benchmarks move it (attention.pyx _set_lanes_min_rows); INT_MAX: never */
