@@ -2789,7 +2789,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
     const int sp_nh = kv1 - kv0 + 1;
     const long sp_ck = spread ? ((long)bs * ks + sp_nh - 1) / sp_nh : 0;
     const long sp_cv = spread ? ((long)bs * vs + sp_nh - 1) / sp_nh : 0;
-    int sp_nk = 0, sp_perk = 0, sp_perv = 0;
+    int sp_nk = 0, sp_perk = 0, sp_perv = 0, sp_lin = 0;
     /* the first blocks are cold (the weights of a step's other work evicted them): ask for
      * them all at once, then keep ATTN_PF_AHEAD blocks in flight */
     const long kg_stride = 16L * KVH * c->k_row;  /* (tiled K: a 16-key group's tiles) */
@@ -2814,6 +2814,9 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
             sp_nk = j1 - j0;
             sp_perk = (int)((sp_ck + sp_nk - 1) / sp_nk);
             sp_perv = (int)((sp_cv + sp_nk - 1) / sp_nk);
+            /* key j's share of a part is bytes p + j * share (the tiled K's 16-key stride is 16
+             * shares): a line sweep where a share is at most a line and parts start on lines */
+            sp_lin = attn_pf_lin_on && sp_perk <= 64 && sp_perv <= 64 && (sp_ck & 63) == 0 && (sp_cv & 63) == 0;
         }
         /* the block ATTN_PF_AHEAD on is asked for, row by row, while this one is computed
          * (by the first rows' pass over the keys: a block converted to f32 first is then
@@ -2848,9 +2851,7 @@ static void attn_rows_item(const attn_ctx *c, const attn_item *it, float *buf) {
                 pfv.p = c->v + blk_n * c->v_bstride + hi * sp_cv - (long)j0 * sp_perv;
                 pfv.stride = sp_perv;
                 pfv.bytes = sp_perv;
-                /* (key j's bytes p + j * bytes either way: the tiled K's 16-key stride is 16 of them) */
-                pfk.lin = pfv.lin = attn_pf_lin_on && sp_perk <= 64 && sp_perv <= 64 && (sp_ck & 63) == 0 &&
-                                    (sp_cv & 63) == 0;
+                pfk.lin = pfv.lin = sp_lin;
             } else if (blk_n >= 0) {
                 if (c->k_tiled) {
                     if (kvh == kv0) pfk.p = c->k + blk_n * c->k_bstride + 16L * kv0 * c->k_row;

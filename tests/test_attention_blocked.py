@@ -207,13 +207,19 @@ def test_decode_seqs_give_each_token_its_one_token_decode_bits(kv_type, H, KVH, 
         nn.attention(q, k_pool, v_pool, kv_type, tables, seg, q_pos, 0.125, decode_seqs=dec[:2])
 
 
-@pytest.fixture
-def lanes_min_rows():
+def _kernel_switch(setter_name, value):
+    """A fixture body: the attention kernel's A/B setter set to value, yielded, and put back."""
     from llmcore._kernels import attention as kernel
 
-    before = kernel._set_lanes_min_rows(8)
-    yield kernel._set_lanes_min_rows
-    kernel._set_lanes_min_rows(before)
+    setter = getattr(kernel, setter_name)
+    before = setter(value)
+    yield setter
+    setter(before)
+
+
+@pytest.fixture
+def lanes_min_rows():
+    yield from _kernel_switch("_set_lanes_min_rows", 8)
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
@@ -244,11 +250,7 @@ def test_rows_items_in_lanes_form_get_the_rows_kernels_bits(kv_type, H, KVH, D, 
 
 @pytest.fixture
 def split_heads():
-    from llmcore._kernels import attention as kernel
-
-    before = kernel._set_split_heads(1)
-    yield kernel._set_split_heads
-    kernel._set_split_heads(before)
+    yield from _kernel_switch("_set_split_heads", 1)
 
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
