@@ -9,6 +9,8 @@ llmcore: all sequences are prefilled once (distinct random prompts, not timed); 
 the first B of them decode --steps greedy steps at 1 thread (CPU time of the calling
 thread per step: the OpenMP region runs on it, so this is the step's whole cost; min and
 median) and at 2 threads (wall clock per step, median), then are cut back to their prompts.
+A step is the forward and the greedy choice (``forward(argmax=...)``: the argmax the fused
+step's head finds as it writes the logits, what the server's greedy requests take).
 Aggregate t/s = B / step time. The 2-thread runs go in --rounds rounds, each over every B in
 turn: a B's step time is the median of its rounds' medians, and "B / 1" (aggregate t/s over
 one stream's) is taken within each round, then the median of the rounds (a shared host's
@@ -112,8 +114,9 @@ class Batched:
         for _ in range(steps):
             batch = [(s, np.array([t], dtype=np.int32)) for s, t in zip(sts, nxt)]
             t0 = clock()
-            lg = self.model.forward(batch)
-            nxt = np.argmax(lg, axis=1).tolist()
+            am = np.empty(B, dtype=np.int64)  # greedy: the argmax the step's head finds
+            self.model.forward(batch, argmax=am)
+            nxt = am.tolist()
             times.append(clock() - t0)
         for s, p in zip(sts, self.prompts):
             s.trim(len(p))

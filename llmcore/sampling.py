@@ -132,8 +132,23 @@ class Sampler:
         self.rng = np.random.default_rng(seed)
         self.n_vocab = n_vocab
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> Sample:
+    @property
+    def takes_argmax(self) -> bool:
+        """Whether the token sampled from a row is its argmax and nothing else is asked of
+        the row (greedy, no logit bias, no penalties, no probabilities): then ``sample`` can
+        take an argmax found elsewhere (the decode step's head finds it as it writes the
+        logits)."""
         p = self.params
+        no_penalty = p.repeat_last_n == 0 or (
+            p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+        return p.temperature <= 0.0 and not p.logit_bias and p.n_probs <= 0 and no_penalty
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), argmax: int | None = None) -> Sample:
+        """A token from the logits row; ``argmax``: the row's argmax when the caller has it
+        (used when ``takes_argmax`` and the row is the whole vocabulary)."""
+        p = self.params
+        if argmax is not None and self.takes_argmax and (self.n_vocab is None or self.n_vocab >= len(logits)):
+            return Sample(int(argmax), float("nan"), None)
         logits = np.asarray(logits, dtype=np.float32)
         if self.n_vocab is not None:
             logits = logits[: self.n_vocab]

@@ -78,6 +78,15 @@ cdef extern from "team.h" nogil:
     void team_phase_wait(const team_t *t, team_phase_t *p, int64_t total)
     void team_flag_set(int *flag)
 
+cdef extern from "simd_argmax.h" nogil:
+    ctypedef struct amax_lanes:
+        int32_t nan
+    void amax_init(amax_lanes *a)
+    void amax_update(amax_lanes *a, const float *y, int64_t r0, int64_t r1)
+    void amax_merge(amax_lanes *a, const amax_lanes *b)
+    int64_t amax_row(const amax_lanes *a)
+
+
 cdef extern from "simd_quants.h" nogil:
     ctypedef struct lq_packed:
         int type
@@ -233,6 +242,33 @@ def _set_pf_spread(int on):
     """Whether decode attention asks for the next K/V block over every kv head's pass
     (simd_attention.h attn_pf_spread; A/B in benchmarks). Returns the previous value."""
     return attn_set_pf_spread(on)
+
+
+def _argmax_pieces(const float[:, ::1] y, const int64_t[::1] cuts, int n_threads):
+    """Tests: each row's argmax as the head finds it (simd_argmax.h), the vocabulary cut
+    into the pieces [cuts[i], cuts[i + 1]) (work items) and piece i folded in by simulated
+    thread i % n_threads, then the threads merged. -1 for a row holding a NaN or only -inf."""
+    cdef int64_t m = y.shape[0], i, t, j
+    cdef int th
+    out = np.empty(m, np.int64)
+    cdef int64_t[::1] o = out
+    cdef amax_lanes *a = <amax_lanes *>simd_alloc(n_threads * m * sizeof(amax_lanes))
+    if a == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n_threads * m):
+            amax_init(&a[i])
+        for j in range(cuts.shape[0] - 1):
+            th = j % n_threads
+            for t in range(m):
+                amax_update(&a[th * m + t], &y[t, 0], cuts[j], cuts[j + 1])
+        for t in range(m):
+            for th in range(1, n_threads):
+                amax_merge(&a[t], &a[th * m + t])
+            o[t] = amax_row(&a[t])
+    finally:
+        free(a)
+    return out
 
 
 def _set_pf_lin(int on):
@@ -421,6 +457,7 @@ cdef struct step_t:
     team_phase_t *ph      # the step's phases, in order (zeroed)
     int failed            # a thread could not get its scratch
     double *prof          # (N_PHASES,) ns thread 0 spent up to the end of each phase, or NULL
+    amax_lanes *amax      # (threads, n_logits) running maxima of the logits rows, or NULL
 
 
 # ---- weights ---------------------------------------------------------------------------
@@ -679,7 +716,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             team_phase_wait(&S.team, ph, n)
         # ---- q/k/v projection
         _lay_acts(&L.qkv, n, S, S.h, acts)
-        _linear_phase(&S.ph[k], &S.team, &L.qkv, acts, n, S.y_qkv, nt, nsh, tlo, tid)
+        _linear_phase(&S.ph[k], &S.team, &L.qkv, acts, n, S.y_qkv, nt, nsh, tlo, tid, NULL)
         k += 1
         _mark(S, tid, P_QKV, &t_mark)
         # ---- q/k norms, rope, K/V store: an item a token (its q heads, then its kv heads;
@@ -778,7 +815,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
                 mine += c1 - c0
             team_phase_done(ph, &mine, n)
             team_phase_wait(&S.team, ph, n)
-        _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt, nsh, tlo, tid)
+        _linear_phase(&S.ph[k], &S.team, &L.wo, acts, n, S.y_wo, nt, nsh, tlo, tid, NULL)
         k += 1
         _mark(S, tid, P_WO, &t_mark)
         # ---- x += post_norm?(wo); h = ffn_norm(x), quantized for gate/up
@@ -796,7 +833,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             mine += c1 - c0
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
-        _linear_phase(&S.ph[k], &S.team, &L.gate_up, acts, n, S.y_gu, nt, nsh, tlo, tid)
+        _linear_phase(&S.ph[k], &S.team, &L.gate_up, acts, n, S.y_gu, nt, nsh, tlo, tid, NULL)
         k += 1
         _mark(S, tid, P_GU, &t_mark)
         # ---- act(gate) * up, quantized for down
@@ -813,7 +850,7 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
             mine += c1 - c0
         team_phase_done(ph, &mine, n)
         team_phase_wait(&S.team, ph, n)
-        _linear_phase(&S.ph[k], &S.team, &L.down, acts, n, S.y_down, nt, nsh, tlo, tid)
+        _linear_phase(&S.ph[k], &S.team, &L.down, acts, n, S.y_down, nt, nsh, tlo, tid, NULL)
         k += 1
         _mark(S, tid, P_DOWN, &t_mark)
         # ---- x += post_norm?(down); h = the next norm of x, quantized for the next matmul:
@@ -847,7 +884,8 @@ cdef void _thread_main(const layer_t *layers, const linear_t *head, const float 
         team_phase_wait(&S.team, ph, total)
     # ---- head
     _lay_acts(head, S.n_logits, S, S.h, acts)
-    _linear_phase(&S.ph[k], &S.team, head, acts, S.n_logits, S.logits, nt, nsh, tlo, tid)
+    _linear_phase(&S.ph[k], &S.team, head, acts, S.n_logits, S.logits, nt, nsh, tlo, tid,
+                  S.amax + tid * S.n_logits if S.amax != NULL else NULL)
     k += 1
     _mark(S, tid, P_HEAD, &t_mark)
     free(abuf)
@@ -958,13 +996,31 @@ cdef inline void _attn_item_out(const layer_t *L, const attn_plan *pl, const att
                             wacts.sa + r * nb + b0, w.lq.moff)
 
 
+cdef void _amax_items(const linear_t *L, amax_lanes *am, int64_t t0, int64_t t1, const float *y, int64_t i0,
+                      int64_t i1) noexcept nogil:
+    """Fold the output rows of items [i0, i1) of y (n, out_features) into the running maxima
+    am[t] of rows t0 <= t < t1 (simd_argmax.h: while they are in cache)."""
+    cdef int64_t it = i0, e, r0, r1, ra, rb, t
+    cdef int p
+    while it < i1:
+        p = _part_of(L, it)
+        e = L.item0[p + 1] if L.item0[p + 1] < i1 else i1
+        _item_rows(&L.part[p], it - L.item0[p], &r0, &ra)
+        _item_rows(&L.part[p], e - 1 - L.item0[p], &rb, &r1)
+        for t in range(t0, t1):
+            amax_update(&am[t], y + t * L.out_features, L.col0[p] + r0, L.col0[p] + r1)
+        it = e
+
+
 cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L, const acts_t *acts, int64_t n,
-                        float *y, int nt, int nsh, const int64_t *tlo, int tid) noexcept nogil:
+                        float *y, int nt, int nsh, const int64_t *tlo, int tid, amax_lanes *am) noexcept nogil:
     """A matmul as one phase: chunks of consecutive work items (a few per thread, so each
     streams contiguous weights), taken by whichever thread is free. With token shares (nsh,
     tile records in every part) an item is a row group for one share's tokens, and a thread
     takes its own share's first (team_share_take): the tile records it reads are the ones it
-    wrote (the same sums: a token's are its own)."""
+    wrote (the same sums: a token's are its own). am (the head, when the caller wants each
+    row's argmax): this thread's running maxima of the n output rows, updated item by item
+    (a thread's items come in increasing order, as amax_update needs)."""
     cdef int64_t total = L.item0[L.n_parts], chunk, i0, i1, it, mine = 0
     cdef int64_t mlo[TEAM_MAX_SHARES + 1]
     cdef acts_t sacts[MAX_PARTS]
@@ -985,6 +1041,8 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
                         sacts[p] = acts[p]
                         sacts[p].rec = _tile_rec(&L.part[p], acts[p].rec, tlo[s])
                 _linear_item(L, sacts, tlo[s + 1] - tlo[s], y + tlo[s] * L.out_features, it - s * total)
+                if am != NULL:
+                    _amax_items(L, am, tlo[s], tlo[s + 1], y, it - s * total, it - s * total + 1)
             mine += i1 - i0
         team_phase_done(ph, &mine, nsh * total)
         team_phase_wait(team, ph, nsh * total)
@@ -1002,6 +1060,8 @@ cdef void _linear_phase(team_phase_t *ph, const team_t *team, const linear_t *L,
         else:
             for it in range(i0, i1):
                 _linear_item(L, acts, n, y, it)
+        if am != NULL:
+            _amax_items(L, am, 0, n, y, i0, i1)
         mine += i1 - i0
     team_phase_done(ph, &mine, total)
     team_phase_wait(team, ph, total)
@@ -1248,7 +1308,7 @@ cdef class Program:
 
     def run(self, const float[:, ::1] x, const int32_t[::1] positions, const int32_t[::1] seg_start, list tables,
             const int64_t[::1] logit_rows, float[:, ::1] logits, const uint8_t[::1] decode_seqs,
-            int n_threads, double[::1] prof=None, work=None):
+            int n_threads, double[::1] prof=None, work=None, int64_t[::1] argmax=None):
         """One step: logits of the rows ``logit_rows`` of the step's tokens.
 
         x : float32 (n, n_embd), the tokens' embeddings (n <= TOKENS_MAX)
@@ -1260,6 +1320,9 @@ cdef class Program:
         prof : float64 (len(PHASES),) or None: nanoseconds thread 0 spent in each phase are
             added to it (benchmarks)
         work : a uint8 array the step may use for its buffers (workspace_bytes(n)), or None
+        argmax : int64 (m,) or None: each logits row's argmax (np.argmax's first maximum),
+            found as the head writes the rows; -1 for a row holding a NaN or only -inf
+            (np.argmax's answer is then for the caller to find)
         Raises ValueError (nothing written to the caches) when a position maps to no block.
         """
         if not self.ready:
@@ -1285,6 +1348,8 @@ cdef class Program:
         for i in range(m):
             if not 0 <= logit_rows[i] < n or (i > 0 and logit_rows[i] <= logit_rows[i - 1]):
                 raise ValueError("Program.run: logit rows must be increasing rows of x")
+        if argmax is not None and argmax.shape[0] != m:
+            raise ValueError("Program.run: argmax must have one entry per logits row")
         if decode_seqs is not None and decode_seqs.shape[0] != S:
             raise ValueError("Program.run: decode_seqs must have one entry per sequence")
         for i in range(S):
@@ -1305,6 +1370,7 @@ cdef class Program:
         if prof is not None and prof.shape[0] < N_PHASES:
             raise ValueError("Program.run: prof needs one entry per phase")
         st.prof = &prof[0] if prof is not None else NULL
+        st.amax = NULL
         keep = []
         try:
             # the step's buffers: activations, quantized inputs, phase counters (zeroed), in
@@ -1358,12 +1424,24 @@ cdef class Program:
                                      powf(self.ropes[p].base, -2.0 / self.ropes[p].n_rot), self.ropes[p].freq_scale,
                                      NULL, st.rope[p] + i * self.ropes[p].n_rot)
             st.attn_buf = max(st.attn_buf, self.max_k)
+            if argmax is not None:
+                st.amax = <amax_lanes *>simd_alloc(nt * m * sizeof(amax_lanes))
+                if st.amax == NULL:
+                    raise MemoryError()
+                for i in range(nt * m):
+                    amax_init(&st.amax[i])
             team_init(&st.team, _spin_ns)
             with nogil, parallel(num_threads=nt):
                 _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st)
             if st.failed:
                 raise MemoryError("Program.run: per-thread scratch")
+            if argmax is not None:
+                for i in range(m):
+                    for j in range(1, nt):
+                        amax_merge(&st.amax[i], &st.amax[j * m + i])
+                    argmax[i] = amax_row(&st.amax[i])
         finally:
+            free(st.amax)
             for p in range(self.n_plans):
                 attn_plan_free(&st.pl[p])
                 free(st.blk[p])

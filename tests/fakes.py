@@ -188,6 +188,7 @@ class FakeModel:
         self.delay = delay
         self.fail_token = fail_token
         self.forward_calls = 0
+        self.argmax_calls = 0  # forwards asked for each row's argmax (greedy requests)
         self.tokens_evaluated = 0
         self.batch_sizes: list[int] = []  # segments per forward
         self.max_segment = 0
@@ -219,7 +220,8 @@ class FakeModel:
             h[2 + token % (self.N_EMBD - 2)] = 1.0
         return h
 
-    def forward(self, batch, all_logits: bool = False, output: str = "logits", n_logits=None) -> np.ndarray:
+    def forward(self, batch, all_logits: bool = False, output: str = "logits", n_logits=None,
+                argmax=None) -> np.ndarray:
         seen = set()
         for state, toks in batch:
             assert id(state) not in seen, "one segment per state per forward"
@@ -249,7 +251,12 @@ class FakeModel:
             rows += [self.logits_for(t) for t in toks[len(toks) - k:]]
         self.forward_calls += 1
         self.batch_sizes.append(len(batch))
-        return np.stack(rows).astype(np.float32)
+        out = np.stack(rows).astype(np.float32)
+        if argmax is not None:  # as the real model's: one int64 per logits row
+            assert argmax.dtype == np.int64 and argmax.shape == (out.shape[0],)
+            argmax[:] = np.argmax(out, axis=1)
+            self.argmax_calls += 1
+        return out
 
 
 def expected_text(prompt_last_char: str, n: int) -> str:

@@ -73,7 +73,7 @@ def build_kquant_llama(path, seed: int = 0):
     return finish_gguf(w, path)
 
 
-def build_legacy_llama(path, seed: int = 1):
+def build_legacy_llama(path, seed: int = 1, head_ties: bool = False):
     """2 llama layers 256 wide (head_dim 64, 4 heads / 2 kv heads, FFN 512) in every legacy
     quant format: q/k Q4_1 and v Q5_0 (two parts of one type side by side), attn_output
     Q5_1, gate/up Q5_0, down Q4_1 / Q8_0, output Q4_0 over 264 rows (a last row group of 8);
@@ -85,7 +85,14 @@ def build_legacy_llama(path, seed: int = 1):
     w = llama_writer(path, "tiny-llama-legacy", d, H, KVH, hd, F)
     add_tensor(w, "token_embd.weight", normal((V, d), 1.0), QT.Q8_0)
     add_tensor(w, "output_norm.weight", norm_w(d))
-    add_tensor(w, "output.weight", linear(d, V), QT.Q4_0)
+    head = linear(d, V)
+    if head_ties:  # one large row at 20, 150 and 263 (the last, short group), its negation at 40 and 200
+        big = head[0] * 40.0
+        for r in (20, 150, 263):
+            head[r] = big
+        for r in (40, 200):
+            head[r] = -big
+    add_tensor(w, "output.weight", head, QT.Q4_0)
     for i, down_t in enumerate((QT.Q4_1, QT.Q8_0)):
         p = f"blk.{i}."
         add_tensor(w, p + "attn_norm.weight", norm_w(d))
@@ -110,6 +117,7 @@ def models(tiny_models, built_model, tmp_path_factory):
     paths["gemma3-q8_0"] = build_gemma3(tmp_path_factory.mktemp("gemma3q") / "tiny-gemma3-q8_0.gguf", proj_type=QT.Q8_0)
     paths["kquant"] = build_kquant_llama(tmp_path_factory.mktemp("kquant") / "tiny-kquant.gguf")
     paths["legacy"] = build_legacy_llama(tmp_path_factory.mktemp("legacy") / "tiny-legacy.gguf")
+    paths["legacy-ties"] = build_legacy_llama(tmp_path_factory.mktemp("ties") / "tiny-legacy-ties.gguf", head_ties=True)
     cache = {}
 
     def get(name, kv_type="f16"):
@@ -317,6 +325,73 @@ def test_token_shares_give_the_same_bits(models, name, kv_type):
         for r, g in zip(ref, got):
             assert np.isfinite(g).all()
             np.testing.assert_array_equal(r, g)
+
+
+def argmax_steps(m, n_seq: int = 20, with_argmax: bool = True):
+    """Decode steps of 1, 3 and n_seq sequences (as many_sequences's), a verify step and a
+    prompt chunk, with forward(argmax=...) (None: without): (logits, argmax) of each."""
+    V = m.n_vocab
+    seqs = [m.new_state() for _ in range(n_seq - 1)]
+    for i, s in enumerate(seqs):
+        m.forward([(s, rand_tokens(2 + 13 * i, 50 + i, V))])
+    seqs.append(seqs[3].fork())
+    out = []
+    for k in range(3):
+        for b in (1, 3, n_seq):
+            am = np.full(b, -7, np.int64) if with_argmax else None
+            out.append((m.forward([(s, [(7 * i + k) % V]) for i, s in enumerate(seqs[:b])], argmax=am), am))
+    am = np.full(25, -7, np.int64) if with_argmax else None
+    out.append((m.forward([(s, rand_tokens(5, 70 + i, V)) for i, s in enumerate(seqs[:5])], n_logits=[5] * 5,
+                          argmax=am), am))
+    am = np.full(12, -7, np.int64) if with_argmax else None
+    out.append((m.forward([(seqs[0], rand_tokens(12, 90, V))], all_logits=True, argmax=am), am))
+    for s in seqs:
+        s.release()
+    return out
+
+
+@pytest.mark.parametrize("name,kv_type", [("legacy", "f16"), ("legacy-ties", "f16"), ("kquant", "q8_0"),
+                                          ("llama-f16", "f16"), ("qwen3-q4_0", "q4_0"), ("gemma3", "f16")])
+def test_argmax_found_by_the_head_is_np_argmax(models, name, kv_type):
+    """forward(argmax=...) gives each logits row's np.argmax (the first maximum: the ties
+    model's head has three equal largest rows, one in the last, short row group) for one,
+    three and many sequences, verify rows, a prompt chunk, at 1-3 threads and with token
+    shares as small as they go, and leaves the logits as they were."""
+    step = _kernels.load("step")
+    m = models(name, kv_type)
+    with n_threads(1):
+        ref = argmax_steps(m, with_argmax=False)
+    for nt, share_min in ((1, 8), (2, 8), (2, 1), (3, 1)):
+        old = step.set_share_min(share_min)
+        try:
+            with n_threads(nt):
+                got = argmax_steps(m)
+        finally:
+            step.set_share_min(old)
+        for (logits, am), (r, _) in zip(got, ref):
+            np.testing.assert_array_equal(am, np.argmax(logits, axis=1))
+            np.testing.assert_array_equal(logits, r)
+    if name == "legacy-ties":
+        logits, am = got[2]
+        np.testing.assert_array_equal(logits[:, 20], logits[:, 150])
+        np.testing.assert_array_equal(logits[:, 20], logits[:, 263])
+        # rows whose maximum is the tied row: always its first copy
+        assert 20 in am.tolist() and not {150, 263, 200} & set(am.tolist())
+
+
+def test_argmax_rejects_a_wrong_buffer(models):
+    m = models("legacy")
+    st = m.new_state()
+    m.forward([(st, [1, 2, 3])])
+    with pytest.raises(ValueError, match="argmax"):
+        m.forward([(st, [4])], argmax=np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="argmax"):
+        m.forward([(st, [4])], argmax=np.zeros(1, np.int32))
+    assert st.n_tokens == 3  # nothing appended
+    am = np.zeros(1, np.int64)
+    lg = m.forward([(st, [4])], argmax=am)
+    assert am[0] == np.argmax(lg[0]) and st.n_tokens == 4
+    st.release()
 
 
 def test_token_shares_by_default_on_amd_cpus_only():

@@ -52,6 +52,23 @@ def test_greedy_n_predict_limit():
         eng.stop()
 
 
+def test_greedy_requests_take_the_argmax_the_model_found():
+    """A step with a greedy request asks the model for each row's argmax (the decode step's
+    head finds it) and samples that; a sampled request's step does not; the text is the
+    same greedy continuation."""
+    model = FakeModel()
+    eng = make_engine(model=model)
+    try:
+        c = run(eng, "a", n_predict=5)
+        assert c.text == expected_text("a", 5)
+        assert model.argmax_calls == model.forward_calls > 0
+        before = model.forward_calls, model.argmax_calls
+        run(eng, "a", n_predict=5, sampling=SamplingParams(temperature=0.8, seed=1))
+        assert model.forward_calls > before[0] and model.argmax_calls == before[1]
+    finally:
+        eng.stop()
+
+
 def test_eos_and_ignore_eos():
     eng = make_engine()
     try:

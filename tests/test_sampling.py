@@ -130,3 +130,21 @@ def test_top_k_kernel_is_a_stable_descending_sort_prefix(n, k):
     assert got == len(want)
     np.testing.assert_array_equal(ids[:got], want)
     np.testing.assert_array_equal(vals[:got], x[want])
+
+
+def test_argmax_found_elsewhere_taken_only_when_greedy_and_plain():
+    logits = np.array([0.1, 2.0, 1.5, -1.0], dtype=np.float32)
+    plain = Sampler(_params(temperature=0.0))
+    assert plain.takes_argmax
+    assert plain.sample(logits, argmax=1).token == 1
+    # the hint is taken as given (the caller's argmax is the row's)
+    assert plain.sample(logits, argmax=2).token == 2
+    for kw in (dict(temperature=0.7), dict(temperature=0.0, logit_bias={2: 5.0}),
+               dict(temperature=0.0, n_probs=2), dict(temperature=0.0, repeat_penalty=1.3, repeat_last_n=8)):
+        s = Sampler(_params(**kw))
+        assert not s.takes_argmax, kw
+        if kw.get("temperature") == 0.0:
+            want = s.sample(logits, history=[1]).token
+            assert s.sample(logits, history=[1], argmax=0).token == want, kw
+    short = Sampler(_params(temperature=0.0), n_vocab=3)  # a tokenizer vocabulary under the model's
+    assert short.sample(np.array([0.0, 1.0, 0.5, 9.0], np.float32), argmax=3).token == 1

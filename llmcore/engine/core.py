@@ -607,7 +607,8 @@ class Engine:
                 room = min(room, p.n_predict - len(g.generated) - 1)
             g.draft = g.drafter.draft(g.history, max(0, room)) if room > 0 else []
 
-    def _verify(self, s: Slot, rows: np.ndarray, n_draft: int, n_before: int, mask) -> None:
+    def _verify(self, s: Slot, rows: np.ndarray, n_draft: int, n_before: int, mask,
+                argmax: np.ndarray | None = None) -> None:
         """Sample each verified position in turn, as plain decoding would; keep the drafts up
         to the first that differs from the token sampled there, then cut the state back to
         the kept ones (the last sampled token is evaluated next step, as always)."""
@@ -617,7 +618,7 @@ class Engine:
         g.n_drafted += n_draft  # counted first: the request may end inside the loop
         self.c.spec_draft_tokens += n_draft
         for i in range(n_draft + 1):
-            self._sample(s, rows[i], mask if i == 0 else None)
+            self._sample(s, rows[i], mask if i == 0 else None, int(argmax[i]) if argmax is not None else None)
             if s.gen is not g or i == n_draft or g.generated[-1] != draft[i]:
                 break
             accepted += 1
@@ -649,7 +650,8 @@ class Engine:
         if emb.items:
             plan = StepPlan([it for it in plan.items if it.slot.gen.pooled is None])
         t0 = time.perf_counter()
-        logits = self._forward(plan) if plan.items else None
+        greedy = any(it.slot.gen is not None and it.slot.gen.sampler.takes_argmax for it in plan.items)
+        logits = self._forward(plan, greedy=greedy) if plan.items else None
         hidden = self._forward(emb, output="hidden") if emb.items else None
         if logits is None and hidden is None:
             return
@@ -671,9 +673,10 @@ class Engine:
                 continue
             try:
                 self.c.n_tokens_max = max(self.c.n_tokens_max, s.n_tokens)
+                am = plan.argmax[r0:row] if plan.argmax is not None else None
                 if it.n_draft:
                     self._verify(s, logits[r0:row], it.n_draft, s.n_tokens - it.n,
-                                 masks.get(s.id) if masks else None)
+                                 masks.get(s.id) if masks else None, am)
                     continue
                 if g.phase is Phase.PREFILL:
                     g.i_pending += it.n
@@ -686,7 +689,8 @@ class Engine:
                     if g.task.params.n_predict == 0:
                         self._finish(s, StopReason.LIMIT)
                         continue
-                self._sample(s, logits[r0], masks.get(s.id) if masks else None)
+                self._sample(s, logits[r0], masks.get(s.id) if masks else None,
+                             int(am[0]) if am is not None else None)
             except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                 log.exception("post-processing failed on slot %d", s.id)
                 self._fail(s, e, drop_state=False)
@@ -728,19 +732,24 @@ class Engine:
         pending = self._masks.start([s.gen.constraint for s in sampling])
         return {s.id: (pending, i) for i, s in enumerate(sampling)}
 
-    def _forward(self, plan: StepPlan, output: str = "logits"):
+    def _forward(self, plan: StepPlan, output: str = "logits", greedy: bool = False):
         """model.forward with KV-pressure handling: on a full pool free cached states, then
         let prefilling slots wait (dropped from this step), then fail the youngest request
         with ContextFullError. Shrinks the plan in place; None: nothing ran. `output`:
-        "logits", or "hidden" (every token's hidden state, for embeddings)."""
+        "logits", or "hidden" (every token's hidden state, for embeddings). `greedy`: also
+        each logits row's argmax, into plan.argmax (found by the decode step's head)."""
         while plan.items:
             try:
                 if output != "logits":
                     return self.model.forward(plan.batch, output=output)
                 n_logits = plan.n_logits
-                if n_logits is None:
-                    return self.model.forward(plan.batch)
-                return self.model.forward(plan.batch, n_logits=n_logits)
+                plan.argmax = None
+                kw = {} if n_logits is None else {"n_logits": n_logits}
+                if greedy:
+                    kw["argmax"] = np.empty(len(plan) if n_logits is None else sum(n_logits), dtype=np.int64)
+                logits = self.model.forward(plan.batch, **kw)
+                plan.argmax = kw.get("argmax")
+                return logits
             except ContextFullError as e:
                 if memory.make_room(plan.batch, self._evict_cached, self._drop_idle_state):
                     continue
@@ -809,23 +818,27 @@ class Engine:
         return n
 
     # ---- after the forward: sampling and the end of a generation ---------------------
-    def _sample(self, s: Slot, row: np.ndarray, mask=None) -> None:
+    def _sample(self, s: Slot, row: np.ndarray, mask=None, argmax: int | None = None) -> None:
+        """Sample the slot's next token from its logits row (argmax: the row's, when the
+        step found it; ignored once the row is changed here)."""
         g = s.gen
         p = g.task.params
         c = g.constraint
         if mask is not None:
+            argmax = None
             pending, i = mask
             row = pending.apply(i, row)
             if not np.isfinite(row).any():
                 raise GrammarStuckError(f"the grammar allows no next token ({c.error or 'no way to go on'})")
         if len(g.generated) < p.min_tokens and self.eog_ids:
+            argmax = None
             row = self._without_eog(row)
         budget = p.reasoning_budget
         forced = budget.forced() if budget is not None else None
         if forced is not None:  # the thinking budget is spent: its block is closed
             sample = Sample(forced, float("nan"), None)
         else:
-            sample = g.sampler.sample(row, g.history)
+            sample = g.sampler.sample(row, g.history, argmax)
         tok = sample.token
         if budget is not None:
             budget.after(tok)

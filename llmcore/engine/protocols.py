@@ -90,10 +90,11 @@ class LanguageModel(Protocol):
 
     def forward(self, batch: Sequence[tuple[SequenceState, np.ndarray]],
                 all_logits: bool = False, output: str = "logits",
-                n_logits: Sequence[int] | None = None) -> np.ndarray:
+                n_logits: Sequence[int] | None = None, argmax: np.ndarray | None = None) -> np.ndarray:
         """Append each segment's tokens to its sequence and return float32 logits
         (n_segments, n_vocab) of each segment's last token; with ``output="hidden"`` the
-        final-normed hidden states of every token (embeddings). All or nothing: on an
+        final-normed hidden states of every token (embeddings). ``argmax`` (int64, one per
+        logits row): filled with each row's argmax (greedy requests). All or nothing: on an
         error (KV pool full: ``ContextFullError``) every sequence is left as it was."""
         ...
 

@@ -49,6 +49,8 @@ class StepItem:
 @dataclass
 class StepPlan:
     items: list[StepItem] = field(default_factory=list)
+    # after the forward: each logits row's argmax, when a greedy request asked for it
+    argmax: "np.ndarray | None" = field(default=None, compare=False, repr=False)
 
     @property
     def batch(self) -> list[tuple]:

@@ -262,7 +262,8 @@ class Model:
         return {f"moe_{k}": float(v) for k, v in self.moe_stats.as_dict().items()}
 
     def forward(self, batch: Sequence[tuple[SeqState, Any]], all_logits: bool = False,
-                output: str = "logits", n_logits: Sequence[int] | None = None) -> np.ndarray:
+                output: str = "logits", n_logits: Sequence[int] | None = None,
+                argmax: np.ndarray | None = None) -> np.ndarray:
         """Run one step over several sequences.
 
         Returns float32 logits (n_segments, n_vocab) for the last token of each segment, or
@@ -270,7 +271,10 @@ class Model:
         ``all_logits``, or the last ``n_logits[i]`` positions of each segment i
         (concatenated) when given; with ``output="hidden"`` the final-normed hidden states of every
         token instead, (total_tokens, n_embd) (what embeddings pool). On error (e.g. KV
-        cache full) every sequence is left as it was.
+        cache full) every sequence is left as it was. ``argmax``: an int64 array with one
+        entry per logits row, filled with each row's argmax (what greedy decoding takes;
+        the fused decode step finds it as its head writes the rows, cheaper than a pass over
+        the logits after).
         """
         if not batch:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
@@ -298,8 +302,21 @@ class Model:
                 c.trim(before)
             raise
         fb = ForwardBatch(seqs, toks, starts, n_logits)
+        if argmax is not None:
+            n_rows = fb.n_tokens if all_logits else len(fb.logit_rows)
+            if output == "hidden" or argmax.dtype != np.int64 or argmax.shape != (n_rows,):
+                for c, before in reversed(done):
+                    c.trim(before)
+                raise ValueError(f"forward: argmax must be int64 ({n_rows},) and the output logits")
         try:
-            logits = self._hidden(fb) if output == "hidden" else self._forward(fb, all_logits)
+            if output == "hidden":
+                logits = self._hidden(fb)
+            elif argmax is not None and type(self)._forward is Model._forward:
+                logits = self._forward(fb, all_logits, argmax)
+            else:  # (an architecture's own graph: the argmax after)
+                logits = self._forward(fb, all_logits)
+                if argmax is not None:
+                    argmax[:] = np.argmax(logits, axis=1)
         except Exception:
             for c, before in reversed(done):
                 c.trim(before)
@@ -316,15 +333,18 @@ class Model:
             step = self._decode_step = DecodeStep.build(self)
         return step
 
-    def _forward(self, fb: ForwardBatch, all_logits: bool) -> np.ndarray:
+    def _forward(self, fb: ForwardBatch, all_logits: bool, argmax: np.ndarray | None = None) -> np.ndarray:
         step = self.decode_step() if fb.n_tokens <= DECODE_STEP_TOKENS else None
         if step is not None:
             rows = np.arange(fb.n_tokens) if all_logits else fb.logit_rows
-            return step(fb, self.embed(fb.tokens), rows)
+            return step(fb, self.embed(fb.tokens), rows, argmax)
         x = run_blocks(self.blocks, self.embed(fb.tokens), fb)
         if not all_logits and len(fb.logit_rows) != fb.n_tokens:
             x = x[fb.logit_rows]
-        return self.head(x)
+        logits = self.head(x)
+        if argmax is not None:
+            argmax[:] = np.argmax(logits, axis=1)
+        return logits
 
     def _hidden(self, fb: ForwardBatch) -> np.ndarray:
         x = run_blocks(self.blocks, self.embed(fb.tokens), fb)

@@ -154,19 +154,28 @@ class DecodeStep:
             self.prog.set_pools([tuple(attn._pool_views(pool)[2:4]) for attn, pool in self.pools])
             self._grows = grows
 
-    def __call__(self, fb: ForwardBatch, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Logits (len(rows), n_vocab) of the step's rows ``rows`` (increasing)."""
+    def __call__(self, fb: ForwardBatch, x: np.ndarray, rows: np.ndarray,
+                 argmax: np.ndarray | None = None) -> np.ndarray:
+        """Logits (len(rows), n_vocab) of the step's rows ``rows`` (increasing). ``argmax``
+        (int64, len(rows)): filled with each logits row's argmax (np.argmax's), found by the
+        head as it writes the rows (pyx/simd_argmax.h) instead of a pass over them after."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         logits = np.empty((rows.shape[0], self.n_vocab), dtype=np.float32)
         self._check_pools()
         work = getattr(self._tls, "work", None)
         if work is None or work.nbytes < self.prog.workspace_bytes(fb.n_tokens):
             work = self._tls.work = np.empty(self.prog.workspace_bytes(max(fb.n_tokens, 8)), np.uint8)
+        fused = argmax is not None and not self.softcap  # (a soft cap can tie rows it saturates)
         self.prog.run(np.ascontiguousarray(x, dtype=np.float32), fb.positions, fb.seg_start,
                       [fb.tables_for(g) for g in self.groups], rows, logits,
-                      fb.decode_seqs, get_num_threads(), self.prof, work)
+                      fb.decode_seqs, get_num_threads(), self.prof, work, argmax if fused else None)
         if self.softcap:
             logits = np.tanh(logits / self.softcap) * self.softcap
+        if argmax is not None and not fused:
+            argmax[:] = np.argmax(logits, axis=1)
+        elif argmax is not None:
+            for i in np.flatnonzero(argmax < 0):  # a NaN or only -inf in the row: np.argmax decides
+                argmax[i] = np.argmax(logits[i])
         return logits
 
 
