@@ -138,8 +138,9 @@ class LLMCore:
         """Seconds for n greedy tokens after toks; n_threads fixes the thread count (default:
         chosen per step by measured speed, up to the model's threads)."""
         st = self.model.new_state()
-        logits = self.model.forward([(st, np.asarray(toks, dtype=np.int32))])
-        t = int(np.argmax(logits[0]))
+        am = np.empty(1, dtype=np.int64)  # greedy: the argmax the step's head finds, as the engine takes it
+        self.model.forward([(st, np.asarray(toks, dtype=np.int32))], argmax=am)
+        t = int(am[0])
         from llmcore import threads
 
         self.step_times = []
@@ -149,11 +150,11 @@ class LLMCore:
             self.steps_at[nt] = self.steps_at.get(nt, 0) + 1
             threads.set_num_threads(nt)
             ts = time.perf_counter()
-            logits = self.model.forward([(st, np.array([t], dtype=np.int32))])
+            self.model.forward([(st, np.array([t], dtype=np.int32))], argmax=am)
             self.step_times.append(time.perf_counter() - ts)
             if n_threads is None:  # the choice learns from its own steps only, as in the engine
                 self.adaptive.record(1, nt, self.step_times[-1])
-            t = int(np.argmax(logits[0]))
+            t = int(am[0])
         dt = time.perf_counter() - t0
         st.release()
         return dt
