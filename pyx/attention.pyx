@@ -26,7 +26,8 @@ from simd cimport simd_alloc
 
 from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx, attn_item,
                        attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free, attn_run_item,
-                       attn_scratch_floats, attn_set_lanes_min_rows, attn_set_split_heads)
+                       attn_scratch_floats, attn_set_lanes_min_rows, attn_set_pv_scales_first,
+                       attn_set_split_heads)
 from amx_bf16 cimport ab_env_on, ab_init
 
 if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8_0, T_Q4_0):
@@ -158,6 +159,13 @@ def _set_lanes_min_rows(int n):
     (simd_attention.h; same bits as the rows kernel): tests and benchmarks compare the two.
     Returns the previous value."""
     return attn_set_lanes_min_rows(n)
+
+
+def _set_pv_scales_first(int on):
+    """Whether decode P.V over a Q4_0 V converts the block scales of an item's keys first
+    (simd_attention.h attn_q4_scales; the same bits: tests compare the two). Returns the
+    previous value."""
+    return attn_set_pv_scales_first(on)
 
 
 def _set_split_heads(int on):

@@ -51,6 +51,7 @@ cdef extern from "simd_attention.h" nogil:
     int attn_set_pf_lin(int on)
     int attn_split_heads
     int attn_set_split_heads(int on)
+    int attn_set_pv_scales_first(int on)
 
 cdef enum:
     # a sequence with at most this many query rows per kv head (query tokens x GQA group)

@@ -1939,10 +1939,34 @@ static inline __attribute__((always_inline)) void attn_rows_scores_rb(
 
 /* o[r*Dv + c] = o * alpha[r] + sum_{j0 <= j < j1} p[r*ldS + j] v_j[c] for r < RB, over NV
  * vectors of values from c0 (the last masked by kl) */
+/* (A/B) 0: a Q4_0 V's block scales converted key by key inside the P.V loop */
+static int attn_pv_scales_first = 1;
+static inline int attn_set_pv_scales_first(int on) { const int old = attn_pv_scales_first; attn_pv_scales_first = on; return old; }
+
+/* the f16 scales of V rows [j0, j1) (rows ldv bytes apart; the scale at x + j * ldv) as
+ * floats d[j - j0], 16 rows a gather (the P.V loop then multiplies its table by a float
+ * from L1: one instruction a block, not a scalar load, a conversion and a broadcast) */
+static inline void attn_q4_scales(const uint8_t *x, long ldv, int j0, int j1, float *d) {
+    const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)ldv));
+    for (int jb = j0; jb < j1; jb += 16) {
+        const int n = j1 - jb < 16 ? j1 - jb : 16;
+        const __mmask16 live = (__mmask16)((1u << n) - 1u);
+        const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, off, x + (long)jb * ldv, 1);
+        _mm512_storeu_ps(d + (jb - j0), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+    }
+}
+
 static inline __attribute__((always_inline)) void attn_rows_pv_rb(
         const int RB, const int T, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int c0, int j0, int j1, const float *alpha, __mmask16 kl, const attn_pf *pf) {
     __m512 acc[4][4];
+    /* (Q4_0) the blocks' scales as floats, d[i / 2][j - j0] for the block of values c0 + 16 i */
+    __attribute__((aligned(64))) float dq[2][ATTN_MAX_BS + 16];
+    const int scales_first = T == ATTN_KV_Q4_0 && attn_pv_scales_first && j1 - j0 <= ATTN_MAX_BS;
+    if (scales_first)
+        for (int i = 0; i < NV; i += 2)
+            attn_q4_scales((const uint8_t *)v + ((c0 + 16 * i) >> 5) * 18, ldv, j0, j1, dq[i / 2]);
     __mmask16 km[4];
     for (int i = 0; i < NV; i++) km[i] = i == NV - 1 ? kl : (__mmask16)0xFFFF;
     for (int r = 0; r < RB; r++) {
@@ -1956,8 +1980,11 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
         if (T == ATTN_KV_Q4_0) {
             /* attn_kvec's values a block at a time (c0 is a multiple of 64, Dv of 32): its
              * bytes loaded once for both halves, the same bits */
-            for (int i = 0; i < NV; i += 2)
-                kv_q4_0_block((const uint8_t *)v + j * ldv + ((c0 + 16 * i) >> 5) * 18, &vv[i], &vv[i + 1]);
+            for (int i = 0; i < NV; i += 2) {
+                const uint8_t *xb = (const uint8_t *)v + j * ldv + ((c0 + 16 * i) >> 5) * 18;
+                if (scales_first) kv_q4_0_block_d(xb, dq[i / 2][j - j0], &vv[i], &vv[i + 1]);
+                else kv_q4_0_block(xb, &vv[i], &vv[i + 1]);
+            }
         } else
             for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, T, j, ldv, c0 + 16 * i, km[i]);
         for (int r = 0; r < RB; r++) {
@@ -1989,6 +2016,8 @@ static inline __attribute__((always_inline)) void attn_rows_pv_all(
         ATTN_ROWS_PV(RB, T, nv, o, Dv, p, ldS, v, ldv, c0, j0, j1, alpha, kl, c0 == 0 ? pf : NULL);
     }
 }
+#else
+static inline int attn_set_pv_scales_first(int on) { (void)on; return 0; }
 #endif
 
 #if ATTN_AVX2

@@ -144,6 +144,15 @@ static inline void kv_dequant_q8_0(const uint8_t *x, float *y, int n) {
 /* the 32 values d * (n - 8) of the Q4_0 block at x: nibble n -> its value by a permute (it
  * reads the low 4 bits of each index) of a table already times d (the products are exact,
  * so the bits of d * (float)(n - 8)) */
+/* kv_q4_0_block with the block's scale given as a float (the same bits) */
+static inline __attribute__((always_inline)) void kv_q4_0_block_d(const uint8_t *x, float d, __m512 *lo, __m512 *hi) {
+    const __m512 lut = _mm512_mul_ps(_mm512_set1_ps(d),
+                                     _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x + 2)));
+    *lo = _mm512_permutexvar_ps(q, lut);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
+}
+
 static inline void kv_q4_0_block(const uint8_t *x, __m512 *lo, __m512 *hi) {
     const __m512 lut = _mm512_mul_ps(_mm512_set1_ps(simd_load_f16(x)),
                                      _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));

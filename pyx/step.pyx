@@ -55,7 +55,7 @@ from libc.string cimport memcpy, memset
 
 from attn_plan cimport (attn_ctx, attn_item, attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free,
                         attn_run_item, attn_scratch_floats, attn_set_lanes_min_rows,
-                        attn_set_pf_lin, attn_set_pf_spread, attn_set_split_heads)
+                        attn_set_pf_lin, attn_set_pf_spread, attn_set_pv_scales_first, attn_set_split_heads)
 from amx_bf16 cimport ab_env_on, ab_init
 from kv_rows cimport T_Q4_0, T_Q4_0_TILES, kv_tiles_ok, store_slot
 from norms cimport rms_row
@@ -269,6 +269,13 @@ def _argmax_pieces(const float[:, ::1] y, const int64_t[::1] cuts, int n_threads
     finally:
         free(a)
     return out
+
+
+def _set_pv_scales_first(int on):
+    """Whether decode P.V over a Q4_0 V converts the block scales of an item's keys first
+    (simd_attention.h attn_q4_scales; the same bits; A/B in benchmarks). Returns the previous
+    value."""
+    return attn_set_pv_scales_first(on)
 
 
 def _set_pf_lin(int on):
