@@ -1943,7 +1943,7 @@ static inline __attribute__((always_inline)) void attn_rows_scores_rb(
 static int attn_pv_scales_first = 1;
 static inline int attn_set_pv_scales_first(int on) { const int old = attn_pv_scales_first; attn_pv_scales_first = on; return old; }
 
-/* the f16 scales of V rows [j0, j1) (rows ldv bytes apart; the scale at x + j * ldv) as
+/* the f16 scales of V rows [j0, j1) (Q4_0 / Q8_0 blocks ldv bytes apart; the scale at x + j * ldv) as
  * floats d[j - j0], 16 rows a gather (the P.V loop then multiplies its table by a float
  * from L1: one instruction a block, not a scalar load, a conversion and a broadcast) */
 static inline void attn_q4_scales(const uint8_t *x, long ldv, int j0, int j1, float *d) {
@@ -1961,12 +1961,14 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
         const int RB, const int T, const int NV, float *o, int Dv, const float *p, int ldS, const void *v, long ldv,
         int c0, int j0, int j1, const float *alpha, __mmask16 kl, const attn_pf *pf) {
     __m512 acc[4][4];
-    /* (Q4_0) the blocks' scales as floats, d[i / 2][j - j0] for the block of values c0 + 16 i */
+    /* (Q4_0, Q8_0) the blocks' scales as floats, d[i / 2][j - j0] for the block of values
+     * c0 + 16 i */
     __attribute__((aligned(64))) float dq[2][ATTN_MAX_BS + 16];
-    const int scales_first = T == ATTN_KV_Q4_0 && attn_pv_scales_first && j1 - j0 <= ATTN_MAX_BS;
+    const int bbytes = T == ATTN_KV_Q8_0 ? 34 : 18;
+    const int scales_first = (T == ATTN_KV_Q4_0 || T == ATTN_KV_Q8_0) && attn_pv_scales_first && j1 - j0 <= ATTN_MAX_BS;
     if (scales_first)
         for (int i = 0; i < NV; i += 2)
-            attn_q4_scales((const uint8_t *)v + ((c0 + 16 * i) >> 5) * 18, ldv, j0, j1, dq[i / 2]);
+            attn_q4_scales((const uint8_t *)v + ((c0 + 16 * i) >> 5) * bbytes, ldv, j0, j1, dq[i / 2]);
     __mmask16 km[4];
     for (int i = 0; i < NV; i++) km[i] = i == NV - 1 ? kl : (__mmask16)0xFFFF;
     for (int r = 0; r < RB; r++) {
@@ -1984,6 +1986,12 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
                 const uint8_t *xb = (const uint8_t *)v + j * ldv + ((c0 + 16 * i) >> 5) * 18;
                 if (scales_first) kv_q4_0_block_d(xb, dq[i / 2][j - j0], &vv[i], &vv[i + 1]);
                 else kv_q4_0_block(xb, &vv[i], &vv[i + 1]);
+            }
+        } else if (T == ATTN_KV_Q8_0 && scales_first) {  /* attn_kvec's values, the scale from dq */
+            for (int i = 0; i < NV; i++) {
+                const uint8_t *b = (const uint8_t *)v + j * ldv + ((c0 + 16 * i) >> 5) * 34 + 2 + ((c0 + 16 * i) & 31);
+                vv[i] = _mm512_mul_ps(_mm512_set1_ps(dq[i / 2][j - j0]),
+                                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b))));
             }
         } else
             for (int i = 0; i < NV; i++) vv[i] = attn_kvec(v, T, j, ldv, c0 + 16 * i, km[i]);

@@ -311,21 +311,22 @@ def test_amx_bf16_prompt_tiles_agree_with_the_f32_tiles(kv_type):
             np.testing.assert_array_equal(got[seg[2]:], f32[seg[2]:])
 
 
+@pytest.mark.parametrize("kv_type", ["q4_0", "q8_0"])
 @pytest.mark.parametrize("bs", [8, 32, 256])
-def test_q4_0_scales_converted_first_keep_the_bits(bs):
-    """Decode rows over a Q4_0 V read the item's block scales as floats converted first (16
+def test_block_scales_converted_first_keep_the_bits(kv_type, bs):
+    """Decode rows over a Q4_0 / Q8_0 V read the item's block scales as floats converted first (16
     rows a gather) instead of one by one in the P.V loop: the same bits, for one and several
     rows a kv head, a window that starts inside a block, a verify segment past the rows
     kernel's in-place limit, long decodes over several key chunks, and head dims of 64 and 128."""
     kern = _kernels.load("attention")
     for H, KVH, D in ((9, 3, 64), (8, 2, 128)):
-        case = build_case("q4_0", seq_lens=[300, 61, 3 * CHUNK_KEYS + 200, 40], n_q=[1, 3, 2, 12], H=H, KVH=KVH, D=D,
-                          bs=bs, seed=61)
+        case = build_case(kv_type, seq_lens=[300, 61, 3 * CHUNK_KEYS + 200, 40], n_q=[1, 3, 2, 12], H=H, KVH=KVH,
+                          D=D, bs=bs, seed=61)
         for kw in (dict(), dict(window=45)):
-            got = both(case, "q4_0", 0.125, **kw)[0]
+            got = both(case, kv_type, 0.125, **kw)[0]
             old = kern._set_pv_scales_first(0)
             try:
-                in_loop = both(case, "q4_0", 0.125, **kw)[0]
+                in_loop = both(case, kv_type, 0.125, **kw)[0]
             finally:
                 kern._set_pv_scales_first(old)
             np.testing.assert_array_equal(got, in_loop)
