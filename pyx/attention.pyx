@@ -162,8 +162,8 @@ def _set_lanes_min_rows(int n):
 
 
 def _set_pv_scales_first(int on):
-    """Whether decode P.V over a Q4_0 V converts the block scales of an item's keys first
-    (simd_attention.h attn_q4_scales; the same bits: tests compare the two). Returns the
+    """Whether decode P.V over a Q4_0 or Q8_0 V converts the block scales of an item's keys first
+    (simd_attention.h attn_block_scales; the same bits: tests compare the two). Returns the
     previous value."""
     return attn_set_pv_scales_first(on)
 

@@ -1946,7 +1946,7 @@ static inline int attn_set_pv_scales_first(int on) { const int old = attn_pv_sca
 /* the f16 scales of V rows [j0, j1) (Q4_0 / Q8_0 blocks ldv bytes apart; the scale at x + j * ldv) as
  * floats d[j - j0], 16 rows a gather (the P.V loop then multiplies its table by a float
  * from L1: one instruction a block, not a scalar load, a conversion and a broadcast) */
-static inline void attn_q4_scales(const uint8_t *x, long ldv, int j0, int j1, float *d) {
+static inline void attn_block_scales(const uint8_t *x, long ldv, int j0, int j1, float *d) {
     const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)ldv));
     for (int jb = j0; jb < j1; jb += 16) {
@@ -1968,7 +1968,7 @@ static inline __attribute__((always_inline)) void attn_rows_pv_rb(
     const int scales_first = (T == ATTN_KV_Q4_0 || T == ATTN_KV_Q8_0) && attn_pv_scales_first && j1 - j0 <= ATTN_MAX_BS;
     if (scales_first)
         for (int i = 0; i < NV; i += 2)
-            attn_q4_scales((const uint8_t *)v + ((c0 + 16 * i) >> 5) * bbytes, ldv, j0, j1, dq[i / 2]);
+            attn_block_scales((const uint8_t *)v + ((c0 + 16 * i) >> 5) * bbytes, ldv, j0, j1, dq[i / 2]);
     __mmask16 km[4];
     for (int i = 0; i < NV; i++) km[i] = i == NV - 1 ? kl : (__mmask16)0xFFFF;
     for (int r = 0; r < RB; r++) {

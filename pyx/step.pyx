@@ -244,36 +244,51 @@ def _set_pf_spread(int on):
     return attn_set_pf_spread(on)
 
 
+cdef amax_lanes *_amax_new(int n_threads, int64_t m) except NULL:
+    """Running maxima for m logits rows and each of n_threads threads (thread th's row t at
+    th * m + t), initialized; free() them."""
+    cdef amax_lanes *a = <amax_lanes *>simd_alloc(n_threads * m * sizeof(amax_lanes))
+    cdef int64_t i
+    if a == NULL:
+        raise MemoryError()
+    for i in range(n_threads * m):
+        amax_init(&a[i])
+    return a
+
+
+cdef void _amax_rows(amax_lanes *a, int n_threads, int64_t m, int64_t *out) noexcept nogil:
+    """The threads' maxima merged into the first's; out[t]: row t's argmax (-1: a NaN or
+    only -inf, for np.argmax to decide)."""
+    cdef int64_t t
+    cdef int th
+    for t in range(m):
+        for th in range(1, n_threads):
+            amax_merge(&a[t], &a[th * m + t])
+        out[t] = amax_row(&a[t])
+
+
 def _argmax_pieces(const float[:, ::1] y, const int64_t[::1] cuts, int n_threads):
     """Tests: each row's argmax as the head finds it (simd_argmax.h), the vocabulary cut
     into the pieces [cuts[i], cuts[i + 1]) (work items) and piece i folded in by simulated
     thread i % n_threads, then the threads merged. -1 for a row holding a NaN or only -inf."""
-    cdef int64_t m = y.shape[0], i, t, j
-    cdef int th
+    cdef int64_t m = y.shape[0], t, j
     out = np.empty(m, np.int64)
     cdef int64_t[::1] o = out
-    cdef amax_lanes *a = <amax_lanes *>simd_alloc(n_threads * m * sizeof(amax_lanes))
-    if a == NULL:
-        raise MemoryError()
+    cdef amax_lanes *a = _amax_new(n_threads, m)
     try:
-        for i in range(n_threads * m):
-            amax_init(&a[i])
         for j in range(cuts.shape[0] - 1):
-            th = j % n_threads
             for t in range(m):
-                amax_update(&a[th * m + t], &y[t, 0], cuts[j], cuts[j + 1])
-        for t in range(m):
-            for th in range(1, n_threads):
-                amax_merge(&a[t], &a[th * m + t])
-            o[t] = amax_row(&a[t])
+                amax_update(&a[(j % n_threads) * m + t], &y[t, 0], cuts[j], cuts[j + 1])
+        if m > 0:
+            _amax_rows(a, n_threads, m, &o[0])
     finally:
         free(a)
     return out
 
 
 def _set_pv_scales_first(int on):
-    """Whether decode P.V over a Q4_0 V converts the block scales of an item's keys first
-    (simd_attention.h attn_q4_scales; the same bits; A/B in benchmarks). Returns the previous
+    """Whether decode P.V over a Q4_0 or Q8_0 V converts the block scales of an item's keys first
+    (simd_attention.h attn_block_scales; the same bits; A/B in benchmarks). Returns the previous
     value."""
     return attn_set_pv_scales_first(on)
 
@@ -1432,21 +1447,14 @@ cdef class Program:
                                      NULL, st.rope[p] + i * self.ropes[p].n_rot)
             st.attn_buf = max(st.attn_buf, self.max_k)
             if argmax is not None:
-                st.amax = <amax_lanes *>simd_alloc(nt * m * sizeof(amax_lanes))
-                if st.amax == NULL:
-                    raise MemoryError()
-                for i in range(nt * m):
-                    amax_init(&st.amax[i])
+                st.amax = _amax_new(nt, m)
             team_init(&st.team, _spin_ns)
             with nogil, parallel(num_threads=nt):
                 _thread_main(self.layers, &self.head, self.out_norm, self.out_eps, &st)
             if st.failed:
                 raise MemoryError("Program.run: per-thread scratch")
             if argmax is not None:
-                for i in range(m):
-                    for j in range(1, nt):
-                        amax_merge(&st.amax[i], &st.amax[j * m + i])
-                    argmax[i] = amax_row(&st.amax[i])
+                _amax_rows(st.amax, nt, m, &argmax[0])
         finally:
             free(st.amax)
             for p in range(self.n_plans):

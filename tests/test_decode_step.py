@@ -149,6 +149,18 @@ def n_threads(n):
         threads.set_num_threads(old)
 
 
+@contextlib.contextmanager
+def shares(nt, share_min):
+    """nt threads, token shares from share_min tokens a thread (restored after)."""
+    step = _kernels.load("step")
+    old = step.set_share_min(share_min)
+    try:
+        with n_threads(nt):
+            yield
+    finally:
+        step.set_share_min(old)
+
+
 def scenario(m, long_prompt: int = 0):
     """Every kind of small step, logits of each in order: decode of one sequence, of three
     (one a fork sharing a prefix), of nine (more than the private-row limit; 8+ rows read
@@ -289,15 +301,21 @@ def test_tile_records_from_two_tokens_give_the_same_bits(models, name):
             np.testing.assert_array_equal(r, g)
 
 
-def many_sequences(m, n_seq: int = 20):
-    """Decode steps of n_seq sequences of mixed lengths (one a fork sharing another's blocks:
-    an attention item whose rows belong to two tokens), then a verify step of 5 sequences x 5
-    tokens; logits of each step."""
-    V = m.n_vocab
+def mixed_sequences(m, n_seq: int):
+    """n_seq sequences of mixed lengths, the last a fork of the fourth (sharing its blocks:
+    an attention item whose rows belong to two tokens)."""
     seqs = [m.new_state() for _ in range(n_seq - 1)]
     for i, s in enumerate(seqs):
-        m.forward([(s, rand_tokens(2 + 13 * i, 50 + i, V))])
+        m.forward([(s, rand_tokens(2 + 13 * i, 50 + i, m.n_vocab))])
     seqs.append(seqs[3].fork())
+    return seqs
+
+
+def many_sequences(m, n_seq: int = 20):
+    """Decode steps of n_seq sequences (mixed_sequences), then a verify step of 5 sequences x
+    5 tokens; logits of each step."""
+    V = m.n_vocab
+    seqs = mixed_sequences(m, n_seq)
     out = [m.forward([(s, [(7 * i + k) % V]) for i, s in enumerate(seqs)]) for k in range(3)]
     # verify segments of 5 tokens, every row's logits: a sequence's tokens straddle the shares
     out.append(m.forward([(s, rand_tokens(5, 70 + i, V)) for i, s in enumerate(seqs[:5])], n_logits=[5] * 5))
@@ -311,30 +329,22 @@ def test_token_shares_give_the_same_bits(models, name, kv_type):
     """A step of many sequences gives each thread a share of the tokens (team.h): the same
     logits with shares off, with every share as small as it goes, at 3 threads (shares of
     unequal tiles) and at 1 thread."""
-    step = _kernels.load("step")
     m = models(name, kv_type)
     with n_threads(1):
         ref = many_sequences(m)
     for nt, share_min in ((2, 8), (2, 0), (2, 1), (3, 1)):
-        old = step.set_share_min(share_min)
-        try:
-            with n_threads(nt):
-                got = many_sequences(m)
-        finally:
-            step.set_share_min(old)
+        with shares(nt, share_min):
+            got = many_sequences(m)
         for r, g in zip(ref, got):
             assert np.isfinite(g).all()
             np.testing.assert_array_equal(r, g)
 
 
 def argmax_steps(m, n_seq: int = 20, with_argmax: bool = True):
-    """Decode steps of 1, 3 and n_seq sequences (as many_sequences's), a verify step and a
+    """Decode steps of 1, 3 and n_seq sequences (mixed_sequences), a verify step and a
     prompt chunk, with forward(argmax=...) (None: without): (logits, argmax) of each."""
     V = m.n_vocab
-    seqs = [m.new_state() for _ in range(n_seq - 1)]
-    for i, s in enumerate(seqs):
-        m.forward([(s, rand_tokens(2 + 13 * i, 50 + i, V))])
-    seqs.append(seqs[3].fork())
+    seqs = mixed_sequences(m, n_seq)
     out = []
     for k in range(3):
         for b in (1, 3, n_seq):
@@ -357,17 +367,12 @@ def test_argmax_found_by_the_head_is_np_argmax(models, name, kv_type):
     model's head has three equal largest rows, one in the last, short row group) for one,
     three and many sequences, verify rows, a prompt chunk, at 1-3 threads and with token
     shares as small as they go, and leaves the logits as they were."""
-    step = _kernels.load("step")
     m = models(name, kv_type)
     with n_threads(1):
         ref = argmax_steps(m, with_argmax=False)
     for nt, share_min in ((1, 8), (2, 8), (2, 1), (3, 1)):
-        old = step.set_share_min(share_min)
-        try:
-            with n_threads(nt):
-                got = argmax_steps(m)
-        finally:
-            step.set_share_min(old)
+        with shares(nt, share_min):
+            got = argmax_steps(m)
         for (logits, am), (r, _) in zip(got, ref):
             np.testing.assert_array_equal(am, np.argmax(logits, axis=1))
             np.testing.assert_array_equal(logits, r)
