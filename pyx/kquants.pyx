@@ -38,6 +38,7 @@ cdef extern from "simd.h" nogil:
     int simd_pf_dist
 
 cdef extern from "simd_kquants.h" nogil:
+    int kq_pf_mode
     ctypedef struct kq_q8k:
         float d
         int8_t qs[256]
@@ -580,6 +581,16 @@ def _set_unpacked_min_tokens(int n):
 def _unpacked_min_tokens(int ggml_type):
     """The threshold in use for a type (0: never)."""
     return kq_u_min_tokens_for(ggml_type)
+
+
+def _set_kq_pf_mode(int mode):
+    """(A/B) How the repacked K-quant kernels ask for their weights ahead: 1 a slice with each
+    chunk into L2 (default), 2 the same into L1, 0 a whole tile at its start. Returns the
+    previous setting."""
+    global kq_pf_mode
+    cdef int old = kq_pf_mode
+    kq_pf_mode = mode
+    return old
 
 
 def _set_prefetch(int nbytes):

@@ -25,6 +25,7 @@ cdef extern from "simd.h" nogil:
     int simd_pf_dist
 
 cdef extern from "simd_quants.h" nogil:
+    int lq_pf_mode
     ctypedef struct lq_packed:
         int type
         int fmt
@@ -72,6 +73,11 @@ cdef extern from "simd_activations.h" nogil:
 
 SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
+# The one-token kernels ask for their weights 4 KB ahead (simd.h's default is 2 KB), a part of
+# each block with each chunk (lq_pf_mode): Xeon with AMX, one thread from memory, Q8_0 / Q4_0
+# 15.7 / 13.2 GB/s at 2 KB, 16.4 / 14.0 at 4 KB; a SmolLM2 decode step 0.93x the time at 4 KB,
+# gemma-3-270m 0.98x (two threads, alternated in one process; 6 KB and 8 KB no better).
+simd_pf_dist = 4096
 # AMX int8 tiles for 16-token tiles of the quant types: built for a CPU that has them, in use
 # when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same
 # bits either way; see simd_quants.h)
@@ -462,6 +468,15 @@ def _set_unpacked_min_tokens(int n):
     for which AVX2 builds unpack a 4-bit (Q4_0 / Q4_1) group once (fewer: the pair and one-token loops;
     the same bits either way); 0: never; -1: the built-in thresholds. Other builds: no-op."""
     lq_u_set_min_tokens(n)
+
+
+def _set_lq_pf_mode(int mode):
+    """(A/B) How the one- to few-token legacy-quant kernels ask for a block ahead: 1 a part with
+    each chunk (default), 0 the whole block at its start. Returns the previous setting."""
+    global lq_pf_mode
+    cdef int old = lq_pf_mode
+    lq_pf_mode = mode
+    return old
 
 
 def _set_prefetch(int nbytes):

@@ -918,6 +918,28 @@ static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r
  * tokens, the token tile or the thread count, so results do not depend on batching. */
 #define KQ_RP 16
 
+/* How kq_rp_tile asks for the weights simd_pf_dist ahead: 1 (default) a slice of the tile
+ * with each of its 32 chunks, into L2; 2 the same into L1; 0 the whole tile at its start, into
+ * L2 (A/B). A tile is 37-53 lines: asked for at once they filled the core's miss buffers and
+ * the kernel streamed no faster than with no prefetch at all (Xeon with AMX, one thread, one
+ * token, two streams: Q6_K 13.0 GB/s whole, 15.5-16.1 sliced into L2, 16.6-17.2 into L1;
+ * Q4_K 14.3, 17.6-19.4, 19.9-20.4; a plain read loop 17-20; a gemma-3-270m decode step 0.964x
+ * the time sliced into L2, 0.962x into L1, 4 and 8 sequences 0.94x; the AVX2 kernel, which
+ * asked for its tiles into L1 at once, on the same CPU: Q6_K 8.3 -> 10.8, Q4_K 11.6 -> 13.9). */
+static int kq_pf_mode = 1;
+
+/* the lines of bytes [j tb / 32, (j + 1) tb / 32) of the tile simd_pf_dist ahead (tb and
+ * the tiles are whole lines, so each line is asked for once over the 32 chunks) */
+static inline __attribute__((always_inline)) void kq_rp_pf_slice(const uint8_t *tile, int64_t tb, int j) {
+    if (simd_pf_dist <= 0) return;
+    const uint8_t *p = tile + simd_pf_dist;
+    const int64_t a = (j * tb) >> 5, e = ((j + 1) * tb) >> 5;
+    for (int64_t o = (a + 63) & ~(int64_t)63; o < e; o += 64) {
+        if (kq_pf_mode == 2) __builtin_prefetch(p + o, 0, 3);
+        else __builtin_prefetch(p + o, 0, 2);
+    }
+}
+
 static inline int64_t kq_rp_tile_bytes(int t) {
     switch (t) {
     case KQ_Q4_K: return 2368;
@@ -1069,9 +1091,7 @@ static inline __attribute__((always_inline)) void
 kq_rp_tile(const int t, const int NT, const uint8_t *tile, int64_t b, const kq_q8k *const *A, __m512 *acc) {
     const int64_t tb = kq_rp_tile_bytes(t);
     const int six = t == KQ_Q6_K;
-    /* into L2 (simd.h): on Zen 4 from memory 0.62-0.86 of the time at 1-2 tokens, 0.51-0.76
-     * at 3-4, in cache 0.90-0.95 */
-    simd_prefetch_range_l2(tile, (int)tb);
+    if (kq_pf_mode == 0) simd_prefetch_range_l2(tile, (int)tb);
     const uint8_t *qs = tile + 320, *qh = tile + 2368;
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
     __m512i isum[4];
@@ -1121,6 +1141,7 @@ kq_rp_tile(const int t, const int NT, const uint8_t *tile, int64_t b, const kq_q
         for (int c = 0; c < cpp; c++) {
             const int j = p * cpp + c;
             __m512i wl, wh;
+            if (kq_pf_mode) kq_rp_pf_slice(tile, tb, j);
             kq_rp_chunk(t, qs, qh, j, &wl, &wh);
             for (int u = 0; u < NT; u++) {
                 int32_t a0, a1;
@@ -1288,7 +1309,7 @@ kq_rp_kernel_avx2(const int t, const int NT, const int UNP, const uint8_t *G, co
     for (int u = 0; u < NT; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *tile = G + b * tb;
-        if (!UNP) simd_prefetch_range(tile, (int)tb);
+        if (!UNP && !kq_pf_mode) simd_prefetch_range(tile, (int)tb);
         const kq_q8k *ab[KQ_RP_NT_AVX2];
         __m256i isum[KQ_RP_NT_AVX2][2];
         for (int u = 0; u < NT; u++) ab[u] = A[u] + b;
@@ -1376,6 +1397,7 @@ kq_rp_kernel_avx2(const int t, const int NT, const int UNP, const uint8_t *G, co
                     for (int c = c0; c < c0 + run; c++) {
                         const int j = p * cpp + c;
                         __m256i wl, wh;
+                        if (h == 0 && kq_pf_mode) kq_rp_pf_slice(tile, tb, j);
                         kq_rp_half_avx2(t, tile, j, h, &wl, &wh);
                         for (int u = 0; u < NT; u++) {
                             int32_t a0, a1;

@@ -50,6 +50,32 @@
 #define LQ_QK 32
 #define LQ_TT 8 /* tokens per tile in the matmul kernels */
 
+/* How the one- to few-token kernels (lq_kernel_vnni, lq_kernel_vnni_pair) ask for a block
+ * simd_pf_dist ahead: 1 (default) a part with each of its chunks, 0 the whole block at its
+ * start (A/B). Asked for at once, even a block's 5-9 lines held the core's misses back: one
+ * thread, one token, one stream from memory, Xeon with AMX: Q5_0 11.3-11.8 GB/s at once,
+ * 13.8-16.4 in parts (the K-quant tiles: simd_kquants.h's kq_pf_mode). With the K-quant tiles'
+ * parts and 4 KB ahead (step.pyx): generation 1.125x the tokens/s on gemma-3-270m, 1.084x on
+ * SmolLM2 (bench/compare_builds.py). A step's tiles (2 or more tokens) keep a whole block at
+ * once: in parts, 2-8 SmolLM2 sequences took 1.07-1.2x the time. */
+static int lq_pf_mode = 1;
+
+/* part c of n of the lines of the bb-byte block at p (p: the block dist bytes ahead): the lines
+ * that start in [p + c bb / n, p + (c + 1) bb / n), and for c = 0 the line holding p, so the n
+ * parts ask for each line of the block once (a line the next block shares, twice) */
+static inline __attribute__((always_inline)) void lq_pf_part(const uint8_t *p, int64_t bb, int c, int n,
+                                                             const int l2) {
+    const uintptr_t a = (uintptr_t)p + (uintptr_t)((c * bb) / n), e = (uintptr_t)p + (uintptr_t)(((c + 1) * bb) / n);
+    if (c == 0 && (a & 63)) {
+        if (l2) __builtin_prefetch(p, 0, 2);
+        else __builtin_prefetch(p, 0, 3);
+    }
+    for (uintptr_t q = (a + 63) & ~(uintptr_t)63; q < e; q += 64) {
+        if (l2) __builtin_prefetch((const void *)q, 0, 2);
+        else __builtin_prefetch((const void *)q, 0, 3);
+    }
+}
+
 enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_BF16 = 30 };
 enum { LQ_FMT_NONE = -1, LQ_FMT_F32 = 0, LQ_FMT_F16 = 1, LQ_FMT_BF16 = 2, LQ_FMT4 = 4, LQ_FMT5 = 5, LQ_FMT8 = 8 };
 
@@ -362,6 +388,36 @@ static uint8_t *lq_unpack_buffer(size_t bytes) {
 }
 
 #if LQ_VNNI
+/* A block's 8 VNNI chunks w[0..7] (the 4-bit formats' low and high nibbles split, Q5's fifth
+ * bits merged), asking with each chunk's load for its part of the block pf (bb bytes; NULL:
+ * none; lq_pf_part) */
+static inline __attribute__((always_inline)) void lq_unpack_vnni_pf(const uint8_t *blk, const int FMT, __m512i *w,
+                                                                     const uint8_t *pf, int64_t bb, const int l2) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
+    if (FMT == 8) {
+        for (int c = 0; c < 8; c++) {
+            if (pf) lq_pf_part(pf, bb, c, 8, l2);
+            w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        }
+        return;
+    }
+    for (int c = 0; c < 4; c++) {
+        if (pf) lq_pf_part(pf, bb, c, 4, l2);
+        __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        w[c] = _mm512_and_si512(v, m4);
+        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (FMT == 5) {
+        __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+        for (int c = 0; c < 4; c++) {
+            __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
+            __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
+            w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
+            w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
+        }
+    }
+}
+
 /* FMT in {4,5,8}, HAS_M, T are compile-time constants at every call site (always_inline). */
 static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed *P, int64_t g, const int8_t *qa,
                                                                   const float *da, const float *sa, const int FMT,
@@ -369,34 +425,19 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
                                                                   int64_t ystride, int nvalid) {
     const int64_t nb = P->nb, K = P->cols, bb = P->blk_bytes;
     const int QB = FMT == 8 ? 512 : FMT == 5 ? 320 : 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
     __m512 f[LQ_TT];
     for (int t = 0; t < T; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb) {
         /* one or two tokens: into L2 (memory-bound; 0.77-0.91 of the time on Zen 4); from 4
          * tokens the arithmetic covers the wait and L1 is better (L2 was 1.12-1.20x) */
-        if (T <= 2) simd_prefetch_range_l2(blk, (int)bb);
-        else simd_prefetch_range(blk, (int)bb);
-        __m512i w[8];
-        if (FMT == 8) {
-            for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
-        } else {
-            for (int c = 0; c < 4; c++) {
-                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
-                w[c] = _mm512_and_si512(v, m4);
-                w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            if (FMT == 5) {
-                __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
-                for (int c = 0; c < 4; c++) {
-                    __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
-                    __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
-                    w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
-                    w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
-                }
-            }
+        const uint8_t *pf = lq_pf_mode && simd_pf_dist > 0 ? blk + simd_pf_dist : NULL;
+        if (!lq_pf_mode) {
+            if (T <= 2) simd_prefetch_range_l2(blk, (int)bb);
+            else simd_prefetch_range(blk, (int)bb);
         }
+        __m512i w[8];
+        lq_unpack_vnni_pf(blk, FMT, w, pf, bb, T <= 2);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
         const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB + 32))) : dv;
         for (int t = 0; t < T; t++) {
@@ -589,25 +630,7 @@ static int lq_tile_pf_dist = LQ_TILE_PF_DIST;
 
 #if LQ_VNNI
 static inline __attribute__((always_inline)) void lq_unpack_vnni(const uint8_t *blk, const int FMT, __m512i *w) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b16 = _mm512_set1_epi8(0x10);
-    if (FMT == 8) {
-        for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512((const void *)(blk + 64 * c));
-        return;
-    }
-    for (int c = 0; c < 4; c++) {
-        __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
-        w[c] = _mm512_and_si512(v, m4);
-        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    }
-    if (FMT == 5) {
-        __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
-        for (int c = 0; c < 4; c++) {
-            __mmask64 ml = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << c)));
-            __mmask64 mh = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << (4 + c))));
-            w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(ml, b16));
-            w[4 + c] = _mm512_or_si512(w[4 + c], _mm512_maskz_mov_epi8(mh, b16));
-        }
-    }
+    lq_unpack_vnni_pf(blk, FMT, w, NULL, 0, 0);
 }
 
 /* T tokens (1 to 4), two row groups in lockstep, block by block: stream s is a group of a
@@ -642,10 +665,12 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(const lq_s
     for (int64_t b = 0; b < nb; b++) {
         for (int s = 0; s < 2; s++) {
             const uint8_t *p = blk[s];
-            if (T <= 2) simd_prefetch_range_l2(p, (int)bb);
-            else simd_prefetch_range(p, (int)bb);
+            if (!lq_pf_mode) {
+                if (T <= 2) simd_prefetch_range_l2(p, (int)bb);
+                else simd_prefetch_range(p, (int)bb);
+            }
             __m512i w[8];
-            lq_unpack_vnni(p, FMT, w);
+            lq_unpack_vnni_pf(p, FMT, w, lq_pf_mode && simd_pf_dist > 0 ? p + simd_pf_dist : NULL, bb, T <= 2);
             const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB)));
             const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB + 32))) : dv;
             for (int t = 0; t < T; t++) {
@@ -1177,15 +1202,22 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_fmt(const lq_pa
     for (int t = 0; t < T; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
     const uint8_t *blk = P->data + g * nb * bb;
     for (int64_t b = 0; b < nb; b++, blk += bb) {
-        simd_prefetch_range(blk, (int)bb);
+        /* the block simd_pf_dist ahead, a part with each chunk of the first half (lq_pf_mode;
+         * this CPU's AVX2 build, one thread, one token from memory: Q5_0 / Q8_0 / Q4_0 / Q4_1
+         * 8.9 / 12.6 / 9.8 / 10.5 GB/s at once, 11.2 / 15.3 / 13.0 / 12.4 in parts into L2) */
+        const uint8_t *pf = lq_pf_mode && simd_pf_dist > 0 ? blk + simd_pf_dist : NULL;
+        if (!lq_pf_mode) simd_prefetch_range(blk, (int)bb);
         for (int h = 0; h < 2; h++) {
             __m256i w[8];
             if (FMT == LQ_FMT8) {
-                for (int c = 0; c < 8; c++)
+                for (int c = 0; c < 8; c++) {
+                    if (pf && h == 0) lq_pf_part(pf, bb, c, 8, T <= 2);
                     w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h)), x80);
+                }
             } else {
                 const __m256i hb = FMT == LQ_FMT5 ? _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h)) : m4;
                 for (int c = 0; c < 4; c++) {
+                    if (pf && h == 0) lq_pf_part(pf, bb, c, 4, T <= 2);
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
                     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                     if (FMT == LQ_FMT5) {

@@ -88,6 +88,8 @@ cdef extern from "simd_argmax.h" nogil:
 
 
 cdef extern from "simd_quants.h" nogil:
+    int simd_pf_dist
+    int lq_pf_mode
     ctypedef struct lq_packed:
         int type
         int fmt
@@ -119,6 +121,7 @@ cdef extern from "simd_quants.h" nogil:
                        const float *da1, const float *sa1, float *y1, int64_t rows1, int64_t n, int64_t ldy)
 
 cdef extern from "simd_kquants.h" nogil:
+    int kq_pf_mode
     ctypedef struct kq_q8k:
         float d
         int8_t qs[256]
@@ -218,6 +221,11 @@ set_tiles_min(int(os.environ.get("LLMCORE_STEP_TILES_MIN", default_tiles_min()))
 # a step of this many tokens or more per thread (and logits for every one) gives each
 # thread a share of the tokens (team_share_take); 0 turns shares off ($LLMCORE_STEP_SHARE_MIN
 # overrides default_share_min's choice)
+# The step's one-token kernels (and the K-quant tiles) ask for their weights 4 KB ahead (simd.h's default is 2 KB), a part of
+# each block with each chunk (lq_pf_mode): Xeon with AMX, one thread from memory, Q8_0 / Q4_0
+# 15.7 / 13.2 GB/s at 2 KB, 16.4 / 14.0 at 4 KB; a SmolLM2 decode step 0.93x the time at 4 KB,
+# gemma-3-270m 0.98x (two threads, alternated in one process; 6 KB and 8 KB no better).
+simd_pf_dist = 4096
 cdef int _share_min = int(os.environ.get("LLMCORE_STEP_SHARE_MIN", default_share_min()))
 
 # a waiting thread spins this long before it sleeps (team.h)
@@ -304,6 +312,34 @@ def _set_split_heads(int on):
     each (attn_plan.pxd SPLIT_HEADS_MAX_KEYS; the same bits; A/B in benchmarks). Returns the
     previous value."""
     return attn_set_split_heads(on)
+
+
+def _set_kq_pf_mode(int mode):
+    """(A/B) How the repacked K-quant kernels ask for their weights ahead: 1 a slice with each
+    chunk into L2 (default), 2 the same into L1, 0 a whole tile at its start. Returns the
+    previous setting."""
+    global kq_pf_mode
+    cdef int old = kq_pf_mode
+    kq_pf_mode = mode
+    return old
+
+
+def _set_lq_pf_mode(int mode):
+    """(A/B) How the one- to few-token legacy-quant kernels ask for a block ahead: 1 a part with
+    each chunk (default), 0 the whole block at its start. Returns the previous setting."""
+    global lq_pf_mode
+    cdef int old = lq_pf_mode
+    lq_pf_mode = mode
+    return old
+
+
+def _set_pf_dist(int nbytes):
+    """(A/B) Bytes the step's streaming kernels ask for ahead (simd.h's simd_pf_dist in this
+    module). Returns the previous setting."""
+    global simd_pf_dist
+    cdef int old = simd_pf_dist
+    simd_pf_dist = nbytes
+    return old
 
 
 def _set_tile_pf_dist(int nbytes):
