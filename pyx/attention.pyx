@@ -27,11 +27,14 @@ from simd cimport simd_alloc
 from attn_plan cimport (ATTN_KV_F16, ATTN_KV_F32, ATTN_KV_Q4_0, ATTN_KV_Q8_0, ATTN_MAX_BS, attn_ctx, attn_item,
                        attn_merge, attn_plan, attn_plan_build, attn_plan_ctx, attn_plan_free, attn_run_item,
                        attn_scratch_floats, attn_set_lanes_min_rows, attn_set_pv_scales_first,
-                       attn_set_split_heads)
+                       attn_set_split_heads, SPLIT_HEADS_MAX_KEYS as _SPLIT_HEADS_MAX_KEYS)
 from amx_bf16 cimport ab_env_on, ab_init
 
 if (ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_Q8_0, ATTN_KV_Q4_0) != (T_F32, T_F16, T_Q8_0, T_Q4_0):
     raise ImportError("simd_attention.h and kv_rows.pxd disagree on the KV type codes")
+
+# keys up to which a lone decode item of one kv head goes out as two items of half the heads
+SPLIT_HEADS_MAX_KEYS = _SPLIT_HEADS_MAX_KEYS
 
 
 # A prompt's tile items (more than ROWS_MAX_QG query rows of a kv head) on AMX-BF16 tiles where

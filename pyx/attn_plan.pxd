@@ -72,13 +72,15 @@ cdef enum:
     # 14.7-15.5 ms, 8 sequences 3.81-3.94 -> 3.51-3.67 ms; f16 even)
     ROWS_WHOLE_MIN_GROUPS = 8
     # a call whose only item is one decode's rows of its one kv head (gemma-3: 4 heads, 1 kv
-    # head) over at most this many keys gives each half of the heads an item, so both
-    # threads work (rows are independent: the same bits). Past it the two items' second
-    # read of the K/V costs what the split saves (gemma-3-270m, one sequence, alternated in
-    # one process: 0.97-0.99x the step's time at 128-450 keys, 1.01x at 1000). SmolLM2's
-    # three kv-head items split the same way (two items across kv heads) were even: its
-    # threads hardly waited at attention (~5 us a step)
-    SPLIT_HEADS_MAX_KEYS = 512
+    # head) over at most this many keys (one key chunk; past it the chunks are items enough)
+    # gives each half of the heads an item, so both threads work (rows are independent: the
+    # same bits); each item reads the whole K/V. gemma-3-270m, one sequence, alternated in
+    # one process: 0.97-0.99x the step's time at 128-450 keys; on a Xeon with AMX (session
+    # 43) 0.93x at 600 and 900 keys, 0.94x at 700 with a Q8_0 cache (a limit of 512 had
+    # measured 1.01x at 1000 keys on an earlier build). SmolLM2's three kv-head items split
+    # the same way (two items across kv heads) were even: its threads hardly waited at
+    # attention (~5 us a step)
+    SPLIT_HEADS_MAX_KEYS = 1024
 
 
 cdef struct attn_plan:

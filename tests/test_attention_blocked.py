@@ -255,9 +255,9 @@ def split_heads():
 
 @pytest.mark.parametrize("kv_type", KV_TYPES)
 @pytest.mark.parametrize("H,KVH", [(4, 1), (5, 1), (9, 3), (8, 2)])
-@pytest.mark.parametrize("seq_len,window", [(200, 0), (700, 0), (2000, 300)])
+@pytest.mark.parametrize("seq_len,window", [(200, 0), (700, 0), (1000, 0), (2000, 300)])
 def test_lone_decode_item_split_by_heads_keeps_its_bits(kv_type, H, KVH, seq_len, window, split_heads):
-    # one sequence's decode whose rows would be one item (one kv head) over at most 512 keys
+    # one sequence's decode whose rows would be one item (one kv head) over at most 1024 keys
     # (SPLIT_HEADS_MAX_KEYS in pyx/attn_plan.pxd) goes out as two items of half the heads, so
     # two threads share it: each row's sums are its own, so the bits are the one item's; more
     # kv heads keep an item each
@@ -268,7 +268,7 @@ def test_lone_decode_item_split_by_heads_keeps_its_bits(kv_type, H, KVH, seq_len
     kw = dict(window=window) if window else dict(softcap=5.0)
     items = kernel._plan_items(tables, seg, q_pos, H, KVH, 32, window)
     span = ((int(q_pos[0]) // 32) - max(0, int(q_pos[0]) - window + 1 if window else 0) // 32) * 32
-    if KVH == 1 and span <= 512:
+    if KVH == 1 and span <= kernel.SPLIT_HEADS_MAX_KEYS:
         H2 = (H + 1) // 2
         assert sorted((it[2], it[3]) for it in items) == [(0, H2), (H2, H)]
     else:
