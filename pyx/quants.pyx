@@ -74,9 +74,9 @@ cdef extern from "simd_activations.h" nogil:
 SUPPORTED = frozenset({0, 1, 30, 2, 3, 6, 7, 8})  # F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0
 SIMD_LEVEL = ("c", "avx2", "avx512vnni")[lq_simd_level()]  # build-time choice
 # The one-token kernels ask for their weights 4 KB ahead (simd.h's default is 2 KB), a part of
-# each block with each chunk (lq_pf_mode): Xeon with AMX, one thread from memory, Q8_0 / Q4_0
-# 15.7 / 13.2 GB/s at 2 KB, 16.4 / 14.0 at 4 KB; a SmolLM2 decode step 0.93x the time at 4 KB,
-# gemma-3-270m 0.98x (two threads, alternated in one process; 6 KB and 8 KB no better).
+# each block with each chunk (lq_pf_mode): Xeon with AMX, one thread, one token from memory,
+# 32768 x 640 weights, Q8_0 / Q4_0 / Q4_1 15.7 / 13.2 / 13.3 GB/s at 2 KB, 16.4 / 14.0 / 14.0
+# at 4 KB, 16.8 / 14.2 / 14.2 at 8 KB (the fused step, pyx/step.pyx, measured the same choice)
 simd_pf_dist = 4096
 # AMX int8 tiles for 16-token tiles of the quant types: built for a CPU that has them, in use
 # when the kernel grants the tile state and LLMCORE_NO_AMX is not 1 (outputs are the same

@@ -50,9 +50,9 @@
 #define LQ_QK 32
 #define LQ_TT 8 /* tokens per tile in the matmul kernels */
 
-/* How the one- to few-token kernels (lq_kernel_vnni, lq_kernel_vnni_pair) ask for a block
- * simd_pf_dist ahead: 1 (default) a part with each of its chunks, 0 the whole block at its
- * start (A/B). Asked for at once, even a block's 5-9 lines held the core's misses back: one
+/* How the row kernels of one to a few tokens (lq_kernel_vnni, lq_kernel_vnni_pair,
+ * lq_kernel_avx2_fmt) ask for a block simd_pf_dist ahead: 1 (default) a part with each of its
+ * chunks, 0 the whole block at its start (A/B). Asked for at once, even a block's 5-9 lines held the core's misses back: one
  * thread, one token, one stream from memory, Xeon with AMX: Q5_0 11.3-11.8 GB/s at once,
  * 13.8-16.4 in parts (the K-quant tiles: simd_kquants.h's kq_pf_mode). With the K-quant tiles'
  * parts and 4 KB ahead (step.pyx): generation 1.125x the tokens/s on gemma-3-270m, 1.084x on

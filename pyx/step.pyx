@@ -87,8 +87,10 @@ cdef extern from "simd_argmax.h" nogil:
     int64_t amax_row(const amax_lanes *a)
 
 
-cdef extern from "simd_quants.h" nogil:
+cdef extern from "simd.h" nogil:
     int simd_pf_dist
+
+cdef extern from "simd_quants.h" nogil:
     int lq_pf_mode
     ctypedef struct lq_packed:
         int type
@@ -218,14 +220,15 @@ def set_tiles_min(int n):
 
 set_tiles_min(int(os.environ.get("LLMCORE_STEP_TILES_MIN", default_tiles_min())))
 
+# The step's one-token kernels and K-quant tiles ask for their weights 4 KB ahead (simd.h's
+# default is 2 KB), a part of each block with each chunk (lq_pf_mode, kq_pf_mode): Xeon with
+# AMX, alternated in one process, two threads: a SmolLM2 decode step 0.93x the time at 4 KB,
+# gemma-3-270m 0.98x (8 KB: 0.93x / 1.01x; 6 KB as 4 KB; 8 sequences 0.98-0.99x).
+simd_pf_dist = 4096
+
 # a step of this many tokens or more per thread (and logits for every one) gives each
 # thread a share of the tokens (team_share_take); 0 turns shares off ($LLMCORE_STEP_SHARE_MIN
 # overrides default_share_min's choice)
-# The step's one-token kernels (and the K-quant tiles) ask for their weights 4 KB ahead (simd.h's default is 2 KB), a part of
-# each block with each chunk (lq_pf_mode): Xeon with AMX, one thread from memory, Q8_0 / Q4_0
-# 15.7 / 13.2 GB/s at 2 KB, 16.4 / 14.0 at 4 KB; a SmolLM2 decode step 0.93x the time at 4 KB,
-# gemma-3-270m 0.98x (two threads, alternated in one process; 6 KB and 8 KB no better).
-simd_pf_dist = 4096
 cdef int _share_min = int(os.environ.get("LLMCORE_STEP_SHARE_MIN", default_share_min()))
 
 # a waiting thread spins this long before it sleeps (team.h)
