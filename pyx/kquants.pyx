@@ -38,7 +38,7 @@ cdef extern from "simd.h" nogil:
     int simd_pf_dist
 
 cdef extern from "simd_kquants.h" nogil:
-    int kq_pf_mode
+    int kq_set_pf_mode(int mode)
     ctypedef struct kq_q8k:
         float d
         int8_t qs[256]
@@ -587,10 +587,7 @@ def _set_kq_pf_mode(int mode):
     """(A/B) How the repacked K-quant kernels ask for their weights ahead: 1 a slice with each
     chunk into L2 (default), 2 the same into L1, 0 a whole tile at its start. Returns the
     previous setting."""
-    global kq_pf_mode
-    cdef int old = kq_pf_mode
-    kq_pf_mode = mode
-    return old
+    return kq_set_pf_mode(mode)
 
 
 def _set_prefetch(int nbytes):

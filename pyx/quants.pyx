@@ -25,7 +25,7 @@ cdef extern from "simd.h" nogil:
     int simd_pf_dist
 
 cdef extern from "simd_quants.h" nogil:
-    int lq_pf_mode
+    int lq_set_pf_mode(int mode)
     ctypedef struct lq_packed:
         int type
         int fmt
@@ -473,10 +473,7 @@ def _set_unpacked_min_tokens(int n):
 def _set_lq_pf_mode(int mode):
     """(A/B) How the one- to few-token legacy-quant kernels ask for a block ahead: 1 a part with
     each chunk (default), 0 the whole block at its start. Returns the previous setting."""
-    global lq_pf_mode
-    cdef int old = lq_pf_mode
-    lq_pf_mode = mode
-    return old
+    return lq_set_pf_mode(mode)
 
 
 def _set_prefetch(int nbytes):

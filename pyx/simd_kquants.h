@@ -927,6 +927,7 @@ static void kq_matmul_rows_mxfp4(const uint8_t *W, int64_t row_stride, int64_t r
  * the time sliced into L2, 0.962x into L1, 4 and 8 sequences 0.94x; the AVX2 kernel, which
  * asked for its tiles into L1 at once, on the same CPU: Q6_K 8.3 -> 10.8, Q4_K 11.6 -> 13.9). */
 static int kq_pf_mode = 1;
+static inline int kq_set_pf_mode(int mode) { const int old = kq_pf_mode; kq_pf_mode = mode; return old; }
 
 /* the lines of bytes [j tb / 32, (j + 1) tb / 32) of the tile simd_pf_dist ahead (tb and
  * the tiles are whole lines, so each line is asked for once over the 32 chunks) */

@@ -59,6 +59,7 @@
  * SmolLM2 (bench/compare_builds.py). A step's tiles (2 or more tokens) keep a whole block at
  * once: in parts, 2-8 SmolLM2 sequences took 1.07-1.2x the time. */
 static int lq_pf_mode = 1;
+static inline int lq_set_pf_mode(int mode) { const int old = lq_pf_mode; lq_pf_mode = mode; return old; }
 
 /* part c of n of the lines of the bb-byte block at p (p: the block dist bytes ahead): the lines
  * that start in [p + c bb / n, p + (c + 1) bb / n), and for c = 0 the line holding p, so the n
@@ -74,6 +75,19 @@ static inline __attribute__((always_inline)) void lq_pf_part(const uint8_t *p, i
         if (l2) __builtin_prefetch((const void *)q, 0, 2);
         else __builtin_prefetch((const void *)q, 0, 3);
     }
+}
+
+/* A row kernel's request for block blk simd_pf_dist ahead: the block there for lq_pf_part
+ * (lq_pf_mode 1), or NULL after asking for it whole (0; into L2 where burst_l2) or with
+ * prefetching off */
+static inline __attribute__((always_inline)) const uint8_t *lq_pf_block(const uint8_t *blk, int64_t bb,
+                                                                       const int burst_l2) {
+    if (!lq_pf_mode) {
+        if (burst_l2) simd_prefetch_range_l2(blk, (int)bb);
+        else simd_prefetch_range(blk, (int)bb);
+        return NULL;
+    }
+    return simd_pf_dist > 0 ? blk + simd_pf_dist : NULL;
 }
 
 enum { GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_BF16 = 30 };
@@ -431,11 +445,7 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni(const lq_packed
     for (int64_t b = 0; b < nb; b++, blk += bb) {
         /* one or two tokens: into L2 (memory-bound; 0.77-0.91 of the time on Zen 4); from 4
          * tokens the arithmetic covers the wait and L1 is better (L2 was 1.12-1.20x) */
-        const uint8_t *pf = lq_pf_mode && simd_pf_dist > 0 ? blk + simd_pf_dist : NULL;
-        if (!lq_pf_mode) {
-            if (T <= 2) simd_prefetch_range_l2(blk, (int)bb);
-            else simd_prefetch_range(blk, (int)bb);
-        }
+        const uint8_t *pf = lq_pf_block(blk, bb, T <= 2);
         __m512i w[8];
         lq_unpack_vnni_pf(blk, FMT, w, pf, bb, T <= 2);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + QB)));
@@ -665,12 +675,8 @@ static inline __attribute__((always_inline)) void lq_kernel_vnni_pair(const lq_s
     for (int64_t b = 0; b < nb; b++) {
         for (int s = 0; s < 2; s++) {
             const uint8_t *p = blk[s];
-            if (!lq_pf_mode) {
-                if (T <= 2) simd_prefetch_range_l2(p, (int)bb);
-                else simd_prefetch_range(p, (int)bb);
-            }
             __m512i w[8];
-            lq_unpack_vnni_pf(p, FMT, w, lq_pf_mode && simd_pf_dist > 0 ? p + simd_pf_dist : NULL, bb, T <= 2);
+            lq_unpack_vnni_pf(p, FMT, w, lq_pf_block(p, bb, T <= 2), bb, T <= 2);
             const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB)));
             const __m512 mv = HAS_M ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + QB + 32))) : dv;
             for (int t = 0; t < T; t++) {
@@ -1205,8 +1211,7 @@ static inline __attribute__((always_inline)) void lq_kernel_avx2_fmt(const lq_pa
         /* the block simd_pf_dist ahead, a part with each chunk of the first half (lq_pf_mode;
          * this CPU's AVX2 build, one thread, one token from memory: Q5_0 / Q8_0 / Q4_0 / Q4_1
          * 8.9 / 12.6 / 9.8 / 10.5 GB/s at once, 11.2 / 15.3 / 13.0 / 12.4 in parts into L2) */
-        const uint8_t *pf = lq_pf_mode && simd_pf_dist > 0 ? blk + simd_pf_dist : NULL;
-        if (!lq_pf_mode) simd_prefetch_range(blk, (int)bb);
+        const uint8_t *pf = lq_pf_block(blk, bb, 0);
         for (int h = 0; h < 2; h++) {
             __m256i w[8];
             if (FMT == LQ_FMT8) {

@@ -91,7 +91,7 @@ cdef extern from "simd.h" nogil:
     int simd_pf_dist
 
 cdef extern from "simd_quants.h" nogil:
-    int lq_pf_mode
+    int lq_set_pf_mode(int mode)
     ctypedef struct lq_packed:
         int type
         int fmt
@@ -123,7 +123,7 @@ cdef extern from "simd_quants.h" nogil:
                        const float *da1, const float *sa1, float *y1, int64_t rows1, int64_t n, int64_t ldy)
 
 cdef extern from "simd_kquants.h" nogil:
-    int kq_pf_mode
+    int kq_set_pf_mode(int mode)
     ctypedef struct kq_q8k:
         float d
         int8_t qs[256]
@@ -321,19 +321,13 @@ def _set_kq_pf_mode(int mode):
     """(A/B) How the repacked K-quant kernels ask for their weights ahead: 1 a slice with each
     chunk into L2 (default), 2 the same into L1, 0 a whole tile at its start. Returns the
     previous setting."""
-    global kq_pf_mode
-    cdef int old = kq_pf_mode
-    kq_pf_mode = mode
-    return old
+    return kq_set_pf_mode(mode)
 
 
 def _set_lq_pf_mode(int mode):
     """(A/B) How the one- to few-token legacy-quant kernels ask for a block ahead: 1 a part with
     each chunk (default), 0 the whole block at its start. Returns the previous setting."""
-    global lq_pf_mode
-    cdef int old = lq_pf_mode
-    lq_pf_mode = mode
-    return old
+    return lq_set_pf_mode(mode)
 
 
 def _set_pf_dist(int nbytes):
